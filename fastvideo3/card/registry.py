@@ -1,0 +1,172 @@
+"""Built-in card registry and card file loading.
+
+``wan-tiny`` is the embedded default: the Wan2.1 architecture at a tiny size with deterministic
+weights built from a seed, so it runs anywhere with no download. The Wan2.1 1.3B / 14B cards
+describe the real architectures; they are bound to a user's diffusers-format directory with
+:func:`bind_checkpoint` (or ``--model DIR`` on the CLI, see :func:`resolve_card`).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from fastvideo3.card.spec import (
+    CapabilityMatrix, CheckpointManifest, ComponentSpec, Limits, LoopSpec, ModelCard, RecipeSpec,
+    SamplerSpec,
+)
+from fastvideo3.errors import CardError, NotFound
+
+TINY_DIT = dict(
+    patch_size=[1, 2, 2], num_attention_heads=2, attention_head_dim=32, in_channels=16, out_channels=16,
+    text_dim=32, freq_dim=32, ffn_dim=128, num_layers=2, cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=64,
+)
+TINY_VAE = dict(base_dim=4, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                temperal_downsample=[False, True, True])
+TINY_TEXT = dict(vocab_size=384, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                 relative_attention_num_buckets=32, relative_attention_max_distance=64,
+                 tokenizer="bytes")
+
+WAN_1_3B_DIT = dict(
+    patch_size=[1, 2, 2], num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
+    text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024,
+)
+WAN_14B_DIT = dict(WAN_1_3B_DIT, num_attention_heads=40, ffn_dim=13824, num_layers=40)
+
+_T2V_TASKS = {"text_to_video": ["text_encoder", "transformer", "vae"], "vae_decode": ["vae"]}
+
+
+def _denoise(default_steps: int, flow_shift: float, sampler: str = "unipc") -> LoopSpec:
+    return LoopSpec(loop_id="diffusion_denoise", default_steps=default_steps,
+                    sampler=SamplerSpec(name=sampler, flow_shift=flow_shift))
+
+
+def _loops(default_steps: int, flow_shift: float) -> dict[str, LoopSpec]:
+    return {
+        "text_encode": LoopSpec(loop_id="text_encode"),
+        "diffusion_denoise": _denoise(default_steps, flow_shift),
+        "vae_decode": LoopSpec(loop_id="vae_decode"),
+    }
+
+
+def wan_tiny() -> ModelCard:
+    return ModelCard(
+        model_id="wan-tiny",
+        description="Wan2.1 architecture at a tiny size; deterministic weights from a seed (no download).",
+        components={
+            "text_encoder": ComponentSpec(component_id="text_encoder", kind="text_encoder", config=TINY_TEXT),
+            "transformer": ComponentSpec(component_id="transformer", kind="dit", config=TINY_DIT,
+                                         key_map="wan_dit_diffusers_v1"),
+            "vae": ComponentSpec(component_id="vae", kind="vae", config=TINY_VAE),
+        },
+        loops=_loops(default_steps=8, flow_shift=3.0),
+        recipe=RecipeSpec(method="seeded", data_contract="none: weights drawn from a seeded generator"),
+        checkpoint=CheckpointManifest(root=None, seed=0, required_for=_T2V_TASKS),
+        limits=Limits(max_frames=65, max_height=512, max_width=512, default_frames=33,
+                      default_height=128, default_width=128, default_guidance=5.0),
+        max_text_tokens=64,
+    )
+
+
+def _wan_real(model_id: str, dit: dict, desc: str) -> ModelCard:
+    def comp(cid: str, kind: str, sub: str, config: dict | None = None, key_map: str | None = None):
+        return ComponentSpec(component_id=cid, kind=kind, source="diffusers_dir", subfolder=sub,
+                             config=config or {}, precision="bf16", key_map=key_map)
+
+    return ModelCard(
+        model_id=model_id,
+        description=desc,
+        components={
+            "tokenizer": comp("tokenizer", "tokenizer", "tokenizer"),
+            "text_encoder": comp("text_encoder", "text_encoder", "text_encoder"),
+            "transformer": comp("transformer", "dit", "transformer", dit, "wan_dit_diffusers_v1"),
+            "vae": comp("vae", "vae", "vae"),
+            "scheduler": comp("scheduler", "scheduler", "scheduler"),
+        },
+        loops=_loops(default_steps=50, flow_shift=3.0),
+        recipe=RecipeSpec(method="base", data_contract="Wan2.1 pretraining (upstream)"),
+        checkpoint=CheckpointManifest(
+            root=None,
+            required_for={"text_to_video": ["tokenizer", "text_encoder", "transformer", "vae", "scheduler"],
+                          "vae_decode": ["vae"]},
+        ),
+        limits=Limits(max_frames=129, max_height=1280, max_width=1280),
+        max_text_tokens=512,
+    )
+
+
+def builtin_cards() -> dict[str, ModelCard]:
+    cards = [
+        wan_tiny(),
+        _wan_real("wan2.1-t2v-1.3b", WAN_1_3B_DIT, "Wan2.1 text-to-video 1.3B (diffusers-format directory)"),
+        _wan_real("wan2.1-t2v-14b", WAN_14B_DIT, "Wan2.1 text-to-video 14B (diffusers-format directory)"),
+    ]
+    return {c.model_id: c for c in cards}
+
+
+def get_card(name: str) -> ModelCard:
+    cards = builtin_cards()
+    if name not in cards:
+        raise NotFound(f"unknown card {name!r}", field="model", limit=", ".join(sorted(cards)))
+    return cards[name]
+
+
+def bind_checkpoint(card: ModelCard, root: str | Path) -> ModelCard:
+    """Return a copy of ``card`` whose diffusers_dir components load from ``root``."""
+    return card.model_copy(update={"checkpoint": card.checkpoint.model_copy(update={"root": str(Path(root).resolve())})})
+
+
+def load_card_file(path: str | Path) -> ModelCard:
+    """Parse and strictly validate a card file (YAML or JSON). Raises CardError naming the field."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise CardError(f"cannot read card file: {e.strerror}", field="card") from None
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise CardError(f"card file is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {e}", field="card") from None
+    if not isinstance(data, dict):
+        raise CardError("card file must hold a mapping", field="card")
+    base = data.pop("extends", None)
+    if base is not None:  # a card file may start from a built-in card and override fields
+        merged = get_card(base).model_dump(mode="json")
+        _deep_update(merged, data)
+        data = merged
+    try:
+        return ModelCard.model_validate(data)
+    except ValidationError as e:
+        raise card_validation_error(e) from None
+
+
+def card_validation_error(e: ValidationError) -> CardError:
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"]) or "card"
+    return CardError(err["msg"], field=loc, details={"errors": str(len(e.errors()))})
+
+
+def _deep_update(dst: dict, src: dict) -> None:
+    for k, v in src.items():
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            _deep_update(dst[k], v)
+        else:
+            dst[k] = v
+
+
+def resolve_card(model: str) -> ModelCard:
+    """A built-in card name, a card file (.yaml/.yml/.json) or a diffusers-format directory."""
+    p = Path(model)
+    if p.is_dir():
+        from fastvideo3.models.wan.checkpoint import card_for_directory
+        return card_for_directory(p)
+    if p.suffix in (".yaml", ".yml", ".json") and p.exists():
+        card = load_card_file(p)
+        if card.checkpoint.root and not Path(card.checkpoint.root).is_absolute():
+            card = bind_checkpoint(card, p.parent / card.checkpoint.root)
+        return card
+    return get_card(model)

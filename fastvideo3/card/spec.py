@@ -1,0 +1,215 @@
+"""The model plane: a ModelCard is a (recipe, runtime) pair, validated before any weight loads.
+
+Specs are pydantic models with ``extra="forbid"`` so a typo in a user's card is an error, not a
+silently ignored field. Validation that spans fields (recipe vs loops, components vs tasks)
+lives in :meth:`ModelCard._check_consistency`. Request-time checks against a card live in
+:mod:`fastvideo3.request.schema`; the recipe's teeth are :meth:`ModelCard.check_recipe`.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fastvideo3.errors import RecipeMismatch
+
+Precision = Literal["fp32", "bf16", "fp16"]
+Task = Literal["text_to_video", "vae_decode", "reward"]
+ComponentKind = Literal["dit", "vae", "text_encoder", "tokenizer", "scheduler", "reward_head"]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ComponentSpec(_Spec):
+    """One component of a card: what it is, where its weights come from, what it needs."""
+
+    component_id: str
+    kind: ComponentKind
+    #: how to instantiate: "seeded" (deterministic weights from ``seed``, no files) or
+    #: "diffusers_dir" (a subfolder of a diffusers-format checkpoint directory).
+    source: Literal["seeded", "diffusers_dir"] = "seeded"
+    subfolder: str | None = None
+    #: architecture config (e.g. the DiT's heads, dims, layers). Checked against the checkpoint.
+    config: dict = Field(default_factory=dict)
+    precision: Precision = "fp32"
+    #: name of the explicit key map used to load its weights (see CheckpointManifest).
+    key_map: str | None = None
+
+
+class CheckpointManifest(_Spec):
+    """Explicit components and the task sets each is required or optional for. No guessing."""
+
+    root: str | None = None  # a diffusers-format directory, or None for seeded weights
+    seed: int = 0
+    required_for: dict[str, list[str]] = Field(default_factory=dict)  # task -> component ids
+    optional_for: dict[str, list[str]] = Field(default_factory=dict)
+
+
+class SamplerSpec(_Spec):
+    name: Literal["unipc", "euler"] = "unipc"
+    flow_shift: float = Field(3.0, gt=0.0, le=100.0)
+    solver_order: int = Field(2, ge=1, le=3)
+    num_train_timesteps: int = 1000
+
+
+class LoopSpec(_Spec):
+    """A loop the card serves and its limits. ``loop_id`` names the loop class in fastvideo3.loop."""
+
+    loop_id: Literal["text_encode", "diffusion_denoise", "vae_decode", "reward_score"]
+    default_steps: int | None = Field(None, ge=1)
+    min_steps: int = Field(1, ge=1)
+    max_steps: int = Field(1000, ge=1)
+    sampler: SamplerSpec | None = None
+    cfg_policies: list[Literal["none", "classic", "batched"]] = Field(default_factory=lambda: ["none", "classic", "batched"])
+    default_cfg_policy: Literal["none", "classic", "batched"] = "batched"
+
+
+class RecipeSpec(_Spec):
+    """What produced these weights, and what serving them assumes. The assumptions are enforced."""
+
+    method: str = "base"  # "base" | "seeded" | "flow_matching" | "step_distill" | ...
+    parents: list[str] = Field(default_factory=list)
+    data_contract: str = ""
+    assumes_loop: str = "diffusion_denoise"
+    #: a distilled recipe pins the step count it was trained for; None = any in the loop's range
+    assumes_steps: int | None = None
+    assumes_sampler: str | None = None
+    assumes_precision: Precision | None = None
+    consistency_required: str = "C1"
+    training_command: str | None = None
+
+
+class ParitySpec(_Spec):
+    """Declared tolerances of the parity ladder; tests read them from here."""
+
+    reference: str = "diffusers.WanPipeline"
+    c0_dit_rel: float = 1e-5
+    c0_vae_abs: float = 1e-4
+    c0_text_rel: float = 1e-5
+    c1_latents_rel: float = 1e-4
+    c1_frames_abs: float = 1e-3
+    bf16_rel: float = 2e-2
+
+
+class PrecisionContract(_Spec):
+    supported: list[Precision] = Field(default_factory=lambda: ["fp32", "bf16"])
+    default_cpu: Precision = "fp32"
+    default_cuda: Precision = "bf16"
+
+
+class ParallelismContract(_Spec):
+    plans: list[str] = Field(default_factory=lambda: ["single"])
+    cfg_parallel: bool = False
+
+
+class Limits(_Spec):
+    """Request limits the card accepts. Frames must be 4k+1; sizes multiples of ``size_multiple``."""
+
+    min_frames: int = 1
+    max_frames: int = 129
+    min_size: int = 16
+    max_height: int = 1280
+    max_width: int = 1280
+    size_multiple: int = 16
+    max_prompt_chars: int = 2000
+    max_guidance: float = 50.0
+    default_frames: int = 81
+    default_height: int = 480
+    default_width: int = 832
+    default_guidance: float = 5.0
+    fps: int = 16
+
+
+class CapabilityMatrix(_Spec):
+    tasks: list[Task] = Field(default_factory=lambda: ["text_to_video", "vae_decode"])
+    negative_prompt: bool = True
+    seeds: bool = True
+    batching: bool = True
+
+
+class ModelCard(_Spec):
+    model_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
+    family: Literal["wan"] = "wan"
+    description: str = ""
+    components: dict[str, ComponentSpec]
+    loops: dict[str, LoopSpec]
+    capabilities: CapabilityMatrix = Field(default_factory=CapabilityMatrix)
+    recipe: RecipeSpec = Field(default_factory=RecipeSpec)
+    parity: ParitySpec = Field(default_factory=ParitySpec)
+    precision: PrecisionContract = Field(default_factory=PrecisionContract)
+    parallelism: ParallelismContract = Field(default_factory=ParallelismContract)
+    checkpoint: CheckpointManifest = Field(default_factory=CheckpointManifest)
+    limits: Limits = Field(default_factory=Limits)
+    #: text encoder sequence length (Wan: 512)
+    max_text_tokens: int = Field(512, ge=1, le=4096)
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> "ModelCard":
+        if self.recipe.assumes_loop not in self.loops:
+            raise ValueError(f"recipe.assumes_loop {self.recipe.assumes_loop!r} is not one of the card's loops {sorted(self.loops)}")
+        for key, comp in self.components.items():
+            if comp.component_id != key:
+                raise ValueError(f"components.{key}.component_id is {comp.component_id!r}, expected {key!r}")
+        for table in ("required_for", "optional_for"):
+            for task, comps in getattr(self.checkpoint, table).items():
+                for c in comps:
+                    if c not in self.components:
+                        raise ValueError(f"checkpoint.{table}.{task} names unknown component {c!r}")
+        for task in self.capabilities.tasks:
+            if task not in self.checkpoint.required_for:
+                raise ValueError(f"capability {task!r} has no checkpoint.required_for entry")
+        d = self.loops.get("diffusion_denoise")
+        if d is not None:
+            if d.min_steps > d.max_steps:
+                raise ValueError("loops.diffusion_denoise.min_steps exceeds max_steps")
+            if d.default_steps is not None and not d.min_steps <= d.default_steps <= d.max_steps:
+                raise ValueError("loops.diffusion_denoise.default_steps is outside [min_steps, max_steps]")
+            if d.default_cfg_policy not in d.cfg_policies:
+                raise ValueError("loops.diffusion_denoise.default_cfg_policy is not in cfg_policies")
+            if self.recipe.assumes_steps is not None and not d.min_steps <= self.recipe.assumes_steps <= d.max_steps:
+                raise ValueError("recipe.assumes_steps is outside the denoise loop's step range")
+        lim = self.limits
+        if (lim.default_frames - 1) % 4 or not lim.min_frames <= lim.default_frames <= lim.max_frames:
+            raise ValueError("limits.default_frames must be 4k+1 within [min_frames, max_frames]")
+        for f in ("default_height", "default_width"):
+            if getattr(lim, f) % lim.size_multiple:
+                raise ValueError(f"limits.{f} must be a multiple of limits.size_multiple")
+        return self
+
+    # -- the recipe's teeth -------------------------------------------------------------
+    def check_recipe(self, *, loop: str, steps: int, sampler: str, precision: str) -> None:
+        """Refuse a request that asks for a loop, step count, sampler or precision the recipe
+        does not allow. Raises :class:`RecipeMismatch` (FAILED_PRECONDITION at the edges)."""
+        r = self.recipe
+        if loop != r.assumes_loop:
+            raise RecipeMismatch(
+                f"card {self.model_id} was produced by recipe {r.method!r} for loop {r.assumes_loop!r}, not {loop!r}",
+                field="loop", limit=r.assumes_loop,
+            )
+        if r.assumes_steps is not None and steps != r.assumes_steps:
+            raise RecipeMismatch(
+                f"card {self.model_id} is a {r.method} recipe that assumes {r.assumes_steps} steps; {steps} requested",
+                field="num_inference_steps", limit=str(r.assumes_steps),
+            )
+        if r.assumes_sampler is not None and sampler != r.assumes_sampler:
+            raise RecipeMismatch(
+                f"card {self.model_id} assumes sampler {r.assumes_sampler!r}; {sampler!r} requested",
+                field="sampler", limit=r.assumes_sampler,
+            )
+        if r.assumes_precision is not None and precision != r.assumes_precision:
+            raise RecipeMismatch(
+                f"card {self.model_id} assumes precision {r.assumes_precision}; {precision} requested",
+                field="precision", limit=r.assumes_precision,
+            )
+
+    @property
+    def denoise(self) -> LoopSpec:
+        return self.loops["diffusion_denoise"]
+
+    def component_of_kind(self, kind: str) -> ComponentSpec:
+        for c in self.components.values():
+            if c.kind == kind:
+                return c
+        raise KeyError(kind)

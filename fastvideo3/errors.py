@@ -1,0 +1,167 @@
+"""The typed error hierarchy of the core.
+
+Every error the core raises on purpose is a :class:`FastVideoError`. Each class carries the
+gRPC status name it maps to; the mapping to real gRPC codes happens once, at the service edge
+(``services/common``), and the CLI maps them to exit codes. Errors are plain data so they can be
+put on the wire (``fastvideo3.v1.Error``) and rebuilt on the other side with :func:`from_code`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from dataclasses import field as dc_field
+from typing import Any
+
+
+class FastVideoError(Exception):
+    """Base of every typed error. ``field`` and ``limit`` name what was wrong and what is allowed."""
+
+    code = "INTERNAL"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        limit: str | None = None,
+        retry_after_s: float | None = None,
+        request_id: str | None = None,
+        step: int | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+        self.request_id = request_id
+        self.step = step
+        self.details = dict(details or {})
+
+    def one_line(self) -> str:
+        """The single line shown to a user: field, message and the allowed range."""
+        head = f"{self.field}: " if self.field else ""
+        tail = f" (allowed: {self.limit})" if self.limit else ""
+        retry = f" (retry after {self.retry_after_s:.1f}s)" if self.retry_after_s else ""
+        return f"{self.code}: {head}{self.message}{tail}{retry}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "message": self.message,
+            "field": self.field,
+            "limit": self.limit,
+            "retry_after_s": self.retry_after_s,
+            "request_id": self.request_id,
+            "step": self.step,
+            "details": self.details,
+        }
+
+    def __str__(self) -> str:  # pragma: no cover - trivial
+        return self.one_line()
+
+
+class InvalidRequest(FastVideoError):
+    """Bad user input: a field outside its allowed range."""
+
+    code = "INVALID_ARGUMENT"
+
+
+class FailedPrecondition(FastVideoError):
+    """The request is well formed but cannot run in the current configuration."""
+
+    code = "FAILED_PRECONDITION"
+
+
+class RecipeMismatch(FailedPrecondition):
+    """A request asks for a loop / step count / precision the card's recipe does not allow."""
+
+
+class CardError(InvalidRequest):
+    """A model card (or the directory it points at) is invalid or disagrees with its checkpoint."""
+
+
+class NotFound(FastVideoError):
+    code = "NOT_FOUND"
+
+
+class ResourceExhausted(FastVideoError):
+    """No budget, no memory or a full queue. Carries ``retry_after_s`` when one is known."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+
+class Cancelled(FastVideoError):
+    code = "CANCELLED"
+
+
+class Unavailable(FastVideoError):
+    """A pool, store or transport peer is gone or not serving."""
+
+    code = "UNAVAILABLE"
+
+
+class DataLoss(FastVideoError):
+    """A transfer arrived corrupted (checksum mismatch)."""
+
+    code = "DATA_LOSS"
+
+
+class DeadlineExceeded(FastVideoError):
+    code = "DEADLINE_EXCEEDED"
+
+
+class NumericFault(FastVideoError):
+    """A request-fatal numeric fault (non-finite latents). Aborts that request only."""
+
+    code = "ABORTED"
+
+
+class Internal(FastVideoError):
+    code = "INTERNAL"
+
+
+_BY_CODE: dict[str, type[FastVideoError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidRequest,
+        FailedPrecondition,
+        NotFound,
+        ResourceExhausted,
+        Cancelled,
+        Unavailable,
+        DataLoss,
+        DeadlineExceeded,
+        NumericFault,
+        Internal,
+    )
+}
+
+
+def from_code(code: str, message: str, **kw: Any) -> FastVideoError:
+    """Rebuild a typed error from its status name (e.g. after it crossed the wire)."""
+    return _BY_CODE.get(code, Internal)(message, **kw)
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """Plain-data form of an error, as carried in events and StepResults."""
+
+    code: str
+    message: str
+    field: str | None = None
+    limit: str | None = None
+    step: int | None = None
+    retry_after_s: float | None = None
+    details: dict[str, Any] = dc_field(default_factory=dict)
+
+    @classmethod
+    def of(cls, exc: BaseException) -> "ErrorInfo":
+        if isinstance(exc, FastVideoError):
+            return cls(exc.code, exc.message, exc.field, exc.limit, exc.step, exc.retry_after_s, exc.details)
+        return cls("INTERNAL", f"{type(exc).__name__}: {exc}")
+
+    def to_exception(self) -> FastVideoError:
+        return from_code(
+            self.code, self.message, field=self.field, limit=self.limit, step=self.step,
+            retry_after_s=self.retry_after_s, details=self.details,
+        )

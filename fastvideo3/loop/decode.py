@@ -1,0 +1,34 @@
+"""vae_decode: one vae_tile batch that turns the final latent into frames in the decoder pool."""
+from __future__ import annotations
+
+from fastvideo3.loop.protocol import Done, LoopResult, LoopState, StepResult, WorkPlan
+
+
+class DecodeState(LoopState):
+    model_id: str
+    latent: dict  # TensorRef dict
+    latent_shape: list[int]
+    outputs: dict[str, dict] = {}
+    payload: dict = {}
+
+
+class DecodeLoop:
+    loop_id = "vae_decode"
+
+    def init(self, request, card, ctx: dict) -> DecodeState:
+        ref = ctx["latents"]
+        return DecodeState(request_id=request.request_id, loop_id=self.loop_id, model_id=card.model_id,
+                           latent=ref, latent_shape=list(ref["shape"])[1:])
+
+    def next(self, state: DecodeState) -> WorkPlan | Done:
+        if state.done:
+            return Done(self.finalize(state))
+        c, f, h, w = state.latent_shape
+        return WorkPlan(loop_id=self.loop_id, request_id=state.request_id, kind="vae_tile", role="decoder",
+                        shape_sig=f"vae_tile|{state.model_id}|{c}x{f}x{h}x{w}", inputs={"latents": state.latent})
+
+    def advance(self, state: DecodeState, result: StepResult) -> DecodeState:
+        return state.model_copy(update={"outputs": dict(result.outputs), "payload": dict(result.payload), "done": True})
+
+    def finalize(self, state: DecodeState) -> LoopResult:
+        return LoopResult(state.request_id, self.loop_id, outputs=dict(state.outputs), payload=dict(state.payload))

@@ -1,0 +1,103 @@
+"""The loop contract: a loop is a serializable state machine the runtime drives.
+
+    state = loop.init(request, card, ctx)
+    while not isinstance(plan := loop.next(state), Done):
+        result = execute(plan)            # the runtime admits, batches, places and runs
+        state = loop.advance(state, result)
+    return loop.finalize(state)
+
+``next`` describes work and runs no kernels; ``advance`` folds a StepResult in and may branch on
+it. All per-request state lives in the LoopState (small, typed, JSON-serializable) or in
+pool-resident regions it names by reference. The only place iteration lives is
+:class:`fastvideo3.loop.driver.LoopDriver`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict
+
+from fastvideo3.errors import ErrorInfo
+
+
+class LoopState(BaseModel):
+    """Base of every loop's typed state. Subclasses add fields; nothing else holds request state."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str
+    loop_id: str
+    done: bool = False
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str) -> "LoopState":
+        return cls.model_validate_json(text)
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What a unit of work reserves: predicted GPU-seconds, resident and peak bytes."""
+
+    gpu_seconds: float = 0.0
+    resident_bytes: int = 0
+    peak_bytes: int = 0
+
+
+@dataclass
+class WorkPlan:
+    """One step a loop wants run. ``shape_sig`` keys batch compatibility and graph capture."""
+
+    loop_id: str
+    request_id: str
+    kind: str  # encoder_chunk | diffusion_step | vae_tile | reward_batch
+    role: str  # the pool that runs it: encoder | denoiser | decoder | reward
+    shape_sig: str
+    params: dict[str, Any] = field(default_factory=dict)
+    inputs: dict[str, dict] = field(default_factory=dict)  # name -> TensorRef.to_dict()
+    resources: Resources = field(default_factory=Resources)
+    step: int | None = None
+    total: int | None = None
+
+
+@dataclass
+class StepResult:
+    """What a pool returns for one WorkUnit: small values and references, never bulk tensors."""
+
+    unit_id: str
+    request_id: str
+    ok: bool = True
+    error: ErrorInfo | None = None
+    outputs: dict[str, dict] = field(default_factory=dict)  # name -> TensorRef.to_dict()
+    metrics: dict[str, float] = field(default_factory=dict)
+    payload: dict[str, Any] = field(default_factory=dict)
+    measured_seconds: float = 0.0
+
+
+@dataclass
+class LoopResult:
+    request_id: str
+    loop_id: str
+    outputs: dict[str, dict] = field(default_factory=dict)
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Done:
+    result: LoopResult
+
+
+@runtime_checkable
+class Loop(Protocol):
+    loop_id: str
+
+    def init(self, request: Any, card: Any, ctx: dict) -> LoopState: ...
+
+    def next(self, state: LoopState) -> WorkPlan | Done: ...
+
+    def advance(self, state: LoopState, result: StepResult) -> LoopState: ...
+
+    def finalize(self, state: LoopState) -> LoopResult: ...

@@ -1,0 +1,190 @@
+"""Checkpoint loading for the Wan family: explicit key maps, strict checks, one read.
+
+A card's DiT component names the key map it loads with (``wan_dit_diffusers_v1``). The map is an
+explicit table from checkpoint key to our parameter name and expected shape, generated from the
+card's architecture config; loading refuses any missing, unexpected or mis-shaped key, naming it.
+Weights are read tensor by tensor from memory-mapped safetensors straight into parameters
+built on the meta device, so a checkpoint is read once and never copied through Python lists.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from fastvideo3.errors import CardError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def wan_dit_key_map(cfg) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Checkpoint key -> (our parameter name, shape) for a diffusers-format Wan2.1 transformer."""
+    d, f, t = cfg.inner_dim, cfg.ffn_dim, cfg.text_dim
+    pt, ph, pw = cfg.patch_size
+    table: dict[str, tuple[int, ...]] = {
+        "patch_embedding.weight": (d, cfg.in_channels, pt, ph, pw),
+        "patch_embedding.bias": (d,),
+        "condition_embedder.time_embedder.linear_1.weight": (d, cfg.freq_dim),
+        "condition_embedder.time_embedder.linear_1.bias": (d,),
+        "condition_embedder.time_embedder.linear_2.weight": (d, d),
+        "condition_embedder.time_embedder.linear_2.bias": (d,),
+        "condition_embedder.time_proj.weight": (6 * d, d),
+        "condition_embedder.time_proj.bias": (6 * d,),
+        "condition_embedder.text_embedder.linear_1.weight": (d, t),
+        "condition_embedder.text_embedder.linear_1.bias": (d,),
+        "condition_embedder.text_embedder.linear_2.weight": (d, d),
+        "condition_embedder.text_embedder.linear_2.bias": (d,),
+        "proj_out.weight": (cfg.out_channels * pt * ph * pw, d),
+        "proj_out.bias": (cfg.out_channels * pt * ph * pw,),
+        "scale_shift_table": (1, 2, d),
+    }
+    for i in range(cfg.num_layers):
+        b = f"blocks.{i}."
+        for a in ("attn1", "attn2"):
+            for p in ("to_q", "to_k", "to_v", "to_out.0"):
+                table[f"{b}{a}.{p}.weight"] = (d, d)
+                table[f"{b}{a}.{p}.bias"] = (d,)
+            table[f"{b}{a}.norm_q.weight"] = (d,)
+            table[f"{b}{a}.norm_k.weight"] = (d,)
+        if cfg.cross_attn_norm:
+            table[f"{b}norm2.weight"] = (d,)
+            table[f"{b}norm2.bias"] = (d,)
+        table[f"{b}ffn.net.0.proj.weight"] = (f, d)
+        table[f"{b}ffn.net.0.proj.bias"] = (f,)
+        table[f"{b}ffn.net.2.weight"] = (d, f)
+        table[f"{b}ffn.net.2.bias"] = (d,)
+        table[f"{b}scale_shift_table"] = (1, 6, d)
+    # Our module tree mirrors the checkpoint layout, so the name map is the identity — but it is
+    # an explicit, complete table: nothing outside it is loaded and nothing in it may be absent.
+    return {k: (k, s) for k, s in table.items()}
+
+
+KEY_MAPS = {"wan_dit_diffusers_v1": wan_dit_key_map}
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    index = sorted(folder.glob("*.safetensors.index.json"))
+    if index:
+        weight_map = json.loads(index[0].read_text())["weight_map"]
+        return [folder / name for name in sorted(set(weight_map.values()))]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CardError(f"no safetensors weights in {folder.name}/", field=f"checkpoint.{folder.name}")
+    return files
+
+
+def weights_digest(files: list[Path]) -> str:
+    """A cheap digest of weight files: names, sizes and safetensors headers (which hold every
+    tensor's dtype, shape and byte offsets). Reading the bodies would cost a full pass."""
+    h = hashlib.sha256()
+    for p in files:
+        with open(p, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            h.update(p.name.encode())
+            h.update(str(p.stat().st_size).encode())
+            h.update(fh.read(min(n, 1 << 26)))
+    return "sha256:" + h.hexdigest()
+
+
+def load_dit_weights(module: torch.nn.Module, folder: Path, cfg, key_map: str, dtype: torch.dtype, device) -> None:
+    """Load a transformer folder into ``module`` (built on the meta device) strictly by key map."""
+    table = KEY_MAPS[key_map](cfg)
+    files = safetensors_files(folder)
+    seen: set[str] = set()
+    state: dict[str, torch.Tensor] = {}
+    unexpected: list[str] = []
+    for path in files:
+        with safe_open(str(path), framework="pt", device="cpu") as fh:
+            for key in fh.keys():
+                if key not in table:
+                    unexpected.append(key)
+                    continue
+                name, shape = table[key]
+                sl = fh.get_slice(key)
+                got = tuple(sl.get_shape())
+                if got != shape:
+                    raise CardError(f"tensor {key} has shape {list(got)}, the card's config expects {list(shape)}",
+                                    field=f"transformer.{key}")
+                t = fh.get_tensor(key)
+                state[name] = t.to(device=device, dtype=dtype) if (t.dtype != dtype or str(device) != "cpu") else t
+                seen.add(key)
+    if unexpected:
+        raise CardError(f"checkpoint has {len(unexpected)} tensor(s) the key map does not know, e.g. {unexpected[0]}",
+                        field="transformer")
+    missing = sorted(set(table) - seen)
+    if missing:
+        raise CardError(f"checkpoint lacks {len(missing)} tensor(s) the card requires, e.g. {missing[0]}",
+                        field="transformer")
+    module.load_state_dict(state, strict=True, assign=True)
+
+
+def check_config(component: str, expected: dict, actual: dict) -> None:
+    """Refuse a checkpoint whose architecture config disagrees with its card, naming the field."""
+    for k, v in expected.items():
+        if k not in actual:
+            continue
+        a = actual[k]
+        if isinstance(v, (list, tuple)) and isinstance(a, (list, tuple)):
+            same = list(v) == list(a)
+        else:
+            same = v == a
+        if not same:
+            raise CardError(f"checkpoint {component}/config.json has {k}={a!r}, the card declares {v!r}",
+                            field=f"components.{component}.config.{k}")
+
+
+def card_for_directory(root: Path):
+    """Build a card for a diffusers-format Wan2.1 T2V directory, starting from the built-in card
+    whose architecture matches; an unknown size gets a custom card from its own config."""
+    from fastvideo3.card.registry import WAN_1_3B_DIT, WAN_14B_DIT, _wan_real, bind_checkpoint
+    from fastvideo3.card.spec import Limits, LoopSpec, SamplerSpec
+
+    root = Path(root)
+    index = root / "model_index.json"
+    if not index.exists():
+        raise CardError(f"{root.name}/ is not a diffusers-format directory (no model_index.json)", field="model")
+    mi = json.loads(index.read_text())
+    for sub in ("transformer", "vae", "text_encoder", "tokenizer", "scheduler"):
+        if sub not in mi or not (root / sub).is_dir():
+            raise CardError(f"{root.name}/ lacks the {sub}/ component a text-to-video card requires",
+                            field=f"checkpoint.{sub}")
+    tcfg = json.loads((root / "transformer" / "config.json").read_text())
+    arch = {k: tcfg[k] for k in WAN_1_3B_DIT if k in tcfg}
+    base = None
+    for mid, ref in (("wan2.1-t2v-1.3b", WAN_1_3B_DIT), ("wan2.1-t2v-14b", WAN_14B_DIT)):
+        if all(arch.get(k) == (list(v) if isinstance(v, tuple) else v) for k, v in ref.items() if k != "rope_max_seq_len"):
+            base = _wan_real(mid, ref, f"{mid} from {root.name}")
+    if base is None:
+        base = _wan_real(f"wan-custom-{_slug(root.name)}", arch, f"Wan2.1 architecture from {root.name}")
+    sched = json.loads((root / "scheduler" / "scheduler_config.json").read_text())
+    cls = sched.get("_class_name", "")
+    if "UniPC" in cls:
+        sampler = SamplerSpec(name="unipc", flow_shift=float(sched.get("flow_shift", 3.0)),
+                              solver_order=int(sched.get("solver_order", 2)),
+                              num_train_timesteps=int(sched.get("num_train_timesteps", 1000)))
+    elif "FlowMatchEuler" in cls:
+        sampler = SamplerSpec(name="euler", flow_shift=float(sched.get("shift", 3.0)),
+                              num_train_timesteps=int(sched.get("num_train_timesteps", 1000)))
+    else:
+        raise CardError(f"scheduler {cls!r} is not supported (UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler)",
+                        field="checkpoint.scheduler")
+    d = base.loops["diffusion_denoise"]
+    loops = dict(base.loops)
+    loops["diffusion_denoise"] = LoopSpec(loop_id="diffusion_denoise", default_steps=d.default_steps, sampler=sampler)
+    # rope tables bound the latent grid: max pixels = rope_max_seq_len * patch * vae scale (8)
+    max_px = min(1280, int(arch.get("rope_max_seq_len", 1024)) * int(arch["patch_size"][1]) * 8)
+    max_px -= max_px % 16
+    lim = base.limits.model_copy(update={
+        "max_height": max_px, "max_width": max_px,
+        "default_height": min(base.limits.default_height, max_px), "default_width": min(base.limits.default_width, max_px),
+    })
+    card = base.model_copy(update={"loops": loops, "limits": Limits.model_validate(lim.model_dump())})
+    return bind_checkpoint(card, root)
+
+
+def _slug(name: str) -> str:
+    s = "".join(c if c.isalnum() or c in "._-" else "-" for c in name).strip("-._")
+    return (s or "dir")[:64]

@@ -1,0 +1,212 @@
+"""Wan components behind one small interface: a text encoder, the DiT and the VAE.
+
+Seeded components (the ``wan-tiny`` card) are built deterministically from the card's seed; the
+others load from a diffusers-format directory. The VAE and UMT5 text encoder wrap the diffusers /
+transformers classes; the DiT is ours (:mod:`fastvideo3.models.wan.dit`).
+"""
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from fastvideo3.card.spec import ModelCard
+from fastvideo3.errors import CardError
+from fastvideo3.models.wan.checkpoint import (
+    DTYPES, check_config, load_dit_weights, safetensors_files, weights_digest,
+)
+from fastvideo3.models.wan.dit import WanDiT, WanDiTConfig
+
+
+def _root(card: ModelCard, sub: str) -> Path:
+    if not card.checkpoint.root:
+        raise CardError(f"card {card.model_id} loads weights from a checkpoint directory; none was given "
+                        "(pass --model DIR or set checkpoint.root)", field="checkpoint.root")
+    p = Path(card.checkpoint.root) / sub
+    if not p.is_dir():
+        raise CardError(f"checkpoint directory lacks {sub}/", field=f"checkpoint.{sub}")
+    return p
+
+
+def _seeded_digest(card: ModelCard, component: str) -> str:
+    spec = card.components[component]
+    blob = json.dumps({"seed": card.checkpoint.seed, "component": component, "config": spec.config}, sort_keys=True)
+    return "seeded:" + hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _seed_for(card: ModelCard, component: str) -> int:
+    # one independent stream per component so adding a component never shifts another's weights
+    h = hashlib.sha256(f"{card.checkpoint.seed}:{component}".encode()).digest()
+    return int.from_bytes(h[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+# ---------------------------------------------------------------------------------- text
+def prompt_clean(text: str) -> str:
+    """The reference pipeline's prompt normalisation: unescape HTML twice, collapse whitespace."""
+    try:  # the reference applies ftfy when it is installed; so do we, to stay comparable
+        import ftfy
+        text = ftfy.fix_text(text)
+    except ImportError:
+        pass
+    text = html.unescape(html.unescape(text)).strip()
+    return re.sub(r"\s+", " ", text).strip()
+
+
+class ByteTokenizer:
+    """A fixed byte-level tokenizer for seeded cards: no vocabulary file, fully deterministic.
+    ids: 0 pad, 1 eos, 2 unk, bytes at 3..258."""
+
+    pad_id, eos_id = 0, 1
+
+    def __call__(self, prompts: list[str], max_length: int):
+        ids = torch.zeros(len(prompts), max_length, dtype=torch.long)
+        mask = torch.zeros(len(prompts), max_length, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            toks = [b + 3 for b in p.encode("utf-8")][: max_length - 1] + [self.eos_id]
+            ids[i, : len(toks)] = torch.tensor(toks)
+            mask[i, : len(toks)] = 1
+        return ids, mask
+
+
+class _HFTokenizer:
+    def __init__(self, folder: Path):
+        from transformers import AutoTokenizer
+        self.tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+    def __call__(self, prompts: list[str], max_length: int):
+        out = self.tok(prompts, padding="max_length", max_length=max_length, truncation=True,
+                       add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
+        return out.input_ids, out.attention_mask
+
+
+class TextEncoder:
+    """prompts -> [B, max_len, d] embeddings, trimmed to each prompt's length and zero-padded,
+    exactly as the reference pipeline prepares them."""
+
+    def __init__(self, card: ModelCard, device: str = "cpu", dtype: torch.dtype = torch.float32):
+        from transformers import UMT5Config, UMT5EncoderModel
+        spec = card.components["text_encoder"]
+        self.max_len = card.max_text_tokens
+        self.device, self.dtype = device, dtype
+        if spec.source == "seeded":
+            cfg = {k: v for k, v in spec.config.items() if k != "tokenizer"}
+            torch.manual_seed(_seed_for(card, "text_encoder"))
+            self.model = UMT5EncoderModel(UMT5Config(**cfg))
+            self.tokenizer = ByteTokenizer()
+            self.digest = _seeded_digest(card, "text_encoder")
+        else:
+            folder = _root(card, spec.subfolder or "text_encoder")
+            self.model = UMT5EncoderModel.from_pretrained(str(folder), local_files_only=True, dtype=dtype)
+            self.tokenizer = _HFTokenizer(_root(card, card.components["tokenizer"].subfolder or "tokenizer"))
+            self.digest = weights_digest(safetensors_files(folder))
+        self.model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        self.dim = self.model.config.d_model
+
+    @torch.no_grad()
+    def encode(self, prompts: list[str]) -> torch.Tensor:
+        ids, mask = self.tokenizer([prompt_clean(p) for p in prompts], self.max_len)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        hidden = self.model(ids, mask).last_hidden_state.to(self.dtype)
+        lens = mask.gt(0).sum(dim=1)
+        out = torch.zeros_like(hidden)
+        for i, n in enumerate(lens.tolist()):
+            out[i, :n] = hidden[i, :n]
+        return out
+
+
+# ---------------------------------------------------------------------------------- DiT
+def load_dit(card: ModelCard, device: str = "cpu", dtype: torch.dtype = torch.float32) -> tuple[WanDiT, str]:
+    spec = card.components["transformer"]
+    cfg = WanDiTConfig.from_dict(spec.config)
+    if spec.source == "seeded":
+        torch.manual_seed(_seed_for(card, "transformer"))
+        model = WanDiT(cfg)
+        _init_seeded_dit(model)
+        digest = _seeded_digest(card, "transformer")
+    else:
+        folder = _root(card, spec.subfolder or "transformer")
+        actual = json.loads((folder / "config.json").read_text())
+        check_config("transformer", spec.config, actual)
+        cfg = WanDiTConfig.from_dict({**spec.config, **{k: actual[k] for k in spec.config if k in actual}})
+        with torch.device("meta"):
+            model = WanDiT(cfg)
+        load_dit_weights(model, folder, cfg, spec.key_map or "wan_dit_diffusers_v1", dtype, device)
+        # non-persistent RoPE tables were created on meta: rebuild them for real
+        from fastvideo3.models.wan.dit import rope_tables
+        cos, sin = rope_tables(cfg.attention_head_dim, cfg.rope_max_seq_len)
+        model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
+        digest = weights_digest(safetensors_files(folder))
+    model.to(device=device).eval().requires_grad_(False)
+    if spec.source == "seeded":
+        model.to(dtype=dtype)
+        # the fp32 modules of the reference stay fp32 at any precision
+    _keep_fp32(model)
+    return model, digest
+
+
+def _init_seeded_dit(model: WanDiT) -> None:
+    """Seeded weights with a useful scale: small normal weights, zero biases."""
+    for name, p in model.named_parameters():
+        if name.endswith("bias"):
+            torch.nn.init.zeros_(p)
+        elif "norm" in name:
+            torch.nn.init.ones_(p)
+        elif p.ndim >= 2 and "scale_shift_table" not in name:
+            torch.nn.init.normal_(p, std=0.02 * (2.0 if "proj_out" in name else 1.0))
+
+
+def _keep_fp32(model: WanDiT) -> None:
+    for name, mod in model.named_modules():
+        if name.endswith("time_embedder") or name.endswith("norm2"):
+            mod.float()
+    for name, p in model.named_parameters():
+        if name.endswith("scale_shift_table"):
+            p.data = p.data.float()
+    model.rope_cos, model.rope_sin = model.rope_cos.float(), model.rope_sin.float()
+
+
+# ---------------------------------------------------------------------------------- VAE
+class VideoDecoder:
+    """latents -> frames float32 [F, H, W, 3] in [0, 1] (the reference's de-normalisation)."""
+
+    def __init__(self, card: ModelCard, device: str = "cpu", dtype: torch.dtype = torch.float32):
+        from diffusers import AutoencoderKLWan
+        spec = card.components["vae"]
+        if spec.source == "seeded":
+            torch.manual_seed(_seed_for(card, "vae"))
+            self.model = AutoencoderKLWan(**spec.config)
+            self.digest = _seeded_digest(card, "vae")
+        else:
+            folder = _root(card, spec.subfolder or "vae")
+            self.model = AutoencoderKLWan.from_pretrained(str(folder), local_files_only=True, dtype=dtype)
+            self.digest = weights_digest(safetensors_files(folder))
+        self.model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        self.device, self.dtype = device, dtype
+        c = self.model.config
+        self.z_dim = c.z_dim
+        self.temporal_scale = 2 ** sum(c.temperal_downsample)
+        self.spatial_scale = 2 ** len(c.temperal_downsample)
+        self.mean = torch.tensor(c.latents_mean).view(1, c.z_dim, 1, 1, 1)
+        self.inv_std = 1.0 / torch.tensor(c.latents_std).view(1, c.z_dim, 1, 1, 1)
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        z = latents.to(self.device, self.dtype)
+        z = z / self.inv_std.to(z) + self.mean.to(z)
+        video = self.model.decode(z, return_dict=False)[0]  # [B, 3, F, H, W] in [-1, 1]
+        frames = (video / 2 + 0.5).clamp(0, 1)
+        return frames.permute(0, 2, 3, 4, 1).float().cpu()  # [B, F, H, W, 3]
+
+
+def latent_shape(card: ModelCard, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
+    """(C, F_lat, H_lat, W_lat) for a request, from the VAE's fixed Wan2.1 scales (4x temporal, 8x spatial)."""
+    c = int(card.components["transformer"].config.get("in_channels", 16))
+    return (c, (frames - 1) // 4 + 1, height // 8, width // 8)
+
+
+def precision_dtype(precision: str) -> torch.dtype:
+    return DTYPES[precision]

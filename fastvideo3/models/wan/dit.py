@@ -1,0 +1,244 @@
+"""Our Wan2.1 DiT: patch embedding, 3-D RoPE, self/cross attention with QK-norm,
+time-conditioned modulation, FFN and head, in one small module.
+
+The math follows the published Wan2.1 architecture (as diffusers' ``WanTransformer3DModel``
+implements it), and the parameter names are those of the diffusers-format checkpoint, so the
+key map in :mod:`fastvideo3.models.wan.checkpoint` is an explicit, checked identity table.
+Where the reference keeps fp32 (norms, modulation, timestep embedding, RoPE tables) so do we.
+
+``forward`` takes an optional ``tap(name, tensor)`` observer: the parity tooling records named
+taps per block without the model knowing about it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Tap = Callable[[str, torch.Tensor], None] | None
+
+
+@dataclass(frozen=True)
+class WanDiTConfig:
+    patch_size: tuple[int, int, int] = (1, 2, 2)
+    num_attention_heads: int = 12
+    attention_head_dim: int = 128
+    in_channels: int = 16
+    out_channels: int = 16
+    text_dim: int = 4096
+    freq_dim: int = 256
+    ffn_dim: int = 8960
+    num_layers: int = 30
+    cross_attn_norm: bool = True
+    qk_norm: str | None = "rms_norm_across_heads"
+    eps: float = 1e-6
+    rope_max_seq_len: int = 1024
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "WanDiTConfig":
+        known = {f for f in cls.__dataclass_fields__}
+        kw = {k: v for k, v in d.items() if k in known}
+        if "patch_size" in kw:
+            kw["patch_size"] = tuple(kw["patch_size"])
+        return cls(**kw)
+
+    @property
+    def inner_dim(self) -> int:
+        return self.num_attention_heads * self.attention_head_dim
+
+
+def _layer_norm_fp32(x: torch.Tensor, eps: float, weight=None, bias=None) -> torch.Tensor:
+    w = weight.float() if weight is not None else None
+    b = bias.float() if bias is not None else None
+    return F.layer_norm(x.float(), (x.shape[-1],), w, b, eps)
+
+
+def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal embedding, cos first (flip_sin_to_cos), no frequency shift."""
+    half = dim // 2
+    exponent = -math.log(10000) * torch.arange(half, dtype=torch.float32, device=t.device) / half
+    emb = t[:, None].float() * torch.exp(exponent)[None, :]
+    return torch.cat([torch.cos(emb), torch.sin(emb)], dim=-1)
+
+
+def rope_tables(head_dim: int, max_len: int, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables for the (t, h, w) split of one head, each [max_len, head_dim], fp32."""
+    h_dim = w_dim = 2 * (head_dim // 6)
+    t_dim = head_dim - h_dim - w_dim
+    cos, sin = [], []
+    pos = torch.arange(max_len)
+    for d in (t_dim, h_dim, w_dim):
+        freqs = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        ang = torch.outer(pos, freqs)
+        cos.append(ang.cos().repeat_interleave(2, dim=1).float())
+        sin.append(ang.sin().repeat_interleave(2, dim=1).float())
+    return torch.cat(cos, dim=1), torch.cat(sin, dim=1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, L, H, D]; cos/sin: [1, L, 1, D] with each frequency repeated twice."""
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    c, s = cos[..., 0::2], sin[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * c - x2 * s
+    out[..., 1::2] = x1 * s + x2 * c
+    return out.type_as(x)
+
+
+class _Linear2(nn.Module):
+    """linear_1 -> act -> linear_2 (names match the checkpoint)."""
+
+    def __init__(self, d_in: int, d_hidden: int, d_out: int, act: nn.Module):
+        super().__init__()
+        self.linear_1 = nn.Linear(d_in, d_hidden)
+        self.act = act
+        self.linear_2 = nn.Linear(d_hidden, d_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(self.act(self.linear_1(x)))
+
+
+class ConditionEmbedder(nn.Module):
+    def __init__(self, cfg: WanDiTConfig):
+        super().__init__()
+        dim = cfg.inner_dim
+        self.freq_dim = cfg.freq_dim
+        self.time_embedder = _Linear2(cfg.freq_dim, dim, dim, nn.SiLU())
+        self.time_proj = nn.Linear(dim, dim * 6)
+        self.text_embedder = _Linear2(cfg.text_dim, dim, dim, nn.GELU(approximate="tanh"))
+
+    def forward(self, timestep: torch.Tensor, text: torch.Tensor):
+        t = timestep_embedding(timestep, self.freq_dim).to(self.time_embedder.linear_1.weight.dtype)
+        temb = self.time_embedder(t).type_as(text)
+        return temb, self.time_proj(F.silu(temb)), self.text_embedder(text)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int, eps: float):
+        super().__init__()
+        self.heads = heads
+        self.to_q = nn.Linear(dim, dim)
+        self.to_k = nn.Linear(dim, dim)
+        self.to_v = nn.Linear(dim, dim)
+        self.to_out = nn.ModuleList([nn.Linear(dim, dim)])
+        self.norm_q = nn.RMSNorm(dim, eps=eps)
+        self.norm_k = nn.RMSNorm(dim, eps=eps)
+
+    def forward(self, x: torch.Tensor, ctx: torch.Tensor | None = None, rope=None) -> torch.Tensor:
+        src = x if ctx is None else ctx
+        q = self.norm_q(self.to_q(x)).unflatten(2, (self.heads, -1))
+        k = self.norm_k(self.to_k(src)).unflatten(2, (self.heads, -1))
+        v = self.to_v(src).unflatten(2, (self.heads, -1))
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        o = o.transpose(1, 2).flatten(2, 3).type_as(q)
+        return self.to_out[0](o)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        # net.0.proj / net.2 mirror the checkpoint layout (net.1 is a parameter-free dropout)
+        self.net = nn.ModuleList([nn.Module(), nn.Identity(), nn.Linear(hidden, dim)])
+        self.net[0].proj = nn.Linear(dim, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net[2](F.gelu(self.net[0].proj(x), approximate="tanh"))
+
+
+class _AffineNorm(nn.Module):
+    """fp32 LayerNorm with affine parameters (the cross-attention norm)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _layer_norm_fp32(x, self.eps, self.weight, self.bias)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: WanDiTConfig):
+        super().__init__()
+        dim = cfg.inner_dim
+        self.eps = cfg.eps
+        self.attn1 = Attention(dim, cfg.num_attention_heads, cfg.eps)
+        self.attn2 = Attention(dim, cfg.num_attention_heads, cfg.eps)
+        self.norm2 = _AffineNorm(dim, cfg.eps) if cfg.cross_attn_norm else None
+        self.ffn = FeedForward(dim, cfg.ffn_dim)
+        self.scale_shift_table = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
+
+    def forward(self, x, text, temb6, rope):
+        shift, scale, gate, c_shift, c_scale, c_gate = (self.scale_shift_table + temb6.float()).chunk(6, dim=1)
+        h = (_layer_norm_fp32(x, self.eps) * (1 + scale) + shift).type_as(x)
+        x = (x.float() + self.attn1(h, None, rope) * gate).type_as(x)
+        h = (self.norm2(x) if self.norm2 is not None else x.float()).type_as(x)
+        x = x + self.attn2(h, text)
+        h = (_layer_norm_fp32(x, self.eps) * (1 + c_scale) + c_shift).type_as(x)
+        return (x.float() + self.ffn(h).float() * c_gate).type_as(x)
+
+
+class WanDiT(nn.Module):
+    """Wan2.1 DiT. ``forward(latents [B,C,F,H,W], timestep [B], text [B,T,text_dim]) -> [B,C,F,H,W]``."""
+
+    def __init__(self, cfg: WanDiTConfig):
+        super().__init__()
+        self.cfg = cfg
+        dim = cfg.inner_dim
+        self.patch_embedding = nn.Conv3d(cfg.in_channels, dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+        self.condition_embedder = ConditionEmbedder(cfg)
+        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.num_layers)])
+        self.proj_out = nn.Linear(dim, cfg.out_channels * math.prod(cfg.patch_size))
+        self.scale_shift_table = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
+        cos, sin = rope_tables(cfg.attention_head_dim, cfg.rope_max_seq_len)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def rope(self, f: int, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+        d = self.cfg.attention_head_dim
+        hw = 2 * (d // 6)
+        splits = [d - 2 * hw, hw, hw]
+
+        def grid(table: torch.Tensor) -> torch.Tensor:
+            t, hh, ww = table.split(splits, dim=1)
+            parts = [
+                t[:f].view(f, 1, 1, -1).expand(f, h, w, -1),
+                hh[:h].view(1, h, 1, -1).expand(f, h, w, -1),
+                ww[:w].view(1, 1, w, -1).expand(f, h, w, -1),
+            ]
+            return torch.cat(parts, dim=-1).reshape(1, f * h * w, 1, -1)
+
+        return grid(self.rope_cos), grid(self.rope_sin)
+
+    def forward(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, tap: Tap = None):
+        b, _, f, h, w = latents.shape
+        pt, ph, pw = self.cfg.patch_size
+        ff, hh, ww = f // pt, h // ph, w // pw
+        if max(ff, hh, ww) > self.cfg.rope_max_seq_len:
+            raise ValueError(f"latent grid {ff}x{hh}x{ww} exceeds rope_max_seq_len {self.cfg.rope_max_seq_len}")
+        rope = self.rope(ff, hh, ww)
+        x = self.patch_embedding(latents).flatten(2).transpose(1, 2).contiguous()
+        temb, temb6, ctx = self.condition_embedder(timestep, text)
+        temb6 = temb6.unflatten(1, (6, -1))
+        if tap:
+            tap("patch_embed", x)
+            tap("temb", temb)
+        for i, block in enumerate(self.blocks):
+            x = block(x, ctx, temb6, rope)
+            if tap:
+                tap(f"block.{i}", x)
+        shift, scale = (self.scale_shift_table + temb.unsqueeze(1)).chunk(2, dim=1)
+        x = (_layer_norm_fp32(x, self.cfg.eps) * (1 + scale) + shift).type_as(x)
+        x = self.proj_out(x)
+        x = x.reshape(b, ff, hh, ww, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
+        out = x.flatten(6, 7).flatten(4, 5).flatten(2, 3)
+        if tap:
+            tap("output", out)
+        return out

@@ -1,0 +1,136 @@
+"""The embedded engine: the scheduler and every pool in one process, over the in-process
+transport. Same scheduler, same executors and loops as the fleet; only the transport differs.
+
+    engine = fastvideo3.Engine(model="wan-tiny")
+    video = engine.generate("a red circle moving left", num_frames=33, seed=0)
+    video.save("out.mp4")
+    engine.close()
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from fastvideo3.card.registry import resolve_card
+from fastvideo3.card.spec import ModelCard
+from fastvideo3.errors import FastVideoError, Unavailable
+from fastvideo3.request.schema import GenerateRequest, ResolvedRequest, resolve
+from fastvideo3.runtime.scheduler import TERMINAL, CoreScheduler, Event, RequestRun
+
+
+@dataclass
+class Video:
+    """A generated video: ``frames`` is float32 [frames, height, width, 3] in [0, 1]."""
+
+    frames: np.ndarray
+    fps: int
+    metadata: dict[str, Any] = field(default_factory=dict)
+    latents: Any = None  # the final latents (torch.Tensor [1, C, F, H, W]) when kept
+
+    def save(self, path: str | Path) -> list[Path]:
+        from fastvideo3.media import save_video
+        return save_video(self.frames, path, fps=self.fps, sidecar=self.metadata)
+
+
+class Engine:
+    def __init__(self, model: str | ModelCard = "wan-tiny", device: str | None = None, *,
+                 precision: str | None = None, batching: bool = True, max_batch: int = 16,
+                 keep_latents: bool = False):
+        from fastvideo3.runtime.executors import DecoderExecutor, DenoiserExecutor, EncoderExecutor
+        from fastvideo3.transport import make_transport
+
+        self.card = model if isinstance(model, ModelCard) else resolve_card(model)
+        self.transport = make_transport("inproc", owner="embedded")
+        t0 = time.perf_counter()
+        self.encoder = EncoderExecutor(self.card, self.transport, device, precision)
+        self.denoiser = DenoiserExecutor(self.card, self.transport, device, precision, batching=batching)
+        self.decoder = DecoderExecutor(self.card, self.transport, device)
+        self.load_seconds = time.perf_counter() - t0
+        self.precision = self.denoiser.precision
+        self.keep_latents = keep_latents
+        self.scheduler = CoreScheduler(
+            {"encoder": [self.encoder], "denoiser": [self.denoiser], "decoder": [self.decoder]},
+            max_batch=max_batch,
+        )
+
+    # -- requests ------------------------------------------------------------------------
+    def resolve(self, prompt: str, **kw) -> ResolvedRequest:
+        return resolve(GenerateRequest(prompt=prompt, **kw), self.card, precision=self.precision)
+
+    def submit(self, prompt: str, **kw) -> RequestRun:
+        return self.scheduler.submit(self.resolve(prompt, **kw), self.card)
+
+    def cancel(self, request_id: str) -> bool:
+        return self.scheduler.cancel(request_id)
+
+    def run(self, until: Callable[[], bool] | None = None, on_event: Callable[[Event], None] | None = None) -> None:
+        """Tick the scheduler until every request is terminal (or ``until()`` holds)."""
+        prev = self.scheduler.on_event
+        self.scheduler.on_event = on_event or prev
+        try:
+            while self.scheduler.active() and not (until and until()):
+                self.scheduler.tick()
+        finally:
+            self.scheduler.on_event = prev
+
+    def result(self, run: RequestRun) -> Video:
+        """Collect a finished request's video and free everything it held."""
+        try:
+            if run.status != "SUCCEEDED":
+                raise (run.error.to_exception() if run.error else Unavailable("request did not finish"))
+            from fastvideo3.transport.ref import TensorRef
+            frames = self.transport.fetch(TensorRef.from_dict(run.ctx["frames"]), deadline_s=30.0).numpy().copy()
+            latents = None
+            if self.keep_latents:
+                latents = self.transport.fetch(TensorRef.from_dict(run.ctx["latents"]), deadline_s=30.0).clone()
+            return Video(frames=frames, fps=self.card.limits.fps, metadata=self._provenance(run), latents=latents)
+        finally:
+            self.scheduler.release(run.request_id)
+            self.scheduler.forget(run.request_id)
+
+    def generate(self, prompt: str, *, negative_prompt: str | None = None, num_frames: int | None = None,
+                 height: int | None = None, width: int | None = None, num_inference_steps: int | None = None,
+                 guidance_scale: float | None = None, seed: int | None = None, flow_shift: float | None = None,
+                 sampler: str | None = None, cfg_policy: str | None = None,
+                 on_event: Callable[[Event], None] | None = None) -> Video:
+        run = self.submit(prompt, negative_prompt=negative_prompt, num_frames=num_frames, height=height,
+                          width=width, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
+                          seed=seed, flow_shift=flow_shift, sampler=sampler, cfg_policy=cfg_policy)
+        self.run(until=lambda: run.status in TERMINAL, on_event=on_event)
+        return self.result(run)
+
+    def _provenance(self, run: RequestRun) -> dict:
+        r = run.request
+        return {
+            "card": self.card.model_id,
+            "recipe": self.card.recipe.model_dump(mode="json"),
+            "request": r.to_dict(),
+            "weights": {"transformer": self.denoiser.weights_digest, "text_encoder": self.encoder.encoder.digest,
+                        "vae": self.decoder.vae.digest},
+            "timings_s": {k: round(v, 4) for k, v in run.phase_seconds.items()},
+            "latent_norms": run.ctx.get("payloads", {}).get("diffusion_denoise", {}).get("latent_norms", []),
+            "fps": self.card.limits.fps,
+            "fastvideo3_version": __import__("fastvideo3").__version__,
+        }
+
+    def describe(self) -> dict:
+        return {"card": self.card.model_id, "precision": self.precision,
+                "pools": {ex.role: ex.describe() for ex in (self.encoder, self.denoiser, self.decoder)},
+                "scheduler": dict(self.scheduler.counters)}
+
+    def close(self) -> None:
+        for run in list(self.scheduler.runs.values()):
+            self.scheduler.release(run.request_id)
+        self.scheduler.runs.clear()
+        self.scheduler.close()
+        self.transport.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

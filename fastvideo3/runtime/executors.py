@@ -1,0 +1,253 @@
+"""In-process executors for the encoder, denoiser and decoder roles.
+
+Each executor owns its component's weights and the pool-resident data of the requests it serves,
+keyed by request id: nothing per request lives anywhere else. Tensors leave an executor only as
+references published on its transport; results carry references and a few numbers.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from fastvideo3.card.spec import ModelCard
+from fastvideo3.errors import ErrorInfo, FastVideoError, InvalidRequest, NumericFault
+from fastvideo3.loop import cfg as cfg_policy
+from fastvideo3.loop.protocol import StepResult
+from fastvideo3.loop.samplers import SamplerHistory, sampler_step
+from fastvideo3.models.wan.components import TextEncoder, VideoDecoder, load_dit, precision_dtype
+from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.transport.ref import TensorRef
+
+FETCH_DEADLINE_S = 30.0
+
+
+def _fail(unit: WorkUnit, exc: BaseException) -> StepResult:
+    info = ErrorInfo.of(exc)
+    if isinstance(exc, FastVideoError) and exc.step is None and unit.step is not None:
+        info = ErrorInfo(info.code, info.message, info.field, info.limit, unit.step, info.retry_after_s, info.details)
+    return StepResult(unit.unit_id, unit.request_id, ok=False, error=info)
+
+
+def _ref(d: dict) -> TensorRef:
+    return TensorRef.from_dict(d)
+
+
+def _auto_device(device: str | None) -> str:
+    if device:
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class _Base:
+    role = "base"
+
+    def __init__(self, card: ModelCard, transport, device: str | None = None, precision: str | None = None):
+        self.card = card
+        self.transport = transport
+        self.device = _auto_device(device)
+        self.precision = precision or (card.precision.default_cuda if self.device.startswith("cuda") else card.precision.default_cpu)
+        self.dtype = precision_dtype(self.precision)
+        self.counters: dict[str, float] = {"units": 0, "batches": 0, "failed_units": 0, "busy_seconds": 0.0}
+        self._lock = threading.RLock()
+
+    def execute(self, batch: list[WorkUnit]) -> list[StepResult]:
+        t0 = time.perf_counter()
+        with self._lock:
+            results = self._execute(batch)
+        dt = time.perf_counter() - t0
+        self.counters["units"] += len(batch)
+        self.counters["batches"] += 1
+        self.counters["busy_seconds"] += dt
+        self.counters["failed_units"] += sum(not r.ok for r in results)
+        for r in results:
+            r.measured_seconds = dt
+        return results
+
+    def _execute(self, batch: list[WorkUnit]) -> list[StepResult]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def release(self, request_id: str) -> None:
+        self.transport.release(request_id)
+
+    def describe(self) -> dict:
+        return {"role": self.role, "card": self.card.model_id, "device": self.device, "precision": self.precision,
+                "counters": dict(self.counters), "transport": self.transport.stats()}
+
+
+class EncoderExecutor(_Base):
+    role = "encoder"
+
+    def __init__(self, card: ModelCard, transport, device=None, precision=None, cache=None):
+        super().__init__(card, transport, device, precision)
+        self.encoder = TextEncoder(card, self.device, self.dtype)
+        self.cache = cache  # optional feature cache (fastvideo3.cache), keyed by a full CacheKey
+
+    def _execute(self, batch):
+        out = []
+        for unit in batch:
+            try:
+                prompts: dict[str, str] = unit.params["prompts"]
+                names = list(prompts)
+                embeds = self._encode([prompts[n] for n in names])
+                refs = {n: self.transport.publish(unit.request_id, n, embeds[i : i + 1]).to_dict()
+                        for i, n in enumerate(names)}
+                out.append(StepResult(unit.unit_id, unit.request_id, outputs=refs))
+            except Exception as e:  # noqa: BLE001 - a unit's failure stays in its result
+                out.append(_fail(unit, e))
+        return out
+
+    def _encode(self, texts: list[str]) -> torch.Tensor:
+        if self.cache is None:
+            return self.encoder.encode(texts)
+        return self.cache.encode(self, texts)
+
+
+@dataclass
+class Region:
+    """A request's resident data in the denoiser: latent, sampler history, fetched embeddings."""
+
+    latent: torch.Tensor
+    history: SamplerHistory
+    embeds: dict[str, torch.Tensor] = field(default_factory=dict)
+    step: int = 0
+
+
+class DenoiserExecutor(_Base):
+    """Runs diffusion steps; batches compatible units across requests into one DiT forward."""
+
+    role = "denoiser"
+
+    def __init__(self, card: ModelCard, transport, device=None, precision=None, batching: bool = True):
+        super().__init__(card, transport, device, precision)
+        self.dit, self.weights_digest = load_dit(card, self.device, self.dtype)
+        self.batching = batching
+        self.regions: dict[str, Region] = {}
+        self.counters.update({"forwards": 0, "rows": 0, "max_batch_rows": 0})
+        self.fault_hook = None  # test hook: fn(unit, latent) -> latent, to inject numeric faults
+
+    # -- region lifecycle --------------------------------------------------------------
+    def _region(self, unit: WorkUnit) -> Region:
+        reg = self.regions.get(unit.request_id)
+        p = unit.params
+        if reg is None:
+            if p["step"] != 0:
+                raise FastVideoError(f"no resident latent for request at step {p['step']}", step=p["step"])
+            shape = [1, *p["latent_shape"]]
+            gen = torch.Generator(device="cpu").manual_seed(int(p["seed"]))
+            latent = torch.randn(shape, generator=gen, dtype=torch.float32).to(self.device)
+            reg = Region(latent=latent, history=SamplerHistory(order=int(p.get("solver_order", 2))))
+            self.regions[unit.request_id] = reg
+        if reg.step != p["step"]:
+            raise FastVideoError(f"step {p['step']} issued but the resident latent is at step {reg.step}", step=p["step"])
+        for name, d in unit.inputs.items():
+            if name not in reg.embeds:  # fetched once per request, reused across steps
+                reg.embeds[name] = self.transport.fetch(_ref(d), deadline_s=FETCH_DEADLINE_S).to(self.device, self.dtype)
+        return reg
+
+    def release(self, request_id: str) -> None:
+        with self._lock:
+            self.regions.pop(request_id, None)
+        super().release(request_id)
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d["resident_regions"] = len(self.regions)
+        d["weights_digest"] = self.weights_digest
+        return d
+
+    # -- the step body -----------------------------------------------------------------
+    def _execute(self, batch):
+        results: dict[str, StepResult] = {}
+        ready: list[tuple[WorkUnit, Region]] = []
+        for unit in batch:
+            try:
+                self._validate(unit)
+                ready.append((unit, self._region(unit)))
+            except Exception as e:  # noqa: BLE001
+                results[unit.unit_id] = _fail(unit, e)
+        groups: dict[tuple, list[tuple[WorkUnit, Region]]] = {}
+        for unit, reg in ready:
+            groups.setdefault((unit.shape_sig, unit.params["cfg_policy"]), []).append((unit, reg))
+        for members in groups.values():
+            chunks = [members] if self.batching else [[m] for m in members]
+            for chunk in chunks:
+                self._run(chunk, results)
+        return [results[u.unit_id] for u in batch]
+
+    def _validate(self, unit: WorkUnit) -> None:
+        p = unit.params
+        if p.get("cfg_policy") not in cfg_policy.POLICIES:
+            raise InvalidRequest(f"unknown cfg policy {p.get('cfg_policy')!r}", field="cfg_policy")
+        needed = {"prompt_embeds"} | ({"negative_embeds"} if p["cfg_policy"] != "none" else set())
+        if not needed <= set(unit.inputs) | set(self.regions.get(unit.request_id, Region(torch.empty(0), SamplerHistory())).embeds):
+            raise InvalidRequest(f"missing inputs {sorted(needed - set(unit.inputs))}", field="inputs")
+
+    @torch.no_grad()
+    def _run(self, chunk: list[tuple[WorkUnit, Region]], results: dict[str, StepResult]) -> None:
+        policy = chunk[0][0].params["cfg_policy"]
+        names = {"cond": "prompt_embeds", "uncond": "negative_embeds"}
+        branches = cfg_policy.branches(policy)
+        # one forward per branch (classic) or one for all branches (batched / none)
+        passes = [branches] if policy in ("batched", "none") else [(b,) for b in branches]
+        preds: list[dict[str, torch.Tensor]] = [{} for _ in chunk]
+        for branch_set in passes:
+            lat, ts, txt, index = [], [], [], []
+            for i, (unit, reg) in enumerate(chunk):
+                for b in branch_set:
+                    lat.append(reg.latent)
+                    ts.append(float(unit.params["timestep"]))
+                    txt.append(reg.embeds[names[b]])
+                    index.append((i, b))
+            x = torch.cat(lat).to(self.dtype)
+            t = torch.tensor(ts, dtype=torch.float32, device=self.device)
+            out = self.dit(x, t, torch.cat(txt))
+            self.counters["forwards"] += 1
+            self.counters["rows"] += len(index)
+            self.counters["max_batch_rows"] = max(self.counters["max_batch_rows"], len(index))
+            for row, (i, b) in enumerate(index):
+                preds[i][b] = out[row : row + 1]
+        for i, (unit, reg) in enumerate(chunk):
+            try:
+                p = unit.params
+                noise = cfg_policy.combine(policy, preds[i], float(p["guidance"]))
+                new = sampler_step(p["sampler"], reg.history, noise, reg.latent, int(p["step"]), p["sigmas"])
+                if self.fault_hook is not None:
+                    new = self.fault_hook(unit, new)
+                if not bool(torch.isfinite(new).all()):
+                    raise NumericFault("latents became non-finite", step=int(p["step"]), request_id=unit.request_id)
+                reg.latent = new
+                reg.step += 1
+                res = StepResult(unit.unit_id, unit.request_id,
+                                 metrics={"latent_norm": float(new.float().norm()), "finite": 1.0,
+                                          "batch_rows": float(len(chunk) * len(branches))})
+                if p.get("final"):
+                    res.outputs["latents"] = self.transport.publish(unit.request_id, "latents", new).to_dict()
+                results[unit.unit_id] = res
+            except Exception as e:  # noqa: BLE001 - request-local fault
+                self.regions.pop(unit.request_id, None)
+                results[unit.unit_id] = _fail(unit, e)
+
+
+class DecoderExecutor(_Base):
+    role = "decoder"
+
+    def __init__(self, card: ModelCard, transport, device=None, precision=None):
+        # the VAE decodes in fp32 on CPU and keeps fp32 by default (as the reference pipeline's VAE does)
+        super().__init__(card, transport, device, precision or "fp32")
+        self.vae = VideoDecoder(card, self.device, self.dtype)
+
+    def _execute(self, batch):
+        out = []
+        for unit in batch:
+            try:
+                latent = self.transport.fetch(_ref(unit.inputs["latents"]), deadline_s=FETCH_DEADLINE_S)
+                frames = self.vae.decode(latent)[0].contiguous()  # [F, H, W, 3] float32 in [0, 1]
+                ref = self.transport.publish(unit.request_id, "frames", frames)
+                out.append(StepResult(unit.unit_id, unit.request_id, outputs={"frames": ref.to_dict()},
+                                      payload={"frames_shape": list(frames.shape)}))
+            except Exception as e:  # noqa: BLE001
+                out.append(_fail(unit, e))
+        return out

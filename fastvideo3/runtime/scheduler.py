@@ -1,0 +1,321 @@
+"""The core scheduler: request scheduling, loop driving, cross-request batching, placement.
+
+It is a state machine testable with fake executors: :meth:`CoreScheduler.tick` plans one step
+for every running request (through each request's :class:`LoopDriver`), groups the WorkUnits by
+batch key across requests, places each batch on the least-loaded replica of its role, runs the
+batches (concurrently across roles) and folds the results back. Every running request advances
+one step per tick, so a long request is never starved behind short ones; preemption and
+cancellation happen only between ticks, i.e. at step boundaries.
+
+The embedded engine drives it with in-process executors; the scheduler service drives the same
+class with remote executors that forward batches to role pools over gRPC.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from fastvideo3.card.spec import ModelCard
+from fastvideo3.errors import Cancelled, DeadlineExceeded, ErrorInfo, FastVideoError, Internal, ResourceExhausted
+from fastvideo3.loop import LOOPS, LoopDriver
+from fastvideo3.loop.protocol import StepResult
+from fastvideo3.request.schema import ResolvedRequest
+from fastvideo3.runtime.workunit import WorkUnit
+
+PROGRAM_T2V = ("text_encode", "diffusion_denoise", "vae_decode")
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+@dataclass
+class Event:
+    request_id: str
+    seq: int
+    kind: str  # accepted | queued | progress | artifact | error | finished
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RequestRun:
+    request: ResolvedRequest
+    card: ModelCard
+    program: tuple[str, ...] = PROGRAM_T2V
+    status: str = "QUEUED"
+    loop_index: int = 0
+    driver: LoopDriver | None = None
+    ctx: dict[str, Any] = field(default_factory=dict)
+    error: ErrorInfo | None = None
+    created: float = field(default_factory=time.time)
+    started: float | None = None
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    cancel_requested: bool = False
+    events: list[Event] = field(default_factory=list)
+    _seq: Any = field(default_factory=lambda: itertools.count())
+    done_event: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def deadline(self) -> float:
+        return self.created + self.request.deadline_s
+
+    @property
+    def loop_id(self) -> str | None:
+        return self.program[self.loop_index] if self.loop_index < len(self.program) else None
+
+    def progress(self) -> tuple[int, int]:
+        d = self.driver
+        if d is not None and self.loop_id == "diffusion_denoise":
+            return d.state.step, d.state.num_steps  # type: ignore[attr-defined]
+        return (self.request.num_inference_steps if self.loop_index > 1 else 0), self.request.num_inference_steps
+
+
+class CoreScheduler:
+    def __init__(
+        self,
+        executors: dict[str, list[Any]],
+        *,
+        max_batch: int = 16,
+        max_running: int = 64,
+        max_queued: int = 256,
+        on_event: Callable[[Event], None] | None = None,
+        checkpoint: Callable[[RequestRun], None] | None = None,
+        parallel_dispatch: bool = False,
+    ):
+        self.executors = executors
+        self.max_batch = max_batch
+        self.max_running = max_running
+        self.max_queued = max_queued
+        self.on_event = on_event
+        self.checkpoint = checkpoint
+        self.runs: "OrderedDict[str, RequestRun]" = OrderedDict()
+        self.inflight: dict[int, int] = {}  # id(executor) -> units in flight (placement)
+        self.counters: dict[str, float] = {
+            "ticks": 0, "units": 0, "batches": 0, "max_batch_units": 0, "multi_request_batches": 0,
+            "admitted": 0, "refused": 0, "succeeded": 0, "failed": 0, "cancelled": 0,
+        }
+        self.batch_sizes: list[int] = []
+        self._lock = threading.RLock()
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="dispatch") if parallel_dispatch else None
+
+    # -- requests ----------------------------------------------------------------------
+    def submit(self, request: ResolvedRequest, card: ModelCard) -> RequestRun:
+        with self._lock:
+            old = self.runs.get(request.request_id)
+            if old is not None and old.status not in TERMINAL:
+                raise FastVideoError("a request with this id is still running", field="request_id")
+            queued = sum(r.status == "QUEUED" for r in self.runs.values())
+            if queued >= self.max_queued:
+                self.counters["refused"] += 1
+                raise ResourceExhausted(f"queue is full ({queued} waiting)", field="queue",
+                                        limit=str(self.max_queued), retry_after_s=1.0)
+            self.runs.pop(request.request_id, None)
+            run = RequestRun(request=request, card=card)
+            self.runs[request.request_id] = run
+            self.counters["admitted"] += 1
+            self._emit(run, "accepted", {"model": card.model_id})
+            self._emit(run, "queued", {"position": queued})
+            return run
+
+    def cancel(self, request_id: str) -> bool:
+        with self._lock:
+            run = self.runs.get(request_id)
+            if run is None or run.status in TERMINAL:
+                return False
+            run.cancel_requested = True
+            return True
+
+    def get(self, request_id: str) -> RequestRun | None:
+        return self.runs.get(request_id)
+
+    def active(self) -> list[RequestRun]:
+        return [r for r in self.runs.values() if r.status not in TERMINAL]
+
+    def forget(self, request_id: str) -> None:
+        with self._lock:
+            run = self.runs.get(request_id)
+            if run is not None and run.status in TERMINAL:
+                del self.runs[request_id]
+
+    # -- the tick ----------------------------------------------------------------------
+    def tick(self) -> bool:
+        """One scheduling round. Returns True when any work ran or any request changed state."""
+        with self._lock:
+            self.counters["ticks"] += 1
+            changed = self._boundaries()
+            units: list[tuple[WorkUnit, RequestRun]] = []
+            for run in list(self.runs.values()):
+                if run.status != "RUNNING":
+                    continue
+                try:
+                    plan = self._next_plan(run)
+                except FastVideoError as e:
+                    self._terminate(run, "FAILED", e)
+                    changed = True
+                    continue
+                if plan is None:
+                    changed = True
+                    continue
+                unit = WorkUnit.from_plan(plan, run.card.model_id, run.deadline)
+                units.append((unit, run))
+        if not units:
+            return changed
+        self._dispatch(units)
+        return True
+
+    def _boundaries(self) -> bool:
+        changed = False
+        now = time.time()
+        for run in list(self.runs.values()):
+            if run.status in TERMINAL:
+                continue
+            if run.cancel_requested:
+                self._terminate(run, "CANCELLED", Cancelled("cancelled by the client", request_id=run.request_id))
+                changed = True
+            elif now > run.deadline:
+                self._terminate(run, "FAILED", DeadlineExceeded(f"deadline of {run.request.deadline_s:.1f}s passed",
+                                                                field="deadline_s"))
+                changed = True
+        running = sum(r.status == "RUNNING" for r in self.runs.values())
+        for run in self.runs.values():  # FIFO admission into the running set
+            if running >= self.max_running:
+                break
+            if run.status == "QUEUED":
+                run.status, run.started = "RUNNING", time.time()
+                running += 1
+                changed = True
+        return changed
+
+    def _next_plan(self, run: RequestRun):
+        while True:
+            if run.driver is None:
+                loop_id = run.loop_id
+                if loop_id is None:
+                    self._finish(run)
+                    return None
+                loop = LOOPS[loop_id]()
+                run.driver = LoopDriver(loop, loop.init(run.request, run.card, run.ctx))
+                run.phase_seconds.setdefault(loop_id, 0.0)
+            plan = run.driver.plan()
+            if plan is not None:
+                return plan
+            result = run.driver.result
+            run.ctx.update(result.outputs)
+            run.ctx.setdefault("payloads", {})[run.loop_id] = result.payload
+            run.driver = None
+            run.loop_index += 1
+
+    def _dispatch(self, units: list[tuple[WorkUnit, RequestRun]]) -> None:
+        groups: "OrderedDict[tuple, list[tuple[WorkUnit, RequestRun]]]" = OrderedDict()
+        for u, r in units:
+            groups.setdefault(u.batch_key, []).append((u, r))
+        batches = []
+        for key, members in groups.items():
+            for i in range(0, len(members), self.max_batch):
+                batches.append(members[i : i + self.max_batch])
+        jobs = [(b, self._place(b[0][0].role)) for b in batches]
+        t0 = time.perf_counter()
+        if self._pool is not None and len(jobs) > 1:
+            futures = [self._pool.submit(self._run_batch, b, ex) for b, ex in jobs]
+            outs = [f.result() for f in futures]
+        else:
+            outs = [self._run_batch(b, ex) for b, ex in jobs]
+        elapsed = time.perf_counter() - t0
+        with self._lock:
+            for (batch, _), results in zip(jobs, outs):
+                self._record_batch(batch)
+                for (unit, run), res in zip(batch, results):
+                    self._apply(run, unit, res, elapsed)
+
+    def _place(self, role: str):
+        replicas = self.executors.get(role) or []
+        if not replicas:
+            raise Internal(f"no executor for role {role}")
+        return min(replicas, key=lambda ex: self.inflight.get(id(ex), 0))
+
+    def _run_batch(self, batch, executor) -> list[StepResult]:
+        key = id(executor)
+        self.inflight[key] = self.inflight.get(key, 0) + len(batch)
+        try:
+            results = executor.execute([u for u, _ in batch])
+            if len(results) != len(batch):
+                raise Internal(f"executor returned {len(results)} results for {len(batch)} units")
+            return results
+        except Exception as e:  # noqa: BLE001 - a lost pool fails its batch, not the scheduler
+            return [StepResult(u.unit_id, u.request_id, ok=False, error=ErrorInfo.of(e)) for u, _ in batch]
+        finally:
+            self.inflight[key] -= len(batch)
+
+    def _record_batch(self, batch) -> None:
+        n = len(batch)
+        self.counters["batches"] += 1
+        self.counters["units"] += n
+        self.counters["max_batch_units"] = max(self.counters["max_batch_units"], n)
+        if len({u.request_id for u, _ in batch}) > 1:
+            self.counters["multi_request_batches"] += 1
+        if batch[0][0].kind == "diffusion_step":
+            self.batch_sizes.append(n)
+
+    def _apply(self, run: RequestRun, unit: WorkUnit, res: StepResult, elapsed: float) -> None:
+        if run.status in TERMINAL or run.driver is None:
+            return
+        loop_id = run.loop_id
+        run.phase_seconds[loop_id] = run.phase_seconds.get(loop_id, 0.0) + elapsed
+        try:
+            run.driver.apply(res)
+        except FastVideoError as e:
+            self._terminate(run, "FAILED", e)
+            return
+        except Exception as e:  # noqa: BLE001
+            self._terminate(run, "FAILED", Internal(f"{type(e).__name__}: {e}"))
+            return
+        if unit.kind == "diffusion_step":
+            step, total = run.progress()
+            self._emit(run, "progress", {"phase": "denoise", "step": step, "total": total})
+        else:
+            self._emit(run, "progress", {"phase": loop_id, "step": run.progress()[0], "total": run.progress()[1]})
+        if self.checkpoint is not None:
+            self.checkpoint(run)
+
+    # -- terminal states -----------------------------------------------------------------
+    def _finish(self, run: RequestRun) -> None:
+        run.status = "SUCCEEDED"
+        self.counters["succeeded"] += 1
+        self._emit(run, "artifact", {"outputs": dict(run.ctx), "phase_seconds": dict(run.phase_seconds)})
+        self._emit(run, "finished", {"status": "SUCCEEDED"})
+        run.done_event.set()
+
+    def _terminate(self, run: RequestRun, status: str, exc: FastVideoError) -> None:
+        run.status = status
+        run.error = ErrorInfo.of(exc)
+        run.driver = None
+        self.counters["cancelled" if status == "CANCELLED" else "failed"] += 1
+        self.release(run.request_id)
+        self._emit(run, "error", {"error": run.error})
+        self._emit(run, "finished", {"status": status})
+        run.done_event.set()
+
+    def release(self, request_id: str) -> None:
+        """Free the request's resident data on every replica of every role."""
+        for replicas in self.executors.values():
+            for ex in replicas:
+                try:
+                    ex.release(request_id)
+                except Exception:  # noqa: BLE001 - a dead pool has nothing left to free
+                    pass
+
+    def _emit(self, run: RequestRun, kind: str, data: dict) -> None:
+        ev = Event(run.request_id, next(run._seq), kind, data)
+        run.events.append(ev)
+        if self.on_event is not None:
+            self.on_event(ev)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
