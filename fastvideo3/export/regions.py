@@ -32,8 +32,8 @@ from fastvideo3.export.errors import (
 )
 from fastvideo3.export.identity import fingerprint_hex
 
-if TYPE_CHECKING:  # the export is only read through .fingerprint and .regions
-    from fastvideo3.export.runtime import RuntimeExport
+if TYPE_CHECKING:  # only .fingerprint and .regions are read, so a ModelRuntime works too
+    from fastvideo3.export.runtime import ModelRuntime, RuntimeExport
 
 SNAPSHOT_MAGIC = b"FV3SNAP\x00"
 SNAPSHOT_VERSION = 1
@@ -42,7 +42,7 @@ _LEN = struct.Struct("<I")
 
 def dtype_name(dtype: torch.dtype | str) -> str:
     """``torch.float32`` or ``"float32"`` -> ``"float32"`` (validated)."""
-    return dtype_of(dtype).__repr__().removeprefix("torch.")
+    return str(dtype_of(dtype)).removeprefix("torch.")
 
 
 def dtype_of(dtype: torch.dtype | str) -> torch.dtype:
@@ -272,7 +272,8 @@ def _ordered(
 
 
 def snapshot(
-    region_tensors: Mapping[str, torch.Tensor] | Sequence[torch.Tensor], export: "RuntimeExport"
+    region_tensors: Mapping[str, torch.Tensor] | Sequence[torch.Tensor],
+    export: "RuntimeExport | ModelRuntime",
 ) -> Snapshot:
     """Copy every region (by name, or positionally in region order) to host bytes."""
     regions = tuple(export.regions)
@@ -282,7 +283,7 @@ def snapshot(
 
 def restore(
     snap: Snapshot,
-    export: "RuntimeExport",
+    export: "RuntimeExport | ModelRuntime",
     into: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Rebuild region tensors from ``snap``; with ``into``, copy them into live tensors in place.

@@ -496,8 +496,14 @@ class RuntimeBuilder:
         return self._base.with_layout(graph_names=self._graphs, regions=self._regions)
 
     def finish_export(self) -> RuntimeExport:
-        """A bare export (no ports/stages in its identity). Ports added here are ignored."""
+        """A bare export: graphs, buffers and regions only. Declared ports or stages are refused
+        rather than dropped; use ``finish()`` (or ``wrap`` the bare export) for those."""
         self._open()
+        if self._ports or self._stages:
+            raise PortDeclarationError(
+                "finish_export() builds a bare export; ports and stages need finish()",
+                field="ports" if self._ports else "stages",
+            )
         identity = self._export_identity()
         export = RuntimeExport(
             identity=identity, graphs=self._graphs, buffers=self._buffers,

@@ -43,7 +43,8 @@ class DenoiseLoop:
             guidance=request.guidance_scale, cfg_policy=request.cfg_policy, sampler=request.sampler,
             solver_order=spec.solver_order if spec else 2, seed=request.seed,
             latent_shape=list(latent_shape(card, request.num_frames, request.height, request.width)),
-            precision=request.precision, embeds=dict(ctx["embeds"]),
+            precision=request.precision,
+            embeds={k: ctx[k] for k in ("prompt_embeds", "negative_embeds") if k in ctx},
         )
 
     def shape_sig(self, state: DenoiseState) -> str:

@@ -134,6 +134,12 @@ class ComponentCost:
     flops: float
     bytes: float  # weights read once per forward plus activations read and written
 
+    def __add__(self, other: "ComponentCost") -> "ComponentCost":
+        return ComponentCost(self.flops + other.flops, self.bytes + other.bytes)
+
+    def scaled(self, k: float) -> "ComponentCost":
+        return ComponentCost(self.flops * k, self.bytes * k)
+
 
 @dataclass(frozen=True)
 class DitForwardCost:
@@ -174,29 +180,18 @@ def dit_forward_cost(config: DitConfig, shape: StepShape, *, weight_bytes_per_pa
             bytes=count * (d_in * d_out * wb + n * tokens * (d_in + d_out) * ab),
         )
 
-    def times(c: ComponentCost, k: int) -> ComponentCost:
-        return ComponentCost(c.flops * k, c.bytes * k)
-
-    self_proj = lin(tok, d, d, count=4)
     self_core = ComponentCost(n * 2 * 2.0 * tok * tok * d, n * 4.0 * tok * d * ab)
-    cross_q_o = lin(tok, d, d, count=2)
-    cross_kv = lin(t, d, d, count=2)
     cross_core = ComponentCost(n * 2 * 2.0 * tok * t * d, n * (2.0 * tok * d + 2.0 * t * d) * ab)
-    ffn_in, ffn_out = lin(tok, d, f), lin(tok, f, d)
-    text_emb = lin(t, config.text_dim, d)
-    text_emb2 = lin(t, d, d)
-    time_emb = lin(1, config.freq_dim, d)
-    time_emb2 = lin(1, d, 7 * d)  # second time linear (d x d) and the 6-way projection, lumped
     components = {
         "patch_embed": lin(tok, pv_in, d),
-        "self_attn_proj": times(self_proj, nl),
-        "self_attn_core": times(self_core, nl),
-        "cross_attn_proj": times(cross_q_o, nl),
-        "cross_attn_kv": times(cross_kv, nl),
-        "cross_attn_core": times(cross_core, nl),
-        "ffn": times(ComponentCost(ffn_in.flops + ffn_out.flops, ffn_in.bytes + ffn_out.bytes), nl),
-        "embedders": ComponentCost(text_emb.flops + text_emb2.flops + time_emb.flops + time_emb2.flops,
-                                   text_emb.bytes + text_emb2.bytes + time_emb.bytes + time_emb2.bytes),
+        "self_attn_proj": lin(tok, d, d, count=4).scaled(nl),
+        "self_attn_core": self_core.scaled(nl),
+        "cross_attn_proj": lin(tok, d, d, count=2).scaled(nl),
+        "cross_attn_kv": lin(t, d, d, count=2).scaled(nl),
+        "cross_attn_core": cross_core.scaled(nl),
+        "ffn": (lin(tok, d, f) + lin(tok, f, d)).scaled(nl),
+        # text MLP; time MLP, whose second linear and 6-way projection are lumped as d -> 7d
+        "embedders": lin(t, config.text_dim, d) + lin(t, d, d) + lin(1, config.freq_dim, d) + lin(1, d, 7 * d),
         "head": lin(tok, d, pv_out),
     }
     return DitForwardCost(components, tok, float(config.param_count() * wb))

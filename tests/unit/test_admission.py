@@ -278,7 +278,7 @@ _op = st.one_of(
 def test_random_sequences_never_exceed_budgets_and_release_exactly_once(ops):
     ctl, clock = make(memory=10 * GB, interactive_s=4.0, batch_s=10.0, queue=3, jumbo_threshold_s=3.0)
     budgets = {"interactive": 4.0, "batch": 10.0}
-    in_flight: dict[str, tuple[str, Reservation, bool]] = {}
+    in_flight: dict[str, tuple[str, Reservation, bool]] = {}  # id -> (class, still held, jumbo)
     ever_admitted: set[str] = set()
     released: set[str] = set()
     n = 0
@@ -315,7 +315,12 @@ def test_random_sequences_never_exceed_budgets_and_release_exactly_once(ops):
         elif op[0] in ("release", "refund", "cancel") and in_flight:
             rid = sorted(in_flight)[op[1] % len(in_flight)]
             if op[0] == "refund":
+                cls, held, jumbo = in_flight[rid]
+                back = min(op[2], held.gpu_seconds)  # refunds are clamped to what is held
+                in_flight[rid] = (cls, Reservation(held.gpu_seconds - back, held.resident_bytes,
+                                                   held.peak_bytes), jumbo)
                 apply(ctl.refund(rid, op[2]))
+                check()
                 continue
             apply(ctl.release(rid, op[2]) if op[0] == "release" else ctl.cancel(rid))
             del in_flight[rid]

@@ -111,6 +111,8 @@ def test_port_declaration_checks():
         PortSpec("x", IN, "float32", update=SWAP, buffer="latent")  # neither shape nor buckets
     with pytest.raises(PortDeclarationError):
         PortSpec("x", IN, "float32", shape=(4,), update=SWAP)  # SWAP without a buffer
+    with pytest.raises(PortDeclarationError):
+        _builder().add_port(LATENT_IN).finish_export()  # a bare export never drops ports
     export = _builder().finish_export()
     for bad in (
         PortSpec("x", IN, "float32", shape=(65,), update=SWAP, buffer="latent"),  # too big

@@ -9,6 +9,7 @@ What this cannot check — pods starting, images building, probes passing — ne
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -22,12 +23,12 @@ import yaml
 try:
     from helm_render import (
         CHART_DIR, INSTALL_HINT, NAMESPACE, REPO_ROOT, VALUES_DIR, HelmError, Rendered,
-        find_helm, lint, load_values, name, render,
+        deep_merge, find_helm, lint, load_values, name, render,
     )
 except ImportError:  # tests/unit imported as a package
     from tests.unit.helm_render import (  # type: ignore[no-redef]
         CHART_DIR, INSTALL_HINT, NAMESPACE, REPO_ROOT, VALUES_DIR, HelmError, Rendered,
-        find_helm, lint, load_values, name, render,
+        deep_merge, find_helm, lint, load_values, name, render,
     )
 
 ROLES = ("encoder", "denoiser", "decoder", "reward")
@@ -100,8 +101,6 @@ def port_arg(c: dict) -> int:
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
 def test_values_files_match_schema(value_set: str) -> None:
     jsonschema = pytest.importorskip("jsonschema")
-    import json
-
     schema = json.loads((CHART_DIR / "values.schema.json").read_text())
     jsonschema.Draft7Validator.check_schema(schema)
     jsonschema.Draft7Validator(schema).validate(values_of(value_set))
@@ -122,12 +121,6 @@ def test_values_files_match_schema(value_set: str) -> None:
 )
 def test_schema_rejects_bad_values(override: dict, path: list[str]) -> None:
     jsonschema = pytest.importorskip("jsonschema")
-    import json
-
-    try:
-        from helm_render import deep_merge
-    except ImportError:
-        from tests.unit.helm_render import deep_merge  # type: ignore[no-redef]
     schema = json.loads((CHART_DIR / "values.schema.json").read_text())
     errors = list(jsonschema.Draft7Validator(schema).iter_errors(deep_merge(load_values(), override)))
     assert errors, f"schema accepted {override}"
@@ -527,3 +520,13 @@ def test_image_entrypoint_maps_roles_to_modules(tmp_path: Path) -> None:
             env={"PATH": env_path, "FASTVIDEO3_ROLE": role}, timeout=10, check=True,
         ).stdout.splitlines()
         assert out == ["-m", module, "--port", "50053", "--card", "a b"]
+
+
+@timeout
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_cards_named_in_values_are_built_in_or_defined(value_set: str) -> None:
+    registry = pytest.importorskip("fastvideo3.card.registry")
+    values = values_of(value_set)
+    known = set(registry.builtin_cards()) | set(values["cards"])
+    named = {values["card"]} | {p["card"] for p in values["pools"].values() if p.get("card")}
+    assert named <= known, f"unknown cards {sorted(named - known)}; known {sorted(known)}"

@@ -69,7 +69,7 @@ def test_driver_plan_is_stable_until_applied_and_failures_raise():
 @pytest.mark.parametrize("loop_id", ["text_encode", "diffusion_denoise", "vae_decode"])
 def test_loop_states_round_trip_unchanged(loop_id):
     loop = {"text_encode": TextEncodeLoop, "diffusion_denoise": DenoiseLoop, "vae_decode": DecodeLoop}[loop_id]()
-    ctx = {"embeds": EMBEDS, "latents": {"shape": [1, 16, 9, 16, 16], "buffer_id": "z"}}
+    ctx = {**EMBEDS, "latents": {"shape": [1, 16, 9, 16, 16], "buffer_id": "z"}}
     state = loop.init(REQ, CARD, ctx)
     if loop_id == "diffusion_denoise":
         state = loop.advance(state, StepResult("u", "r1", metrics={"latent_norm": 3.5}))
@@ -80,7 +80,7 @@ def test_loop_states_round_trip_unchanged(loop_id):
 
 def test_denoise_loop_plans_every_step_then_finishes():
     loop = DenoiseLoop()
-    state = loop.init(REQ, CARD, {"embeds": EMBEDS})
+    state = loop.init(REQ, CARD, dict(EMBEDS))
     assert len(state.sigmas) == 6 and state.sigmas[-1] == 0.0
     steps = []
     while not isinstance(plan := loop.next(state), Done):
@@ -95,7 +95,7 @@ def test_denoise_loop_plans_every_step_then_finishes():
 
 def test_denoise_loop_aborts_on_non_finite_result():
     loop = DenoiseLoop()
-    state = loop.init(REQ, CARD, {"embeds": EMBEDS})
+    state = loop.init(REQ, CARD, dict(EMBEDS))
     with pytest.raises(NumericFault) as e:
         loop.advance(state, StepResult("u", "r1", metrics={"finite": 0.0}))
     assert e.value.code == "ABORTED" and e.value.step == 0

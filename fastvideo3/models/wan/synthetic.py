@@ -393,8 +393,10 @@ def build_wan_dir(
     dtype (default: float32 for tiny, bfloat16 for the real-size presets); the VAE is stored in
     ``vae_dtype`` (float32, the precision Wan's VAE runs in). ``text_encoder=False`` omits the
     tokenizer and text encoder, ``vae=False`` the VAE; ``transformer_only=True`` omits all three.
-    Omitted components are ``[null, null]`` in ``model_index.json``: the pipeline still loads,
-    and runs with ``prompt_embeds=`` / ``output_type="latent"``.
+    Omitted components are ``[null, null]`` in ``model_index.json``; diffusers then loads the
+    directory given them explicitly (``WanPipeline.from_pretrained(path, vae=None,
+    text_encoder=None, tokenizer=None)``) and runs with ``prompt_embeds=`` and
+    ``output_type="latent"``.
 
     Deterministic: the same arguments give byte-identical weights. The scheduler is UniPC with
     flow prediction (Wan2.1's own) or flow-matching Euler, both with ``flow_shift``.

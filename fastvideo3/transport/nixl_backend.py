@@ -1,0 +1,367 @@
+"""NIXL transport: one-sided READs through the NIXL library's UCX backend.
+
+Owner: every slab (a uint8 tensor in host memory, or in VRAM for CUDA tensors) is registered
+with the owner's NIXL agent once, when the slab is created, and deregistered only when the slab
+is evicted; released buffers go back to the slab pool. ``publish`` copies the tensor into a
+slab and writes the generation trailer. The ref's descriptor carries the agent name, the
+region (``addr``, ``len``, ``dev``, ``mem``), the generation and, unless
+``inline_metadata=False``, that slab's partial agent metadata (base64, a few hundred bytes:
+connection info plus the slab's remote key). Without inline metadata a reader must have loaded
+the owner's metadata through the fleet's side channel: ``owner.agent_metadata()`` is carried in
+the pool's Describe reply and fed to ``reader.add_peer(...)``.
+
+Reader: its own agent loads the owner's metadata when it first needs a region, takes a
+destination buffer, posts a READ, and polls ``check_xfer_state`` with a short backoff until
+DONE or ERR or the deadline. Destination buffers (``recv=``): ``"direct"`` registers a fresh
+tensor per fetch and hands it to the caller (no copy; cheap for host memory); ``"slab"``
+reads into a registered, reused slab and copies out (registration of VRAM is costly, a device
+copy is not); ``"auto"`` picks direct for host memory and slab for VRAM. A transfer that
+cannot be cancelled after a deadline keeps its destination quarantined, never reused.
+
+On hosts without a GPU, UCX moves host memory between processes with CMA or TCP on loopback.
+"""
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import threading
+import time
+import uuid
+
+import torch
+
+from fastvideo3.errors import DeadlineExceeded, InvalidRequest, NotFound, Unavailable
+from fastvideo3.transport import checksum as _checksum
+from fastvideo3.transport.ledger import (
+    TRAILER_BYTES, TRAILER_MAGIC, Deadline, TransportBase, pack_trailer, slab_bytes_needed,
+    trailer_offset, unpack_trailer,
+)
+from fastvideo3.transport.ref import TensorRef
+from fastvideo3.transport.slab import SlabPool
+
+_POLL_MIN_S = 20e-6
+_POLL_MAX_S = 1e-3
+
+
+def _load_nixl():
+    try:
+        from nixl._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
+    except Exception as exc:  # ImportError, or a broken native library
+        raise Unavailable(f"the nixl package cannot be loaded ({type(exc).__name__}: {exc}); "
+                          "install nixl==1.5.1 or choose another transport",
+                          field="transport.backend") from None
+    if "NIXL_LOG_LEVEL" not in os.environ:  # its INFO lines on stdout would drown pool logs
+        logging.getLogger("nixl").setLevel(logging.WARNING)
+    return nixl_agent, nixl_agent_config, nixl_thread_sync_t
+
+
+def _mem_type(device: torch.device) -> str:
+    return "DRAM" if device.type == "cpu" else "VRAM"
+
+
+def _dev_index(device: torch.device) -> int:
+    return 0 if device.type == "cpu" else (device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _sync(device: torch.device) -> None:
+    # Remote reads are not ordered with our CUDA stream: finish the copies first.
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+class _Region:
+    """A registered buffer: the tensor, its registration and (owner side) its metadata."""
+
+    __slots__ = ("buf", "reg", "md_b64")
+
+    def __init__(self, buf: torch.Tensor, reg, md_b64: str = "") -> None:
+        self.buf = buf
+        self.reg = reg
+        self.md_b64 = md_b64
+
+
+class NixlTransport(TransportBase):
+    """NIXL/UCX transport (see module docstring)."""
+
+    backend = "nixl"
+
+    def __init__(self, owner: str, *, device: str | torch.device | None = "cpu",
+                 checksum: str = "auto", max_cached_bytes: int = 1 << 30,
+                 inline_metadata: bool = True, recv: str = "auto",
+                 agent_name: str | None = None, backends: tuple[str, ...] = ("UCX",)) -> None:
+        super().__init__(owner, device=device, checksum=checksum)
+        if recv not in ("auto", "direct", "slab"):
+            raise InvalidRequest(f"recv must be auto, direct or slab, not {recv!r}", field="transport.recv")
+        nixl_agent, nixl_agent_config, sync_t = _load_nixl()
+        self.agent_name = agent_name or f"{owner}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            config = nixl_agent_config(backends=list(backends),
+                                       sync_mode=sync_t.NIXL_THREAD_SYNC_STRICT)
+            self._agent = nixl_agent(self.agent_name, config)
+        except Exception as exc:
+            raise Unavailable(f"cannot create NIXL agent {self.agent_name!r}: {exc}",
+                              field="transport.backend") from None
+        missing = [b for b in backends if b not in self._agent.backends]
+        if missing:
+            raise Unavailable(f"NIXL backend(s) {missing} not available here "
+                              f"(plugins: {self._agent.plugin_list})", field="transport.backend")
+        self._backends = list(backends)
+        self._inline = inline_metadata
+        self._recv = recv
+        self._max_cached = max_cached_bytes
+        self._pools: dict[tuple[str, str], SlabPool] = {}  # (role, device) -> pool
+        self._pools_lock = threading.Lock()
+        self._gen = 0
+        self._gen_lock = threading.Lock()
+        self._peers: set[str] = set()
+        self._peers_lock = threading.Lock()
+        self._quarantine: list[tuple[object, object]] = []  # (xfer handle, region) still in flight
+
+    # ------------------------------------------------------------------ metadata side channel
+    def agent_metadata(self) -> bytes:
+        """This agent's full metadata (for a pool's Describe reply)."""
+        return self._agent.get_agent_metadata()
+
+    def add_peer(self, metadata: bytes) -> str:
+        """Load a peer's metadata (from its Describe reply); returns the peer's agent name."""
+        try:
+            name = self._agent.add_remote_agent(metadata)
+        except Exception as exc:
+            raise Unavailable(f"cannot load NIXL peer metadata: {exc}", field="descriptor.md") from None
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        with self._peers_lock:
+            self._peers.add(name)
+        return name
+
+    def _forget_peer(self, name: str) -> None:
+        with self._peers_lock:
+            known = name in self._peers
+            self._peers.discard(name)
+        if known:
+            try:
+                self._agent.remove_remote_agent(name)
+            except Exception:
+                pass
+
+    # ------------------------------------------------------------------ slabs
+    def _pool(self, role: str, device: torch.device) -> SlabPool:
+        key = (role, str(device))
+        with self._pools_lock:
+            pool = self._pools.get(key)
+            if pool is None:
+                pool = SlabPool(lambda cap: self._register(cap, device, with_md=(role == "owner")),
+                                self._deregister, max_cached_bytes=self._max_cached)
+                self._pools[key] = pool
+            return pool
+
+    def _register(self, capacity: int, device: torch.device, *, with_md: bool) -> _Region:
+        buf = torch.zeros(capacity, dtype=torch.uint8, device=device)  # touch pages once
+        try:
+            reg = self._agent.register_memory(buf, backends=self._backends)
+            md = ""
+            if with_md:
+                md = base64.b64encode(self._agent.get_partial_agent_metadata(
+                    reg, True, self._backends)).decode("ascii")
+        except Exception as exc:
+            raise Unavailable(f"NIXL cannot register {capacity} bytes on {device}: {exc}",
+                              field="transport.nixl") from None
+        return _Region(buf, reg, md)
+
+    def _deregister(self, region: _Region) -> None:
+        try:
+            self._agent.deregister_memory(region.reg, backends=self._backends)
+        finally:
+            region.buf = None
+
+    # ------------------------------------------------------------------ owner
+    def _publish(self, buffer_id: str, tensor: torch.Tensor, csum_algo: str):
+        device = tensor.device
+        nbytes = tensor.numel() * tensor.element_size()
+        pool = self._pool("owner", device)
+        slab = pool.acquire(slab_bytes_needed(nbytes))
+        try:
+            buf = slab.handle.buf
+            data = buf[:nbytes]
+            if nbytes:
+                data.copy_(_checksum.byte_view(tensor))
+            csum = _checksum.compute(data, csum_algo)
+            with self._gen_lock:
+                self._gen += 1
+                gen = self._gen
+            off = trailer_offset(nbytes)
+            trailer = torch.frombuffer(bytearray(pack_trailer(gen, nbytes)), dtype=torch.uint8)
+            buf[off:off + TRAILER_BYTES].copy_(trailer)
+            _sync(device)
+        except BaseException:
+            pool.give_back(slab)
+            raise
+        descriptor = {
+            "agent": self.agent_name, "addr": buf.data_ptr(), "len": off + TRAILER_BYTES,
+            "dev": _dev_index(device), "mem": _mem_type(device), "generation": gen,
+        }
+        if self._inline:
+            descriptor["md"] = slab.handle.md_b64
+        return (pool, slab, off), csum, descriptor
+
+    def _free(self, payload) -> None:
+        pool, slab, off = payload
+        buf = slab.handle.buf
+        buf[off:off + TRAILER_BYTES].zero_()  # stale readers now see "released"
+        _sync(buf.device)
+        pool.give_back(slab)
+
+    def _resident_bytes(self, ref: TensorRef) -> torch.Tensor:
+        _pool, slab, _off = self._lookup(ref).payload
+        return slab.handle.buf[:ref.nbytes]
+
+    # ------------------------------------------------------------------ reader
+    def _ensure_peer(self, ref: TensorRef, remote) -> str:
+        desc = ref.descriptor
+        agent = desc["agent"]
+        with self._peers_lock:
+            known = agent in self._peers
+        if known and self._agent.check_remote_metadata(agent, remote):
+            return agent
+        md = desc.get("md")
+        if isinstance(md, str) and md:
+            try:
+                self.add_peer(base64.b64decode(md))
+            except ValueError:
+                raise InvalidRequest("descriptor md is not base64", field="descriptor.md") from None
+            return agent
+        if known:
+            return agent  # metadata loaded via add_peer; let the transfer tell us
+        raise Unavailable(f"no NIXL metadata for agent {agent!r}: the ref carries none and "
+                          "add_peer() was not called for it", field="descriptor.md")
+
+    def _destination(self, total: int, device: torch.device):
+        mode = self._recv
+        if mode == "auto":
+            mode = "direct" if device.type == "cpu" else "slab"
+        if mode == "slab":
+            pool = self._pool("recv", device)
+            return pool, pool.acquire(total)
+        return None, self._register(total, device, with_md=False)
+
+    def _fetch(self, ref: TensorRef, deadline: Deadline, copy: bool) -> torch.Tensor:
+        desc = ref.descriptor
+        for key in ("agent", "addr", "len", "dev", "mem", "generation"):
+            if key not in desc:
+                raise InvalidRequest(f"nixl descriptor needs {key!r}", field=f"descriptor.{key}")
+        total = int(desc["len"])
+        off = trailer_offset(ref.nbytes)
+        if desc["mem"] not in ("DRAM", "VRAM") or total != off + TRAILER_BYTES:
+            raise InvalidRequest("nixl descriptor region disagrees with nbytes", field="descriptor.len")
+        deadline.check(f"nixl fetch of {ref.buffer_id}")
+        device = self.device if self.device is not None else torch.device("cpu")
+        try:
+            remote = self._agent.get_xfer_descs([(int(desc["addr"]), total, int(desc["dev"]))], desc["mem"])
+        except Exception as exc:
+            raise InvalidRequest(f"bad nixl region: {exc}", field="descriptor") from None
+        agent = self._ensure_peer(ref, remote)
+        pool, dst = self._destination(total, device)
+        region = dst.handle if pool is not None else dst
+        what = f"nixl READ of {ref.owner}:{ref.buffer_id}"
+        try:
+            state, handle = self._post_and_wait(region.buf[:total], remote, agent, deadline)
+        except BaseException:
+            self._return(pool, dst, region)  # nothing is in flight
+            raise
+        if state != "DONE":
+            if self._cancel(handle):
+                self._return(pool, dst, region)
+            else:  # a peer may still write into it: never reuse or deregister
+                self._quarantine.append((handle, region))
+            if state == "TIMEOUT":
+                raise DeadlineExceeded(f"{what}: deadline of {deadline.deadline_s:.3f}s exceeded",
+                                       field="deadline_s", limit=f"{deadline.deadline_s:.3f}s")
+            self._forget_peer(agent)
+            raise Unavailable(f"{what}: transfer failed (peer lost?)", field="owner")
+        handle.release()
+        keep = False  # True once the caller owns region.buf (direct mode)
+        try:
+            raw = region.buf[off:off + TRAILER_BYTES].cpu().numpy().tobytes()
+            magic, gen, nbytes = unpack_trailer(raw)
+            if magic != TRAILER_MAGIC or gen != desc["generation"] or nbytes != ref.nbytes:
+                raise NotFound(f"{ref.owner} released {ref.buffer_id} (slab reused)", field="buffer_id")
+            data = region.buf[:ref.nbytes]
+            if pool is None:
+                keep = True
+                return data.view(ref.torch_dtype).reshape(ref.shape)
+            out = torch.empty(ref.shape, dtype=ref.torch_dtype, device=device)
+            out.reshape(-1).view(torch.uint8).copy_(data)
+            return out
+        finally:
+            self._return(pool, dst, region, keep_buffer=keep)
+
+    def _return(self, pool, dst, region: _Region, *, keep_buffer: bool = False) -> None:
+        """Give a destination back: a slab to its pool; a direct buffer deregistered."""
+        if pool is not None:
+            pool.give_back(dst)
+            return
+        try:
+            self._agent.deregister_memory(region.reg, backends=self._backends)
+        except Exception:
+            pass
+        if not keep_buffer:
+            region.buf = None
+
+    def _post_and_wait(self, local: torch.Tensor, remote, agent: str, deadline: Deadline):
+        """Post a READ and poll it: ("DONE" | "ERR" | "TIMEOUT", handle)."""
+        try:
+            handle = self._agent.initialize_xfer("READ", self._agent.get_xfer_descs(local), remote, agent)
+        except Exception as exc:
+            self._forget_peer(agent)
+            raise Unavailable(f"nixl READ from {agent}: cannot start: {exc}", field="owner") from None
+        try:
+            state = self._agent.transfer(handle)
+        except Exception:
+            state = "ERR"
+        pause = _POLL_MIN_S
+        while state == "PROC":
+            if deadline.expired():
+                return "TIMEOUT", handle
+            time.sleep(pause)  # yield the core to UCX's progress thread (and to the peer)
+            pause = min(pause * 2, _POLL_MAX_S)
+            try:
+                state = self._agent.check_xfer_state(handle)
+            except Exception:
+                state = "ERR"
+        return state, handle
+
+    @staticmethod
+    def _cancel(handle) -> bool:
+        """Release an unfinished transfer; False if NIXL could not cancel it."""
+        try:
+            handle.release()
+            return True
+        except Exception:
+            return False
+
+    def _backend_stats(self):
+        totals = {"slabs_created": 0, "slabs_destroyed": 0, "slab_bytes": 0, "slab_bytes_free": 0}
+        with self._pools_lock:
+            pools = list(self._pools.values())
+        for pool in pools:
+            for key, value in pool.stats().items():
+                totals[key] += value
+        totals["quarantined"] = len(self._quarantine)
+        totals["peers"] = len(self._peers)
+        return totals
+
+    def _close_backend(self) -> None:
+        with self._pools_lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.clear()
+        for name in list(self._peers):
+            self._forget_peer(name)
+        still = []
+        for handle, region in self._quarantine:
+            try:
+                handle.release()
+            except Exception:
+                still.append((handle, region))  # leaked on purpose: memory a peer may write
+        self._quarantine = still
+
