@@ -96,11 +96,17 @@ class Engine:
                  height: int | None = None, width: int | None = None, num_inference_steps: int | None = None,
                  guidance_scale: float | None = None, seed: int | None = None, flow_shift: float | None = None,
                  sampler: str | None = None, cfg_policy: str | None = None,
-                 on_event: Callable[[Event], None] | None = None) -> Video:
-        run = self.submit(prompt, negative_prompt=negative_prompt, num_frames=num_frames, height=height,
-                          width=width, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
-                          seed=seed, flow_shift=flow_shift, sampler=sampler, cfg_policy=cfg_policy)
-        self.run(until=lambda: run.status in TERMINAL, on_event=on_event)
+                 request_id: str | None = None, on_event: Callable[[Event], None] | None = None) -> Video:
+        prev = self.scheduler.on_event
+        self.scheduler.on_event = on_event or prev
+        try:
+            run = self.submit(prompt, negative_prompt=negative_prompt, num_frames=num_frames, height=height,
+                              width=width, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
+                              seed=seed, flow_shift=flow_shift, sampler=sampler, cfg_policy=cfg_policy,
+                              request_id=request_id)
+            self.run(until=lambda: run.status in TERMINAL)
+        finally:
+            self.scheduler.on_event = prev
         return self.result(run)
 
     def _provenance(self, run: RequestRun) -> dict:

@@ -150,17 +150,20 @@ class NixlTransport(TransportBase):
         with self._pools_lock:
             pool = self._pools.get(key)
             if pool is None:
-                pool = SlabPool(lambda cap: self._register(cap, device, with_md=(role == "owner")),
+                pool = SlabPool(lambda cap: self._register(cap, device, owner_side=(role == "owner")),
                                 self._deregister, max_cached_bytes=self._max_cached)
                 self._pools[key] = pool
             return pool
 
-    def _register(self, capacity: int, device: torch.device, *, with_md: bool) -> _Region:
-        buf = torch.zeros(capacity, dtype=torch.uint8, device=device)  # touch pages once
+    def _register(self, capacity: int, device: torch.device, *, owner_side: bool,
+                  reused: bool = True) -> _Region:
+        # Reused slabs are zeroed once so their pages are resident before the first transfer.
+        alloc = torch.zeros if reused else torch.empty
+        buf = alloc(capacity, dtype=torch.uint8, device=device)
         try:
             reg = self._agent.register_memory(buf, backends=self._backends)
             md = ""
-            if with_md:
+            if owner_side:
                 md = base64.b64encode(self._agent.get_partial_agent_metadata(
                     reg, True, self._backends)).decode("ascii")
         except Exception as exc:
@@ -242,7 +245,7 @@ class NixlTransport(TransportBase):
         if mode == "slab":
             pool = self._pool("recv", device)
             return pool, pool.acquire(total)
-        return None, self._register(total, device, with_md=False)
+        return None, self._register(total, device, owner_side=False, reused=False)
 
     def _fetch(self, ref: TensorRef, deadline: Deadline, copy: bool) -> torch.Tensor:
         desc = ref.descriptor
@@ -352,8 +355,8 @@ class NixlTransport(TransportBase):
 
     def _close_backend(self) -> None:
         with self._pools_lock:
-            pools, self._pools = list(self._pools.values()), {}
-        for pool in pools:
+            pools = list(self._pools.values())
+        for pool in pools:  # kept (empty) so stats() still reports their history
             pool.clear()
         for name in list(self._peers):
             self._forget_peer(name)

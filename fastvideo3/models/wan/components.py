@@ -184,7 +184,9 @@ class VideoDecoder:
             folder = _root(card, spec.subfolder or "vae")
             self.model = AutoencoderKLWan.from_pretrained(str(folder), local_files_only=True, dtype=dtype)
             self.digest = weights_digest(safetensors_files(folder))
-        self.model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        self.model.to(device=device).eval().requires_grad_(False)
+        if self.model.dtype != dtype:  # avoid a needless (and noisy) cast
+            self.model.to(dtype=dtype)
         self.device, self.dtype = device, dtype
         c = self.model.config
         self.z_dim = c.z_dim

@@ -1,0 +1,211 @@
+"""Transport backends across real processes: an owner process publishes, this process fetches.
+
+The owner runs in a ``spawn``ed process driven over a Pipe (every wait is a pipe poll with a
+timeout, never a sleep). Hung peers are made real with SIGSTOP; dead ones with SIGKILL.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from fastvideo3.errors import DataLoss, DeadlineExceeded, NotFound, Unavailable
+from fastvideo3.transport import TensorRef, available_backends, make_transport
+
+CROSS_PROCESS = [b for b in ("shm", "grpc", "nixl") if b in available_backends()]
+OWNER_CFG = {"shm": {}, "grpc": {"listen": "127.0.0.1:0"}, "nixl": {}}
+READY_TIMEOUT_S = 30.0
+
+TENSORS = {
+    "f32_2d": torch.randn(5, 7),
+    "f32_4d": torch.randn(2, 3, 4, 5),
+    "bf16": torch.randn(33, 9).to(torch.bfloat16),
+    "i64": torch.arange(-50, 50, dtype=torch.int64).reshape(4, 25),
+    "scalar": torch.tensor(3.25),
+    "empty": torch.empty(0, 4),
+    "f32_1mib_plus": torch.randn(262_145),  # crosses the 1 MiB gRPC chunk boundary
+}
+
+
+def _owner_main(backend: str, cfg: dict, conn) -> None:
+    from fastvideo3.transport import make_transport as _make
+    from fastvideo3.transport.testing import corrupt
+
+    transport = _make(backend, owner="owner", **cfg)
+    conn.send(("ready", os.getpid()))
+    while True:
+        cmd, *args = conn.recv()
+        try:
+            if cmd == "publish":
+                reply = transport.publish(*args).to_dict()
+            elif cmd == "corrupt":
+                reply = corrupt(transport, TensorRef.from_dict(args[0]))
+            elif cmd == "release":
+                reply = transport.release(args[0])
+            elif cmd == "stats":
+                reply = transport.stats()
+            elif cmd == "close":
+                transport.close()
+                reply = transport.stats()
+            else:
+                raise ValueError(cmd)
+            conn.send(("ok", reply))
+        except Exception as exc:  # report, keep serving
+            conn.send(("err", repr(exc)))
+        if cmd == "close":
+            return
+
+
+class Owner:
+    """A spawned owner process and the pipe that drives it."""
+
+    def __init__(self, backend: str) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_owner_main, args=(backend, OWNER_CFG[backend], child), daemon=True)
+        self.proc.start()
+        kind, self.pid = self._recv(READY_TIMEOUT_S)
+        assert kind == "ready"
+
+    def _recv(self, timeout: float):
+        if not self.conn.poll(timeout):
+            raise TimeoutError("owner process did not answer")
+        return self.conn.recv()
+
+    def call(self, *msg, timeout: float = 30.0):
+        self.conn.send(msg)
+        kind, value = self._recv(timeout)
+        if kind != "ok":
+            raise RuntimeError(value)
+        return value
+
+    def publish(self, request_id: str, name: str, tensor: torch.Tensor) -> TensorRef:
+        return TensorRef.from_dict(self.call("publish", request_id, name, tensor))
+
+    def stop(self) -> None:
+        if self.proc.is_alive():
+            os.kill(self.proc.pid, signal.SIGCONT)
+            try:
+                self.call("close", timeout=10)
+            except Exception:
+                pass
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+
+
+@pytest.fixture
+def reader(request):
+    transport = make_transport(request.param, owner="reader")
+    yield transport
+    transport.close()
+
+
+@pytest.fixture
+def owner(request):
+    proc = Owner(request.param)
+    yield proc
+    proc.stop()
+
+
+
+both = pytest.mark.parametrize(("owner", "reader"), [(b, b) for b in CROSS_PROCESS], indirect=True,
+                               ids=CROSS_PROCESS)
+
+
+@pytest.mark.timeout(60)
+@both
+@pytest.mark.parametrize("copy", [False, True], ids=["view", "copy"])
+def test_fetch_equals_published(owner, reader, copy):
+    for name, tensor in TENSORS.items():
+        ref = owner.publish("req-1", name, tensor)
+        assert ref.shape == tuple(tensor.shape) and ref.nbytes == tensor.numel() * tensor.element_size()
+        got = reader.fetch(ref, deadline_s=20, copy=copy)
+        assert got.dtype == tensor.dtype and got.shape == tensor.shape, name
+        assert torch.equal(got, tensor), name
+    assert reader.stats()["fetches"] == len(TENSORS)
+    owner.call("release", "req-1")
+
+
+@pytest.mark.timeout(60)
+@both
+def test_corruption_is_data_loss(owner, reader):
+    ref = owner.publish("req-c", "latent", torch.randn(64, 64))
+    owner.call("corrupt", ref.to_dict())
+    with pytest.raises(DataLoss):
+        reader.fetch(ref, deadline_s=20)
+    stats = reader.stats()
+    assert stats["checksum_failures"] == 1 and stats["fetches"] == 0
+    owner.call("release", "req-c")
+
+
+@pytest.mark.timeout(60)
+@both
+def test_release_counts_and_forgets(owner, reader):
+    refs = [owner.publish("req-a", f"t{i}", torch.randn(1000 * (i + 1))) for i in range(3)]
+    refs += [owner.publish("req-b", "t", torch.randn(10))]
+    stats = owner.call("stats")
+    assert stats["buffers_created"] == 4 and stats["resident_buffers"] == 4
+    assert owner.call("release", "req-a") == 3
+    assert owner.call("release", "req-a") == 0  # idempotent
+    assert torch.equal(reader.fetch(refs[3], deadline_s=20), reader.fetch(refs[3], deadline_s=20))
+    with pytest.raises((NotFound, Unavailable)):
+        reader.fetch(refs[0], deadline_s=20)
+    assert owner.call("release", "req-b") == 1
+    stats = owner.call("stats")
+    assert stats["buffers_created"] == stats["buffers_released"] == 4
+    assert stats["resident_buffers"] == 0 and stats["resident_bytes"] == 0
+    # a slab is reused for the next request: no new slab for a buffer that fits
+    before = owner.call("stats")["slabs_created"]
+    owner.publish("req-d", "t", torch.randn(1000))
+    assert owner.call("stats")["slabs_created"] == before
+    owner.call("release", "req-d")
+
+
+@pytest.mark.timeout(60)
+@both
+def test_owner_close_releases_everything(owner, reader):
+    ref = owner.publish("req-x", "t", torch.randn(4096))
+    stats = owner.call("close")
+    assert stats["buffers_created"] == stats["buffers_released"] == 1
+    assert stats["resident_bytes"] == 0 and stats["slab_bytes"] == 0
+    with pytest.raises((NotFound, Unavailable, DeadlineExceeded)):
+        reader.fetch(ref, deadline_s=3)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("owner", "reader"), [(b, b) for b in CROSS_PROCESS if b != "shm"],
+                         indirect=True, ids=[b for b in CROSS_PROCESS if b != "shm"])
+def test_hung_owner_hits_deadline(owner, reader):
+    # shm is excluded on purpose: its reads never need the owner, a hung owner cannot stall them.
+    ref = owner.publish("req-h", "t", torch.randn(1 << 20))
+    os.kill(owner.pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises((DeadlineExceeded, Unavailable)):
+            reader.fetch(ref, deadline_s=1.5)
+        assert time.monotonic() - start < 1.5 + 2.0
+    finally:
+        os.kill(owner.pid, signal.SIGCONT)
+    assert reader.stats()["fetch_errors"] == 1
+
+
+@pytest.mark.timeout(60)
+@both
+def test_dead_owner_is_unavailable(owner, reader):
+    ref = owner.publish("req-k", "t", torch.randn(1 << 16))
+    if reader.backend == "shm":
+        # A killed owner's segments outlive it until its resource tracker unlinks them; a
+        # segment that is gone is what the reader sees afterwards.
+        ref = TensorRef.from_dict({**ref.to_dict(), "descriptor": {"segment": "fv3-gone-0", "generation": 1}})
+    os.kill(owner.pid, signal.SIGKILL)
+    owner.proc.join(10)
+    start = time.monotonic()
+    with pytest.raises((Unavailable, DeadlineExceeded)):
+        reader.fetch(ref, deadline_s=3)
+    assert time.monotonic() - start < 3 + 2.0
