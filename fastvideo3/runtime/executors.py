@@ -74,6 +74,7 @@ class _Base:
 
     def describe(self) -> dict:
         return {"role": self.role, "card": self.card.model_id, "device": self.device, "precision": self.precision,
+                "weights_digest": getattr(self, "weights_digest", ""),
                 "counters": dict(self.counters), "transport": self.transport.stats()}
 
 
@@ -83,6 +84,7 @@ class EncoderExecutor(_Base):
     def __init__(self, card: ModelCard, transport, device=None, precision=None, cache=None):
         super().__init__(card, transport, device, precision)
         self.encoder = TextEncoder(card, self.device, self.dtype)
+        self.weights_digest = self.encoder.digest
         self.cache = cache  # optional feature cache (fastvideo3.cache), keyed by a full CacheKey
 
     def _execute(self, batch):
@@ -91,7 +93,7 @@ class EncoderExecutor(_Base):
             try:
                 prompts: dict[str, str] = unit.params["prompts"]
                 names = list(prompts)
-                embeds = self._encode([prompts[n] for n in names])
+                embeds = self._encode([prompts[n] for n in names], unit.request_id)
                 refs = {n: self.transport.publish(unit.request_id, n, embeds[i : i + 1]).to_dict()
                         for i, n in enumerate(names)}
                 out.append(StepResult(unit.unit_id, unit.request_id, outputs=refs))
@@ -99,10 +101,21 @@ class EncoderExecutor(_Base):
                 out.append(_fail(unit, e))
         return out
 
-    def _encode(self, texts: list[str]) -> torch.Tensor:
+    def _encode(self, texts: list[str], request_id: str) -> torch.Tensor:
         if self.cache is None:
             return self.encoder.encode(texts)
-        return self.cache.encode(self, texts)
+        return self.cache.encode(self, texts, request_id)  # the request holds its entries until release
+
+    def release(self, request_id: str) -> None:
+        if self.cache is not None:
+            self.cache.release(request_id)
+        super().release(request_id)
+
+    def describe(self) -> dict:
+        d = super().describe()
+        if self.cache is not None:
+            d["cache"] = self.cache.stats()
+        return d
 
 
 @dataclass
@@ -238,6 +251,7 @@ class DecoderExecutor(_Base):
         # the VAE decodes in fp32 on CPU and keeps fp32 by default (as the reference pipeline's VAE does)
         super().__init__(card, transport, device, precision or "fp32")
         self.vae = VideoDecoder(card, self.device, self.dtype)
+        self.weights_digest = self.vae.digest
 
     def _execute(self, batch):
         out = []
@@ -246,8 +260,30 @@ class DecoderExecutor(_Base):
                 latent = self.transport.fetch(_ref(unit.inputs["latents"]), deadline_s=FETCH_DEADLINE_S)
                 frames = self.vae.decode(latent)[0].contiguous()  # [F, H, W, 3] float32 in [0, 1]
                 ref = self.transport.publish(unit.request_id, "frames", frames)
-                out.append(StepResult(unit.unit_id, unit.request_id, outputs={"frames": ref.to_dict()},
-                                      payload={"frames_shape": list(frames.shape)}))
+                res = StepResult(unit.unit_id, unit.request_id, outputs={"frames": ref.to_dict()},
+                                 payload={"frames_shape": list(frames.shape)})
+                fmt = unit.params.get("encode")
+                if fmt:  # the pool encodes the file itself; only its bytes travel back
+                    res.inline = encode_media(frames.numpy(), fmt, int(unit.params.get("fps", self.card.limits.fps)))
+                    res.payload.update({"media_format": fmt, "media_bytes": len(res.inline)})
+                out.append(res)
             except Exception as e:  # noqa: BLE001
                 out.append(_fail(unit, e))
         return out
+
+
+MEDIA_FORMATS = ("mp4", "npy")
+
+
+def encode_media(frames, fmt: str, fps: int) -> bytes:
+    """Encode frames ([F, H, W, 3] float in [0, 1]) as an mp4 or npy file and return its bytes."""
+    import tempfile
+    from pathlib import Path
+
+    from fastvideo3.media import save_video
+    if fmt not in MEDIA_FORMATS:
+        raise InvalidRequest(f"unknown output format {fmt!r}", field="output_format", limit=", ".join(MEDIA_FORMATS))
+    with tempfile.TemporaryDirectory(prefix="fv3-media-") as tmp:
+        path = Path(tmp) / f"video.{fmt}"
+        save_video(frames, path, fps=fps)
+        return path.read_bytes()

@@ -3,7 +3,9 @@
 It is a state machine testable with fake executors: :meth:`CoreScheduler.tick` plans one step
 for every running request (through each request's :class:`LoopDriver`), groups the WorkUnits by
 batch key across requests, places each batch on the least-loaded replica of its role, runs the
-batches (concurrently across roles) and folds the results back. Every running request advances
+batches (concurrently across roles and replicas) and folds the results back. A request's units
+of one role stay on the replica that ran its first unit of that role (the pool keeps the
+request's resident state there); new requests go to the least-loaded replica. Every running request advances
 one step per tick, so a long request is never starved behind short ones; preemption and
 cancellation happen only between ticks, i.e. at step boundaries.
 
@@ -15,13 +17,15 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from fastvideo3.card.spec import ModelCard
-from fastvideo3.errors import Cancelled, DeadlineExceeded, ErrorInfo, FastVideoError, Internal, ResourceExhausted
+from fastvideo3.errors import (
+    Cancelled, DeadlineExceeded, ErrorInfo, FastVideoError, Internal, ResourceExhausted, Unavailable,
+)
 from fastvideo3.loop import LOOPS, LoopDriver
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.request.schema import ResolvedRequest
@@ -54,6 +58,10 @@ class RequestRun:
     phase_seconds: dict[str, float] = field(default_factory=dict)
     cancel_requested: bool = False
     events: list[Event] = field(default_factory=list)
+    #: role -> index of the replica holding this request's resident state for that role
+    placement: dict[str, int] = field(default_factory=dict)
+    #: inline artifacts returned by pools (e.g. the encoded video), by loop id
+    artifacts: dict[str, bytes] = field(default_factory=dict)
     _seq: Any = field(default_factory=lambda: itertools.count())
     done_event: threading.Event = field(default_factory=threading.Event)
 
@@ -87,6 +95,7 @@ class CoreScheduler:
         on_event: Callable[[Event], None] | None = None,
         checkpoint: Callable[[RequestRun], None] | None = None,
         parallel_dispatch: bool = False,
+        dispatch_workers: int = 4,
     ):
         self.executors = executors
         self.max_batch = max_batch
@@ -100,12 +109,16 @@ class CoreScheduler:
             "ticks": 0, "units": 0, "batches": 0, "max_batch_units": 0, "multi_request_batches": 0,
             "admitted": 0, "refused": 0, "succeeded": 0, "failed": 0, "cancelled": 0,
         }
-        self.batch_sizes: list[int] = []
+        self.batch_sizes: deque[int] = deque(maxlen=4096)  # recent diffusion_step batch sizes
         self._lock = threading.RLock()
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="dispatch") if parallel_dispatch else None
+        self._pool = (ThreadPoolExecutor(max_workers=dispatch_workers, thread_name_prefix="dispatch")
+                      if parallel_dispatch else None)
 
     # -- requests ----------------------------------------------------------------------
-    def submit(self, request: ResolvedRequest, card: ModelCard) -> RequestRun:
+    def submit(self, request: ResolvedRequest, card: ModelCard, *, program: tuple[str, ...] | None = None,
+               ctx: dict[str, Any] | None = None) -> RequestRun:
+        """Queue a request. ``program`` is the loop sequence (default text-to-video); ``ctx`` seeds
+        the context every loop's ``init`` sees (e.g. ``encode`` for the decode loop)."""
         with self._lock:
             old = self.runs.get(request.request_id)
             if old is not None and old.status not in TERMINAL:
@@ -116,7 +129,7 @@ class CoreScheduler:
                 raise ResourceExhausted(f"queue is full ({queued} waiting)", field="queue",
                                         limit=str(self.max_queued), retry_after_s=1.0)
             self.runs.pop(request.request_id, None)
-            run = RequestRun(request=request, card=card)
+            run = RequestRun(request=request, card=card, program=tuple(program or PROGRAM_T2V), ctx=dict(ctx or {}))
             self.runs[request.request_id] = run
             self.counters["admitted"] += 1
             self._emit(run, "accepted", {"model": card.model_id})
@@ -213,13 +226,15 @@ class CoreScheduler:
 
     def _dispatch(self, units: list[tuple[WorkUnit, RequestRun]]) -> None:
         groups: "OrderedDict[tuple, list[tuple[WorkUnit, RequestRun]]]" = OrderedDict()
-        for u, r in units:
-            groups.setdefault(u.batch_key, []).append((u, r))
-        batches = []
+        executors: dict[tuple, Any] = {}
+        for (u, r), ex in zip(units, self._placements(units)):
+            key = (u.batch_key, id(ex))
+            groups.setdefault(key, []).append((u, r))
+            executors[key] = ex
+        jobs = []
         for key, members in groups.items():
             for i in range(0, len(members), self.max_batch):
-                batches.append(members[i : i + self.max_batch])
-        jobs = [(b, self._place(b[0][0].role)) for b in batches]
+                jobs.append((members[i : i + self.max_batch], executors[key]))
         t0 = time.perf_counter()
         if self._pool is not None and len(jobs) > 1:
             futures = [self._pool.submit(self._run_batch, b, ex) for b, ex in jobs]
@@ -233,13 +248,35 @@ class CoreScheduler:
                 for (unit, run), res in zip(batch, results):
                     self._apply(run, unit, res, elapsed)
 
-    def _place(self, role: str):
-        replicas = self.executors.get(role) or []
-        if not replicas:
-            raise Internal(f"no executor for role {role}")
-        return min(replicas, key=lambda ex: self.inflight.get(id(ex), 0))
+    def _placements(self, units: list[tuple[WorkUnit, RequestRun]]) -> list[Any]:
+        """The replica for each unit: the request's pinned replica of that role when it has one,
+        else the least-loaded one (units in flight plus units placed in this tick)."""
+        load: dict[tuple[str, int], int] = {}
+        chosen: list[Any] = [None] * len(units)
+        pending = []
+        for n, (u, r) in enumerate(units):
+            idx = r.placement.get(u.role)
+            if idx is not None and idx < len(self.executors.get(u.role) or []):
+                load[(u.role, idx)] = load.get((u.role, idx), 0) + 1
+                chosen[n] = self.executors[u.role][idx]
+            else:
+                pending.append(n)
+        for n in pending:
+            u, r = units[n]
+            replicas = self.executors.get(u.role) or []
+            if not replicas:
+                continue  # no pool serves this role: the batch fails with UNAVAILABLE
+            idx = min(range(len(replicas)),
+                      key=lambda i: (self.inflight.get(id(replicas[i]), 0) + load.get((u.role, i), 0), i))
+            r.placement[u.role] = idx
+            load[(u.role, idx)] = load.get((u.role, idx), 0) + 1
+            chosen[n] = replicas[idx]
+        return chosen
 
     def _run_batch(self, batch, executor) -> list[StepResult]:
+        if executor is None:
+            err = ErrorInfo.of(Unavailable(f"no pool serves role {batch[0][0].role!r}", field="role"))
+            return [StepResult(u.unit_id, u.request_id, ok=False, error=err) for u, _ in batch]
         key = id(executor)
         self.inflight[key] = self.inflight.get(key, 0) + len(batch)
         try:
@@ -254,12 +291,15 @@ class CoreScheduler:
 
     def _record_batch(self, batch) -> None:
         n = len(batch)
-        self.counters["batches"] += 1
-        self.counters["units"] += n
-        self.counters["max_batch_units"] = max(self.counters["max_batch_units"], n)
-        if len({u.request_id for u, _ in batch}) > 1:
-            self.counters["multi_request_batches"] += 1
-        if batch[0][0].kind == "diffusion_step":
+        kind = batch[0][0].kind
+        multi = len({u.request_id for u, _ in batch}) > 1
+        c = self.counters
+        for prefix in ("", f"{kind}."):  # totals, and the same per WorkUnit kind
+            c[prefix + "batches"] = c.get(prefix + "batches", 0) + 1
+            c[prefix + "units"] = c.get(prefix + "units", 0) + n
+            c[prefix + "max_batch_units"] = max(c.get(prefix + "max_batch_units", 0), n)
+            c[prefix + "multi_request_batches"] = c.get(prefix + "multi_request_batches", 0) + multi
+        if kind == "diffusion_step":
             self.batch_sizes.append(n)
 
     def _apply(self, run: RequestRun, unit: WorkUnit, res: StepResult, elapsed: float) -> None:
@@ -267,6 +307,8 @@ class CoreScheduler:
             return
         loop_id = run.loop_id
         run.phase_seconds[loop_id] = run.phase_seconds.get(loop_id, 0.0) + elapsed
+        if res.ok and res.inline:
+            run.artifacts[loop_id] = res.inline
         try:
             run.driver.apply(res)
         except FastVideoError as e:
@@ -287,7 +329,8 @@ class CoreScheduler:
     def _finish(self, run: RequestRun) -> None:
         run.status = "SUCCEEDED"
         self.counters["succeeded"] += 1
-        self._emit(run, "artifact", {"outputs": dict(run.ctx), "phase_seconds": dict(run.phase_seconds)})
+        self._emit(run, "artifact", {"outputs": dict(run.ctx), "phase_seconds": dict(run.phase_seconds),
+                                     "artifacts": dict(run.artifacts)})
         self._emit(run, "finished", {"status": "SUCCEEDED"})
         run.done_event.set()
 

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class WorkUnit(_message.Message):
-    __slots__ = ("unit_id", "request_id", "loop_id", "kind", "card_id", "shape_sig", "resources", "input_refs", "params_json", "cancel_scope", "deadline_unix_ms", "trace_context", "step_index", "attempt")
+    __slots__ = ("unit_id", "request_id", "loop_id", "kind", "card_id", "shape_sig", "resources", "input_refs", "params_json", "cancel_scope", "deadline_unix_ms", "trace_context", "step_index", "attempt", "role", "total_steps", "output_transport")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,9 @@ class WorkUnit(_message.Message):
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     STEP_INDEX_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     unit_id: str
     request_id: str
     loop_id: str
@@ -44,7 +47,10 @@ class WorkUnit(_message.Message):
     trace_context: _containers.ScalarMap[str, str]
     step_index: int
     attempt: int
-    def __init__(self, unit_id: _Optional[str] = ..., request_id: _Optional[str] = ..., loop_id: _Optional[str] = ..., kind: _Optional[str] = ..., card_id: _Optional[str] = ..., shape_sig: _Optional[_Union[_common_pb2.ShapeSignature, _Mapping]] = ..., resources: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., input_refs: _Optional[_Iterable[_Union[_common_pb2.TensorRef, _Mapping]]] = ..., params_json: _Optional[bytes] = ..., cancel_scope: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., step_index: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+    role: str
+    total_steps: int
+    output_transport: str
+    def __init__(self, unit_id: _Optional[str] = ..., request_id: _Optional[str] = ..., loop_id: _Optional[str] = ..., kind: _Optional[str] = ..., card_id: _Optional[str] = ..., shape_sig: _Optional[_Union[_common_pb2.ShapeSignature, _Mapping]] = ..., resources: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., input_refs: _Optional[_Iterable[_Union[_common_pb2.TensorRef, _Mapping]]] = ..., params_json: _Optional[bytes] = ..., cancel_scope: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., step_index: _Optional[int] = ..., attempt: _Optional[int] = ..., role: _Optional[str] = ..., total_steps: _Optional[int] = ..., output_transport: _Optional[str] = ...) -> None: ...
 
 class StepResult(_message.Message):
     __slots__ = ("unit_id", "request_id", "loop_id", "ok", "error", "output_refs", "metrics", "flags", "measured_seconds", "payload_json", "inline_data", "replica_id")

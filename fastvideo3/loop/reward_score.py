@@ -1,0 +1,41 @@
+"""reward_score: one reward_batch unit that scores the decoded frames in the reward pool.
+
+It runs after vae_decode when a request asks for scores (``rewards: [...]`` in the request
+context); the frames stay in the decoder pool and the reward pool pulls them by reference.
+"""
+from __future__ import annotations
+
+from fastvideo3.loop.protocol import Done, LoopResult, LoopState, StepResult, WorkPlan
+
+
+class RewardScoreState(LoopState):
+    model_id: str
+    frames: dict  # TensorRef dict of the decoded frames [F, H, W, 3]
+    scorers: list[str]
+    scores: dict[str, float] = {}
+
+
+class RewardScoreLoop:
+    loop_id = "reward_score"
+
+    def init(self, request, card, ctx: dict) -> RewardScoreState:
+        return RewardScoreState(request_id=request.request_id, loop_id=self.loop_id, model_id=card.model_id,
+                                frames=ctx["frames"], scorers=list(ctx.get("rewards") or []))
+
+    def next(self, state: RewardScoreState) -> WorkPlan | Done:
+        if state.done or not state.scorers:
+            return Done(self.finalize(state))
+        f, h, w = (list(state.frames.get("shape", [])) + [0, 0, 0])[:3]
+        return WorkPlan(loop_id=self.loop_id, request_id=state.request_id, kind="reward_batch", role="reward",
+                        shape_sig=f"reward_batch|{state.model_id}|{f}x{h}x{w}|{','.join(state.scorers)}",
+                        inputs={"frames": state.frames}, params={"scorers": list(state.scorers)})
+
+    def advance(self, state: RewardScoreState, result: StepResult) -> RewardScoreState:
+        scores = dict(result.payload.get("scores") or {})
+        missing = set(state.scorers) - set(scores)
+        if missing:
+            raise ValueError(f"reward result lacks {sorted(missing)}")
+        return state.model_copy(update={"scores": {k: float(v) for k, v in scores.items()}, "done": True})
+
+    def finalize(self, state: RewardScoreState) -> LoopResult:
+        return LoopResult(state.request_id, self.loop_id, payload={"scores": dict(state.scores)})
