@@ -1,13 +1,192 @@
-"""Fleet-side commands of the ``fastvideo3`` CLI (serve, client, deployment-card, slo).
+"""Fleet-side commands of the ``fastvideo3`` CLI.
 
-They are registered here so the core CLI stays small; each imports its implementation lazily.
+    fastvideo3 serve [--card wan-tiny] [--port P] [--replicas denoiser=2] [--transport auto|shm|grpc|nixl]
+                     [--no-reward] [--no-batching] [--fake] [--device D] [--precision P] [--log-dir DIR]
+    fastvideo3 client generate --target HOST:PORT "PROMPT" -o out.mp4 [generate's options] [--rewards a,b]
+    fastvideo3 client describe --target HOST:PORT
+    fastvideo3 client cancel --target HOST:PORT REQUEST_ID
+    fastvideo3 deployment-card ... | slo report ...      (cli_deploy.py, cli_slo.py)
+
+They are registered here so the core CLI stays small; each imports its implementation lazily
+(``serve`` lives in ``fleet/launcher.py``, the client in :mod:`fastvideo3.client`).
 """
 from __future__ import annotations
 
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from fastvideo3.errors import InvalidRequest
+
+
+def _replicas(text: str) -> tuple[str, int]:
+    role, sep, n = text.partition("=")
+    if not sep or not n.isdigit() or int(n) < 1:
+        raise argparse.ArgumentTypeError(f"expected ROLE=N with N >= 1, e.g. denoiser=2 (got {text!r})")
+    return role, int(n)
+
 
 def add_commands(sub) -> None:
-    """Register fleet commands on the CLI's subparsers (filled in as the fleet lands)."""
+    """Register fleet commands on the CLI's subparsers."""
+    from fastvideo3.cli import _float, _Parser, _size
+
+    s = sub.add_parser("serve", help="start a local fleet (one process per role pool + the scheduler)")
+    s.add_argument("--card", default="wan-tiny", help="a card name, card file or diffusers-format directory")
+    s.add_argument("--port", type=int, default=None, help="the scheduler's port (default: a free port)")
+    s.add_argument("--replicas", type=_replicas, action="append", default=[], help="ROLE=N, e.g. denoiser=2")
+    s.add_argument("--transport", default="auto", choices=("auto", "shm", "grpc", "nixl"),
+                   help="tensor transport between pools (auto: shm on one host, else grpc)")
+    s.add_argument("--no-reward", action="store_true", help="do not start a reward pool")
+    s.add_argument("--no-batching", action="store_true", help="scheduler sends one WorkUnit per pool call")
+    s.add_argument("--max-running", type=int, default=None, help="requests stepping at once")
+    s.add_argument("--fake", action="store_true", help="no-op pools (no model math): for overhead tests")
+    s.add_argument("--device", default=None)
+    s.add_argument("--precision", default=None)
+    s.add_argument("--log-dir", default=None, help="where each process writes its log (default: a temp dir)")
+    s.add_argument("--start-timeout", type=float, default=300.0)
+
+    c = sub.add_parser("client", help="talk to a running fleet")
+    csub = c.add_subparsers(dest="client_cmd", required=True, parser_class=_Parser)
+    g = csub.add_parser("generate", help="generate a video on a running fleet")
+    g.add_argument("--target", required=True, help="the scheduler's HOST:PORT")
+    g.add_argument("prompt")
+    g.add_argument("-o", "--output", required=True, help="out.mp4 (H.264) or out.npy (float32 frames)")
+    g.add_argument("--model", default="", help="card id (default: the fleet's)")
+    g.add_argument("--steps", type=int, default=None)
+    g.add_argument("--frames", type=int, default=None)
+    g.add_argument("--size", type=_size, default=None, help="WIDTHxHEIGHT")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--guidance", type=_float, default=None)
+    g.add_argument("--negative-prompt", default=None)
+    g.add_argument("--sampler", default=None)
+    g.add_argument("--flow-shift", type=_float, default=None)
+    g.add_argument("--cfg-policy", default=None)
+    g.add_argument("--rewards", default="", help="comma list of reward scorers to run on the result")
+    g.add_argument("--timeout", type=float, default=3600.0, help="seconds for the whole request")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    d = csub.add_parser("describe", help="print the fleet's DeploymentCard and counters (JSON)")
+    d.add_argument("--target", required=True)
+    k = csub.add_parser("cancel", help="cancel a request")
+    k.add_argument("--target", required=True)
+    k.add_argument("request_id")
+
+    from fastvideo3 import cli_deploy, cli_slo
+    cli_deploy.add_commands(sub)
+    cli_slo.add_commands(sub)
 
 
 def run(args) -> int:
+    if args.cmd == "serve":
+        return cmd_serve(args)
+    if args.cmd == "client":
+        return cmd_client(args)
+    if args.cmd == "deployment-card":
+        from fastvideo3 import cli_deploy
+        return cli_deploy.run(args)
+    if args.cmd == "slo":
+        from fastvideo3 import cli_slo
+        return cli_slo.run(args)
     raise SystemExit(f"unknown command {args.cmd}")
+
+
+# ----------------------------------------------------------------------------------- serve
+def cmd_serve(args) -> int:
+    from fleet.launcher import FleetError, LocalFleet
+
+    roles = ("encoder", "denoiser", "decoder") + (() if args.no_reward else ("reward",))
+    replicas = dict(args.replicas)
+    bad = set(replicas) - set(roles)
+    if bad:
+        raise InvalidRequest(f"unknown role {sorted(bad)[0]!r}", field="replicas", limit=", ".join(roles))
+    sched_args = (["--no-batching"] if args.no_batching else []) + (
+        ["--max-running", str(args.max_running)] if args.max_running else [])
+    fleet = LocalFleet(args.card, replicas=replicas, roles=roles, port=args.port, transport=args.transport,
+                       device=args.device, precision=args.precision, fake=args.fake, scheduler_args=sched_args,
+                       log_dir=args.log_dir)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"starting a {args.card} fleet (logs: {fleet.log_dir}) ...", flush=True)
+    t0 = time.perf_counter()
+    try:
+        fleet.start(timeout_s=args.start_timeout)
+    except FleetError as e:
+        print(f"fastvideo3: error: {e}", file=sys.stderr)
+        return 1
+    print(f"fleet serving after {time.perf_counter() - t0:.1f}s", flush=True)
+    print(f"  scheduler  {fleet.target}", flush=True)
+    for role, procs in fleet.pools.items():
+        print(f"  {role:<10} {', '.join(p.target for p in procs)}", flush=True)
+    print(f"try: fastvideo3 client generate --target {fleet.target} \"a red circle\" -o out.mp4", flush=True)
+    print("Ctrl-C stops the fleet", flush=True)
+    code = 0
+    while not stop.wait(0.5):
+        dead = fleet.dead()
+        if dead:
+            print(f"fastvideo3: error: {dead[0].name} exited ({dead[0].proc.returncode}):\n{dead[0].log_tail()}",
+                  file=sys.stderr)
+            code = 1
+            break
+    print("stopping the fleet ...", flush=True)
+    codes = fleet.stop()
+    print("stopped: " + ", ".join(f"{k}={v}" for k, v in codes.items()), flush=True)
+    return code
+
+
+# ----------------------------------------------------------------------------------- client
+def cmd_client(args) -> int:
+    from fastvideo3.client import FleetClient
+
+    with FleetClient(args.target, timeout_s=getattr(args, "timeout", 3600.0)) as client:
+        if args.client_cmd == "describe":
+            print(json.dumps(client.describe(), indent=2, default=str))
+            return 0
+        if args.client_cmd == "cancel":
+            ok = client.cancel(args.request_id, reason="cli")
+            print(f"{args.request_id}: {'cancelled' if ok else 'already finished'}")
+            return 0
+        return _client_generate(client, args)
+
+
+def _client_generate(client, args) -> int:
+    out = Path(args.output)
+    fmt = out.suffix.lower().lstrip(".")
+    if fmt not in ("mp4", "npy"):
+        raise InvalidRequest(f"unsupported output {args.output!r}", field="output", limit=".mp4 or .npy")
+    width, height = args.size if args.size else (None, None)
+    rewards = [r.strip() for r in args.rewards.split(",") if r.strip()]
+    bar = None
+    if not args.quiet:
+        from tqdm import tqdm
+        bar = tqdm(total=0, desc="queued", unit="step", file=sys.stderr, leave=False)
+
+    def on_event(ev):
+        if bar is None:
+            return
+        if ev.kind == "progress":
+            bar.set_description(ev.data["phase"])
+            if ev.data["phase"] == "denoise":
+                bar.total = ev.data["total"]
+                bar.n = ev.data["step"]
+            bar.refresh()
+
+    t0 = time.perf_counter()
+    try:
+        video = client.generate(args.prompt, model=args.model, negative_prompt=args.negative_prompt,
+                                num_frames=args.frames, height=height, width=width, num_inference_steps=args.steps,
+                                guidance_scale=args.guidance, seed=args.seed, flow_shift=args.flow_shift,
+                                sampler=args.sampler, cfg_policy=args.cfg_policy, output_format=fmt, rewards=rewards,
+                                on_event=on_event)
+    finally:
+        if bar is not None:
+            bar.close()
+    written = video.save(out)
+    print(f"wrote {written[0]} ({len(video.data)} bytes, {time.perf_counter() - t0:.1f}s, request {video.request_id})")
+    print(f"provenance: {written[1]}")
+    if video.rewards:
+        print("rewards: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(video.rewards.items())))
+    return 0

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import (
-    Cancelled, DeadlineExceeded, ErrorInfo, FastVideoError, Internal, ResourceExhausted, Unavailable,
+    Cancelled, DeadlineExceeded, ErrorInfo, FastVideoError, Internal, InvalidRequest, ResourceExhausted, Unavailable,
 )
 from fastvideo3.loop import LOOPS, LoopDriver
 from fastvideo3.loop.protocol import StepResult
@@ -122,7 +122,7 @@ class CoreScheduler:
         with self._lock:
             old = self.runs.get(request.request_id)
             if old is not None and old.status not in TERMINAL:
-                raise FastVideoError("a request with this id is still running", field="request_id")
+                raise InvalidRequest("a request with this id is still running", field="request_id")
             queued = sum(r.status == "QUEUED" for r in self.runs.values())
             if queued >= self.max_queued:
                 self.counters["refused"] += 1

@@ -45,13 +45,17 @@ class Transport(Protocol):
           Free one buffer early; False if it was already gone.
 
     Reader side
-      ``fetch(ref, *, deadline_s, copy=False) -> torch.Tensor``
+      ``fetch(ref, *, deadline_s, copy=False, out=None) -> torch.Tensor``
           Pull the bytes, verify the checksum named in the ref, return a tensor with the ref's
           dtype and shape on this transport's ``device``. ``deadline_s`` (seconds, > 0) bounds
           the whole call. ``copy=False`` lets a backend return a view whose contents stay
           valid only while the owner holds the request (``inproc``: the owner's storage;
           ``shm``: a copy-on-write mapping of the owner's segment); ``copy=True`` always
           returns private memory. ``grpc`` and ``nixl`` always return private memory.
+          ``out`` (a contiguous tensor of the ref's dtype and shape, on any device) receives
+          the bytes instead and is returned: a pool that keeps a warm buffer avoids a fresh
+          allocation (whose first touch costs more than the copy on small hosts). If the
+          fetch fails, ``out`` holds unspecified bytes.
           Raises:
             ``DataLoss``          checksum (or length) mismatch; nothing is kept.
             ``DeadlineExceeded``  the deadline passed (a hung peer), or ``deadline_s <= 0``.
@@ -83,7 +87,8 @@ class Transport(Protocol):
 
     def release_ref(self, ref: TensorRef) -> bool: ...
 
-    def fetch(self, ref: TensorRef, *, deadline_s: float, copy: bool = False) -> torch.Tensor: ...
+    def fetch(self, ref: TensorRef, *, deadline_s: float, copy: bool = False,
+              out: torch.Tensor | None = None) -> torch.Tensor: ...
 
     def close(self) -> None: ...
 

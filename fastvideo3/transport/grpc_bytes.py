@@ -168,15 +168,17 @@ class GrpcBytesTransport(TransportBase):
                 self._channels[address] = channel
             return channel
 
-    def _fetch(self, ref: TensorRef, deadline: Deadline, copy: bool) -> torch.Tensor:
+    def _fetch(self, ref: TensorRef, deadline: Deadline, copy: bool,
+               out: torch.Tensor | None) -> torch.Tensor:
         address = ref.descriptor.get("address")
         if not isinstance(address, str) or not address:
             raise InvalidRequest("grpc descriptor needs 'address'", field="descriptor.address")
         deadline.check(f"grpc fetch of {ref.buffer_id}")
         call = self._channel(address).unary_stream(
             FULL_METHOD, request_serializer=None, response_deserializer=None)
-        out = torch.empty(ref.nbytes, dtype=torch.uint8)
-        dst = out.numpy()
+        host = out if out is not None and out.device.type == "cpu" else torch.empty(
+            ref.shape, dtype=ref.torch_dtype)
+        dst = self._bytes_of(host).numpy()
         pos = 0
         stream = call(f"{ref.owner}\n{ref.buffer_id}".encode(), timeout=max(deadline.remaining(), 1e-3))
         try:
@@ -194,7 +196,7 @@ class GrpcBytesTransport(TransportBase):
         if pos != ref.nbytes:
             raise DataLoss(f"{ref.owner} sent {pos} of {ref.nbytes} bytes for {ref.buffer_id}",
                            field="nbytes")
-        return out.view(ref.torch_dtype).reshape(ref.shape)
+        return out.copy_(host) if out is not None and out is not host else host
 
 
 def _typed(exc: grpc.RpcError, ref: TensorRef, deadline: Deadline):

@@ -69,7 +69,8 @@ class InprocTransport(TransportBase):
     def _free(self, payload) -> None:
         pass  # the ledger dropped its reference; the storage dies with its last user
 
-    def _fetch(self, ref: TensorRef, deadline: Deadline, copy: bool) -> torch.Tensor:
+    def _fetch(self, ref: TensorRef, deadline: Deadline, copy: bool,
+               out: torch.Tensor | None) -> torch.Tensor:
         if ref.descriptor.get("hub") != self.hub.hub_id:
             raise Unavailable(f"ref from hub {ref.descriptor.get('hub')!r} is not reachable in-process",
                               field="descriptor.hub")
@@ -80,6 +81,8 @@ class InprocTransport(TransportBase):
         owner._count("served")
         owner._count("served_bytes", ref.nbytes)
         tensor = entry.payload
+        if out is not None:
+            return out.copy_(tensor)
         return tensor.clone() if copy else tensor
 
     def _resident_bytes(self, ref: TensorRef) -> torch.Tensor:

@@ -113,8 +113,10 @@ class TransportBase:
         """Free one buffer's payload (give its slab back)."""
         raise NotImplementedError
 
-    def _fetch(self, ref: TensorRef, deadline: Deadline, copy: bool) -> torch.Tensor:
-        """Return the ref's tensor (not yet verified). Release reader resources on failure."""
+    def _fetch(self, ref: TensorRef, deadline: Deadline, copy: bool,
+               out: torch.Tensor | None) -> torch.Tensor:
+        """Return the ref's tensor, or fill and return ``out`` (not yet verified).
+        Release reader resources on failure."""
         raise NotImplementedError
 
     def _resident_bytes(self, ref: TensorRef) -> torch.Tensor:
@@ -202,7 +204,8 @@ class TransportBase:
             self._counters[key] += n
 
     # ------------------------------------------------------------------ reader side
-    def fetch(self, ref: TensorRef, *, deadline_s: float, copy: bool = False) -> torch.Tensor:
+    def fetch(self, ref: TensorRef, *, deadline_s: float, copy: bool = False,
+              out: torch.Tensor | None = None) -> torch.Tensor:
         deadline = Deadline(deadline_s)
         if not isinstance(ref, TensorRef):
             raise InvalidRequest(f"expected a TensorRef, got {type(ref).__name__}", field="ref")
@@ -210,9 +213,13 @@ class TransportBase:
         if ref.backend != self.backend:
             raise InvalidRequest(f"ref is served by {ref.backend!r}, not {self.backend!r}",
                                  field="backend", limit=self.backend)
+        if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != ref.torch_dtype
+                                or tuple(out.shape) != ref.shape or not out.is_contiguous()):
+            raise InvalidRequest(f"out must be a contiguous {ref.dtype} tensor of shape {list(ref.shape)}",
+                                 field="out")
         try:
-            out = self._fetch(ref, deadline, copy)
-            _checksum.verify(out, ref.checksum, what=f"{ref.owner}:{ref.buffer_id}")
+            result = self._fetch(ref, deadline, copy, out)
+            _checksum.verify(result, ref.checksum, what=f"{ref.owner}:{ref.buffer_id}")
         except DataLoss:
             self._count("checksum_failures")
             self._count("fetch_errors")
@@ -224,12 +231,12 @@ class TransportBase:
         except FastVideoError:
             self._count("fetch_errors")
             raise
-        if self.device is not None and out.device != self.device:
-            out = out.to(self.device)
+        if out is None and self.device is not None and result.device != self.device:
+            result = result.to(self.device)
         with self._lock:
             self._counters["fetches"] += 1
             self._counters["fetch_bytes"] += ref.nbytes
-        return out
+        return result
 
     # ------------------------------------------------------------------ both
     def close(self) -> None:
@@ -256,6 +263,11 @@ class TransportBase:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    @staticmethod
+    def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
+        """A flat uint8 view of a contiguous tensor (writes go to the tensor)."""
+        return tensor.reshape(-1).view(torch.uint8)
 
     def _lookup(self, ref: TensorRef) -> Resident:
         with self._lock:

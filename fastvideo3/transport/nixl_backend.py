@@ -12,11 +12,13 @@ the pool's Describe reply and fed to ``reader.add_peer(...)``.
 
 Reader: its own agent loads the owner's metadata when it first needs a region, takes a
 destination buffer, posts a READ, and polls ``check_xfer_state`` with a short backoff until
-DONE or ERR or the deadline. Destination buffers (``recv=``): ``"direct"`` registers a fresh
-tensor per fetch and hands it to the caller (no copy; cheap for host memory); ``"slab"``
-reads into a registered, reused slab and copies out (registration of VRAM is costly, a device
-copy is not); ``"auto"`` picks direct for host memory and slab for VRAM. A transfer that
-cannot be cancelled after a deadline keeps its destination quarantined, never reused.
+DONE or ERR or the deadline. One READ carries two regions: the data and the trailer (into a
+small registered scratch slab). Data destinations (``recv=``): ``"direct"`` registers the
+tensor handed back (fresh, or the caller's ``out=``) for this one transfer (no copy; cheap for
+host memory); ``"slab"`` reads into a registered, reused slab and copies out (registering VRAM
+is costly, a device copy is not); ``"auto"`` picks direct for host memory and slab for VRAM.
+A transfer that cannot be cancelled after a deadline keeps its buffers quarantined (never
+reused or deregistered) until ``close``.
 
 On hosts without a GPU, UCX moves host memory between processes with CMA or TCP on loopback.
 """
@@ -155,11 +157,9 @@ class NixlTransport(TransportBase):
                 self._pools[key] = pool
             return pool
 
-    def _register(self, capacity: int, device: torch.device, *, owner_side: bool,
-                  reused: bool = True) -> _Region:
-        # Reused slabs are zeroed once so their pages are resident before the first transfer.
-        alloc = torch.zeros if reused else torch.empty
-        buf = alloc(capacity, dtype=torch.uint8, device=device)
+    def _register(self, capacity: int, device: torch.device, *, owner_side: bool) -> _Region:
+        # Zeroed once so a slab's pages are resident before its first transfer.
+        buf = torch.zeros(capacity, dtype=torch.uint8, device=device)
         try:
             reg = self._agent.register_memory(buf, backends=self._backends)
             md = ""
@@ -238,80 +238,84 @@ class NixlTransport(TransportBase):
         raise Unavailable(f"no NIXL metadata for agent {agent!r}: the ref carries none and "
                           "add_peer() was not called for it", field="descriptor.md")
 
-    def _destination(self, total: int, device: torch.device):
-        mode = self._recv
-        if mode == "auto":
-            mode = "direct" if device.type == "cpu" else "slab"
-        if mode == "slab":
-            pool = self._pool("recv", device)
-            return pool, pool.acquire(total)
-        return None, self._register(total, device, owner_side=False, reused=False)
-
-    def _fetch(self, ref: TensorRef, deadline: Deadline, copy: bool) -> torch.Tensor:
+    def _fetch(self, ref: TensorRef, deadline: Deadline, copy: bool,
+               out: torch.Tensor | None) -> torch.Tensor:
         desc = ref.descriptor
         for key in ("agent", "addr", "len", "dev", "mem", "generation"):
             if key not in desc:
                 raise InvalidRequest(f"nixl descriptor needs {key!r}", field=f"descriptor.{key}")
-        total = int(desc["len"])
-        off = trailer_offset(ref.nbytes)
-        if desc["mem"] not in ("DRAM", "VRAM") or total != off + TRAILER_BYTES:
+        nbytes, off = ref.nbytes, trailer_offset(ref.nbytes)
+        if desc["mem"] not in ("DRAM", "VRAM") or int(desc["len"]) != off + TRAILER_BYTES:
             raise InvalidRequest("nixl descriptor region disagrees with nbytes", field="descriptor.len")
         deadline.check(f"nixl fetch of {ref.buffer_id}")
-        device = self.device if self.device is not None else torch.device("cpu")
+        addr, dev = int(desc["addr"]), int(desc["dev"])
+        # Two regions in one READ: the data (if any) and the generation trailer.
+        regions = ([(addr, nbytes, dev)] if nbytes else []) + [(addr + off, TRAILER_BYTES, dev)]
         try:
-            remote = self._agent.get_xfer_descs([(int(desc["addr"]), total, int(desc["dev"]))], desc["mem"])
+            remote = self._agent.get_xfer_descs(regions, desc["mem"])
         except Exception as exc:
             raise InvalidRequest(f"bad nixl region: {exc}", field="descriptor") from None
         agent = self._ensure_peer(ref, remote)
-        pool, dst = self._destination(total, device)
-        region = dst.handle if pool is not None else dst
-        what = f"nixl READ of {ref.owner}:{ref.buffer_id}"
+
+        device = out.device if out is not None else (self.device or torch.device("cpu"))
+        result = out if out is not None else torch.empty(ref.shape, dtype=ref.torch_dtype, device=device)
+        cleanups: list = []  # undone after the transfer, unless it is quarantined
+        staged = None
         try:
-            state, handle = self._post_and_wait(region.buf[:total], remote, agent, deadline)
+            recv = self._pool("recv", device)
+            tslab = recv.acquire(TRAILER_BYTES)
+            cleanups.append(lambda: recv.give_back(tslab))
+            local = [tslab.handle.buf[:TRAILER_BYTES]]
+            if nbytes:
+                mode = self._recv if self._recv != "auto" else ("direct" if device.type == "cpu" else "slab")
+                if mode == "slab" and out is None:
+                    dslab = recv.acquire(nbytes)
+                    cleanups.append(lambda: recv.give_back(dslab))
+                    staged = dslab.handle.buf[:nbytes]
+                    local.insert(0, staged)
+                else:  # READ straight into the caller's tensor, registered for this transfer
+                    target = self._bytes_of(result)
+                    reg = self._agent.register_memory(target, backends=self._backends)
+                    cleanups.append(lambda: self._agent.deregister_memory(reg, backends=self._backends))
+                    local.insert(0, target)
+            state, handle = self._post_and_wait(local, remote, agent, deadline)
         except BaseException:
-            self._return(pool, dst, region)  # nothing is in flight
+            self._undo(cleanups)
             raise
         if state != "DONE":
             if self._cancel(handle):
-                self._return(pool, dst, region)
-            else:  # a peer may still write into it: never reuse or deregister
-                self._quarantine.append((handle, region))
+                self._undo(cleanups)
+            else:  # a peer may still write into these buffers: never reuse or deregister them
+                self._quarantine.append((handle, (result, cleanups)))
+            what = f"nixl READ of {ref.owner}:{ref.buffer_id}"
             if state == "TIMEOUT":
                 raise DeadlineExceeded(f"{what}: deadline of {deadline.deadline_s:.3f}s exceeded",
                                        field="deadline_s", limit=f"{deadline.deadline_s:.3f}s")
             self._forget_peer(agent)
             raise Unavailable(f"{what}: transfer failed (peer lost?)", field="owner")
         handle.release()
-        keep = False  # True once the caller owns region.buf (direct mode)
         try:
-            raw = region.buf[off:off + TRAILER_BYTES].cpu().numpy().tobytes()
-            magic, gen, nbytes = unpack_trailer(raw)
-            if magic != TRAILER_MAGIC or gen != desc["generation"] or nbytes != ref.nbytes:
+            raw = local[-1].cpu().numpy().tobytes()
+            if unpack_trailer(raw) != (TRAILER_MAGIC, desc["generation"], nbytes):
                 raise NotFound(f"{ref.owner} released {ref.buffer_id} (slab reused)", field="buffer_id")
-            data = region.buf[:ref.nbytes]
-            if pool is None:
-                keep = True
-                return data.view(ref.torch_dtype).reshape(ref.shape)
-            out = torch.empty(ref.shape, dtype=ref.torch_dtype, device=device)
-            out.reshape(-1).view(torch.uint8).copy_(data)
-            return out
+            if staged is not None:
+                self._bytes_of(result).copy_(staged)
+            return result
         finally:
-            self._return(pool, dst, region, keep_buffer=keep)
+            self._undo(cleanups)
 
-    def _return(self, pool, dst, region: _Region, *, keep_buffer: bool = False) -> None:
-        """Give a destination back: a slab to its pool; a direct buffer deregistered."""
-        if pool is not None:
-            pool.give_back(dst)
-            return
-        try:
-            self._agent.deregister_memory(region.reg, backends=self._backends)
-        except Exception:
-            pass
-        if not keep_buffer:
-            region.buf = None
+    @staticmethod
+    def _undo(cleanups: list) -> None:
+        for fn in reversed(cleanups):
+            try:
+                fn()
+            except Exception:
+                pass
+        cleanups.clear()
 
-    def _post_and_wait(self, local: torch.Tensor, remote, agent: str, deadline: Deadline):
-        """Post a READ and poll it: ("DONE" | "ERR" | "TIMEOUT", handle)."""
+    def _post_and_wait(self, local: list[torch.Tensor], remote, agent: str, deadline: Deadline):
+        """Post a READ into ``local`` (tensors, in the order of ``remote``) and poll it:
+        ("DONE" | "ERR" | "TIMEOUT", handle)."""
         try:
             handle = self._agent.initialize_xfer("READ", self._agent.get_xfer_descs(local), remote, agent)
         except Exception as exc:
@@ -361,10 +365,10 @@ class NixlTransport(TransportBase):
         for name in list(self._peers):
             self._forget_peer(name)
         still = []
-        for handle, region in self._quarantine:
-            try:
-                handle.release()
-            except Exception:
-                still.append((handle, region))  # leaked on purpose: memory a peer may write
+        for handle, (buffers, cleanups) in self._quarantine:
+            if self._cancel(handle):
+                self._undo(cleanups)
+            else:
+                still.append((handle, (buffers, cleanups)))  # kept on purpose: a peer may write
         self._quarantine = still
 

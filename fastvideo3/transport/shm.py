@@ -9,7 +9,8 @@ registers its segments with Python's resource tracker so a crashed owner's segme
 unlinked by the tracker.
 
 Reader: ``fetch`` opens the segment by name and maps it copy-on-write (``MAP_PRIVATE``): no
-bytes are copied, and writes by the reader never reach the owner. The returned tensor keeps
+bytes are copied, and writes by the reader never reach the owner. With ``copy=True`` or
+``out=`` the bytes are read with ``preadv`` straight into the destination (one kernel copy). The returned tensor keeps
 the mapping alive (``torch.frombuffer`` holds it), but its *contents* are the owner's pages:
 they stay valid only until the owner releases the request (the segment is then reused). A
 reader that keeps the tensor longer must pass ``copy=True`` (or copy it itself). Readers
@@ -132,7 +133,8 @@ class ShmTransport(TransportBase):
         return self._slabs.stats()
 
     # ------------------------------------------------------------------ reader
-    def _fetch(self, ref: TensorRef, deadline: Deadline, copy: bool) -> torch.Tensor:
+    def _fetch(self, ref: TensorRef, deadline: Deadline, copy: bool,
+               out: torch.Tensor | None) -> torch.Tensor:
         name = ref.descriptor.get("segment")
         gen = ref.descriptor.get("generation")
         if not isinstance(name, str) or not isinstance(gen, int):
@@ -144,29 +146,28 @@ class ShmTransport(TransportBase):
             raise Unavailable(f"shared-memory segment {name!r} of {ref.owner} is gone "
                               "(released or owner exited)", field="descriptor.segment") from None
         try:
-            size = os.fstat(fd).st_size
             off = trailer_offset(ref.nbytes)
-            if size < off + TRAILER_BYTES:
-                raise NotFound(f"segment {name!r} is too small for {ref.buffer_id}", field="buffer_id")
-            # Copy-on-write: zero-copy reads, and a reader's writes stay private.
-            mm = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            raw = os.pread(fd, TRAILER_BYTES, off) if os.fstat(fd).st_size >= off + TRAILER_BYTES else b""
+            if len(raw) != TRAILER_BYTES or unpack_trailer(raw) != (TRAILER_MAGIC, gen, ref.nbytes):
+                raise NotFound(f"{ref.owner} released {ref.buffer_id} (segment reused)", field="buffer_id")
+            if out is None and not copy and ref.nbytes:
+                # Copy-on-write mapping: zero-copy reads, and a reader's writes stay private.
+                mm = mmap.mmap(fd, off, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+                view = torch.frombuffer(mm, dtype=torch.uint8, count=ref.nbytes)
+                return view.view(ref.torch_dtype).reshape(ref.shape)  # holds the mapping
+            dst = out if out is not None else torch.empty(ref.shape, dtype=ref.torch_dtype)
+            host = dst if dst.device.type == "cpu" else torch.empty(ref.shape, dtype=ref.torch_dtype)
+            _read_exact(fd, memoryview(self._bytes_of(host).numpy()), ref)
+            return dst.copy_(host) if host is not dst else dst
         finally:
             os.close(fd)
-        magic, got_gen, got_nbytes = unpack_trailer(mm[off:off + TRAILER_BYTES])
-        if magic != TRAILER_MAGIC or got_gen != gen or got_nbytes != ref.nbytes:
-            mm.close()
-            raise NotFound(f"{ref.owner} released {ref.buffer_id} (segment reused)", field="buffer_id")
-        if ref.nbytes == 0:
-            mm.close()
-            return torch.empty(ref.shape, dtype=ref.torch_dtype)
-        view = torch.frombuffer(mm, dtype=torch.uint8, count=ref.nbytes)
-        out = view.view(ref.torch_dtype).reshape(ref.shape)
-        if not copy:
-            return out  # the tensor holds the mapping; see the lifetime note above
-        private = out.clone()
-        del out, view
-        try:
-            mm.close()
-        except BufferError:
-            pass
-        return private
+
+
+def _read_exact(fd: int, dst: memoryview, ref: TensorRef) -> None:
+    """Read the segment's first ``len(dst)`` bytes into ``dst`` (one kernel copy, no mapping)."""
+    pos = 0
+    while pos < len(dst):
+        got = os.preadv(fd, [dst[pos:]], pos)
+        if got <= 0:
+            raise NotFound(f"segment of {ref.buffer_id} ended early", field="buffer_id")
+        pos += got

@@ -221,6 +221,21 @@ def test_backend_roundtrip(pair, copy):
     assert stats["resident_buffers"] == 0 and stats["resident_bytes"] == 0
 
 
+def test_backend_fetch_into_out(pair):
+    owner, reader = pair
+    for i, tensor in enumerate(SAMPLES):
+        ref = owner.publish("req", f"t{i}", tensor)
+        out = torch.empty_like(tensor)
+        got = reader.fetch(ref, deadline_s=10, out=out)
+        assert got is out and torch.equal(out, tensor)
+    ref = owner.publish("req", "bad", torch.randn(4, 4))
+    for bad in (torch.empty(16), torch.empty(4, 4, dtype=torch.float64), torch.empty(4, 8)[:, :4]):
+        with pytest.raises(InvalidRequest) as err:
+            reader.fetch(ref, deadline_s=10, out=bad)
+        assert err.value.field == "out"
+    owner.release("req")
+
+
 def test_backend_corruption_is_data_loss(pair):
     owner, reader = pair
     ref = owner.publish("req", "x", torch.randn(100))

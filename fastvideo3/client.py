@@ -1,0 +1,260 @@
+"""A Python client for a running fleet (the scheduler service's ``Scheduler`` gRPC contract).
+
+    from fastvideo3.client import FleetClient
+    with FleetClient("127.0.0.1:50051") as client:
+        video = client.generate("a red circle moving left", num_frames=17, seed=0)
+        video.save("out.mp4")                   # + out.mp4.json (provenance sidecar)
+        for ev in client.stream("a cat", output_format="npy"):
+            print(ev.kind, ev.data)
+
+Parameter names follow diffusers (and :meth:`fastvideo3.Engine.generate`). Failures raise the
+core's typed errors (:mod:`fastvideo3.errors`), rebuilt from the gRPC status and the
+``fv3-error-bin`` trailer. Closing a :meth:`FleetClient.stream` iterator early cancels the
+request server-side (the scheduler sees the disconnect).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import grpc
+
+from fastvideo3.errors import ErrorInfo, FastVideoError, Internal, from_code
+
+ERROR_TRAILER = "fv3-error-bin"  # binary trailer carrying the typed error as JSON
+MAX_MESSAGE_BYTES = 64 << 20
+_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+STATES = ("UNSPECIFIED", "QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
+
+
+def error_from_rpc(err: grpc.RpcError) -> FastVideoError:
+    """The typed error behind a failed RPC (status name == the core's error code)."""
+    code = err.code().name if hasattr(err, "code") and err.code() is not None else "INTERNAL"
+    for key, value in (err.trailing_metadata() or ()) if hasattr(err, "trailing_metadata") else ():
+        if key == ERROR_TRAILER:
+            try:
+                d = json.loads(value)
+                return ErrorInfo(d["code"], d["message"], d.get("field"), d.get("limit"), d.get("step"),
+                                 d.get("retry_after_s"), d.get("details") or {}).to_exception()
+            except (ValueError, KeyError, TypeError):
+                break
+    details = err.details() if hasattr(err, "details") else str(err)
+    return from_code(code, details or code)
+
+
+@dataclass
+class FleetEvent:
+    """One event of a request's stream. ``kind``: accepted, queued, progress, preview, artifact,
+    error, finished; ``data`` holds the event's fields as plain Python values."""
+
+    kind: str
+    request_id: str
+    seq: int
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FleetVideo:
+    """A finished request's artifact: the encoded file's bytes plus its provenance sidecar."""
+
+    request_id: str
+    name: str
+    mime_type: str
+    data: bytes
+    sidecar: dict[str, Any]
+    rewards: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def format(self) -> str:
+        return Path(self.name).suffix.lstrip(".")
+
+    @property
+    def frames(self):
+        """Decoded frames (float32 [F, H, W, 3]) of an ``npy`` artifact."""
+        import numpy as np
+        if self.format != "npy":
+            raise FastVideoError(f"frames are only decodable from npy output, not {self.format}",
+                                 field="output_format", limit="npy")
+        return np.load(io.BytesIO(self.data), allow_pickle=False)
+
+    def save(self, path: str | os.PathLike[str]) -> list[Path]:
+        """Write the file (atomically) and ``<path>.json``; the suffix must match the format."""
+        dest = Path(path)
+        if dest.suffix.lstrip(".").lower() != self.format:
+            raise FastVideoError(f"output {dest.name!r} does not match the artifact format {self.format!r}",
+                                 field="output", limit=f".{self.format}")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        written = []
+        for target, blob in ((dest, self.data),
+                             (dest.with_name(dest.name + ".json"),
+                              (json.dumps(self.sidecar, indent=2, sort_keys=True) + "\n").encode())):
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(blob)
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, target)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            written.append(target)
+        return written
+
+
+def _event(msg) -> FleetEvent:
+    kind = msg.WhichOneof("event")
+    body = getattr(msg, kind)
+    if kind == "accepted":
+        data = {"card_id": body.card_id, "program": body.program, "seed": body.seed,
+                "num_inference_steps": body.num_inference_steps,
+                "resolved": json.loads(body.resolved_params_json or b"{}")}
+    elif kind == "queued":
+        data = {"position": body.position, "estimated_wait_s": body.estimated_wait_s}
+    elif kind == "progress":
+        data = {"phase": body.phase, "step": body.step, "total": body.total, "elapsed_s": body.elapsed_s,
+                "metrics": dict(body.metrics)}
+    elif kind == "artifact":
+        data = {"name": body.name, "mime_type": body.mime_type, "chunk_index": body.chunk_index, "last": body.last,
+                "data": bytes(body.data), "total_bytes": body.total_bytes, "checksum": body.checksum,
+                "sidecar": json.loads(body.sidecar_json) if body.sidecar_json else None}
+    elif kind == "error":
+        e = body.error
+        from fastvideo3.v1 import common_pb2
+        data = {"code": common_pb2.Error.Code.Name(e.code), "message": e.message, "field": e.field or None,
+                "limit": e.limit or None, "step": e.step if e.HasField("step") else None}
+    elif kind == "finished":
+        data = {"state": STATES[body.state], "timings": dict(body.timings), "rewards": dict(body.rewards),
+                "gpu_seconds": body.gpu_seconds}
+    else:
+        data = {"step": getattr(body, "step", 0)}
+    return FleetEvent(kind, msg.request_id, msg.seq, data)
+
+
+class FleetClient:
+    def __init__(self, target: str, *, timeout_s: float = 3600.0, rpc_timeout_s: float = 10.0):
+        from fastvideo3.v1 import scheduler_pb2_grpc
+        self.target = target
+        self.timeout_s = timeout_s  # whole-stream deadline of a Generate call
+        self.rpc_timeout_s = rpc_timeout_s  # deadline of the unary RPCs
+        self.channel = grpc.insecure_channel(target, options=_OPTIONS)
+        self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
+
+    # -- requests ---------------------------------------------------------------------------
+    def request(self, prompt: str, *, negative_prompt: str | None = None, num_frames: int | None = None,
+                height: int | None = None, width: int | None = None, num_inference_steps: int | None = None,
+                guidance_scale: float | None = None, seed: int | None = None, flow_shift: float | None = None,
+                sampler: str | None = None, cfg_policy: str | None = None, output_format: str = "mp4",
+                rewards: list[str] | tuple[str, ...] = (), request_id: str | None = None, model: str = "",
+                deadline_s: float | None = None, fps: int | None = None, slo_class: str = "",
+                metadata: dict[str, str] | None = None):
+        """The wire GenerateRequest for these (diffusers-named) parameters."""
+        from fastvideo3.v1 import scheduler_pb2
+        msg = scheduler_pb2.GenerateRequest(prompt=prompt, request_id=request_id or "", model=model,
+                                            output_format=output_format, slo_class=slo_class,
+                                            reward_scorers=list(rewards), metadata=dict(metadata or {}))
+        for name, value in (("negative_prompt", negative_prompt), ("num_frames", num_frames), ("height", height),
+                            ("width", width), ("num_inference_steps", num_inference_steps),
+                            ("guidance_scale", guidance_scale), ("seed", seed), ("flow_shift", flow_shift),
+                            ("sampler", sampler), ("cfg_policy", cfg_policy), ("deadline_s", deadline_s),
+                            ("fps", fps)):
+            if value is not None:
+                setattr(msg, name, value)
+        return msg
+
+    def stream(self, prompt: str, *, timeout_s: float | None = None, **kw) -> Iterator[FleetEvent]:
+        """Submit a request and yield its events until ``finished``. Closing the iterator early
+        (or dropping it) cancels the call, and with it the request."""
+        call = self.stub.Generate(self.request(prompt, **kw), timeout=timeout_s or self.timeout_s)
+        try:
+            for msg in call:
+                yield _event(msg)
+        except grpc.RpcError as err:
+            raise error_from_rpc(err) from None
+        finally:
+            call.cancel()  # no-op after a complete stream
+
+    def generate(self, prompt: str, *, on_event: Callable[[FleetEvent], None] | None = None, **kw) -> FleetVideo:
+        """Run a request to completion and return its artifact; raises the typed error on failure."""
+        chunks: list[bytes] = []
+        meta: dict[str, Any] = {}
+        error: FleetEvent | None = None
+        finished: FleetEvent | None = None
+        for ev in self.stream(prompt, **kw):
+            if on_event is not None:
+                on_event(ev)
+            if ev.kind == "artifact":
+                if ev.data["chunk_index"] == 0:
+                    chunks, meta = [], dict(ev.data)
+                chunks.append(ev.data["data"])
+                if ev.data["last"]:
+                    meta["checksum"] = ev.data["checksum"]
+            elif ev.kind == "error":
+                error = ev
+            elif ev.kind == "finished":
+                finished = ev
+        if finished is None or finished.data["state"] != "SUCCEEDED":
+            if error is not None:
+                d = error.data
+                raise from_code(d["code"], d["message"], field=d["field"], limit=d["limit"], step=d["step"],
+                                request_id=error.request_id)
+            raise Internal("the stream ended without a result")
+        data = b"".join(chunks)
+        want = meta.get("checksum", "")
+        if want and want != "sha256:" + hashlib.sha256(data).hexdigest():
+            from fastvideo3.errors import DataLoss
+            raise DataLoss("artifact checksum mismatch", field="artifact")
+        return FleetVideo(request_id=finished.request_id, name=meta.get("name", "video"),
+                          mime_type=meta.get("mime_type", ""), data=data, sidecar=meta.get("sidecar") or {},
+                          rewards=dict(finished.data["rewards"]), timings=dict(finished.data["timings"]))
+
+    def cancel(self, request_id: str, reason: str = "") -> bool:
+        from fastvideo3.v1 import scheduler_pb2
+        try:
+            resp = self.stub.Cancel(scheduler_pb2.CancelRequest(request_id=request_id, reason=reason),
+                                    timeout=self.rpc_timeout_s)
+        except grpc.RpcError as err:
+            raise error_from_rpc(err) from None
+        return resp.cancelled
+
+    def get(self, request_id: str) -> dict[str, Any]:
+        """Where a request stands: state, phase, step/total, error."""
+        from fastvideo3.v1 import scheduler_pb2
+        try:
+            s = self.stub.GetRequest(scheduler_pb2.GetRequestRequest(request_id=request_id), timeout=self.rpc_timeout_s)
+        except grpc.RpcError as err:
+            raise error_from_rpc(err) from None
+        from fastvideo3.v1 import common_pb2
+        err = ({"code": common_pb2.Error.Code.Name(s.error.code), "message": s.error.message,
+                "field": s.error.field or None} if s.HasField("error") else None)
+        return {"request_id": s.request_id, "state": STATES[s.state], "card_id": s.card_id, "phase": s.phase,
+                "step": s.step, "total": s.total, "last_seq": s.last_seq, "error": err}
+
+    def describe(self) -> dict[str, Any]:
+        """The fleet's DeploymentCard and live counters, as plain data."""
+        from google.protobuf.json_format import MessageToDict
+
+        from fastvideo3.v1 import scheduler_pb2
+        try:
+            d = self.stub.Describe(scheduler_pb2.DescribeSchedulerRequest(), timeout=self.rpc_timeout_s)
+        except grpc.RpcError as err:
+            raise error_from_rpc(err) from None
+        out = MessageToDict(d, preserving_proto_field_name=True)
+        out["description"] = json.loads(d.description_json or b"{}")
+        out.pop("description_json", None)
+        return out
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> "FleetClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

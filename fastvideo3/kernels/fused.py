@@ -1,0 +1,231 @@
+"""Fused norm kernels of the Wan DiT block: residual + LayerNorm + modulation, QK RMSNorm + RoPE.
+
+Each op has a Triton kernel and a PyTorch twin with the same contract (see the package
+docstring). The Triton kernels are compiled on first use, so importing this module needs no
+Triton; one program handles one token row, which fits the widest Wan row (5,120) in registers.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def _kernels():
+    """Define the kernels on first use: Triton decides at decoration time whether to compile
+    or interpret, so this must run after the caller has chosen (TRITON_INTERPRET)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def add_norm_kernel(
+        x_ptr, y_ptr, gate_ptr, a_ptr, b_ptr, h_ptr,
+        rows_per_sample, D, eps,
+        gate_stride, a_stride, b_stride,
+        HAS_Y: tl.constexpr, HAS_GATE: tl.constexpr, MODULATE: tl.constexpr, BLOCK: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)
+        sample = row // rows_per_sample
+        cols = tl.arange(0, BLOCK)
+        mask = cols < D
+        x = tl.load(x_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_Y:
+            y = tl.load(y_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32)
+            if HAS_GATE:
+                y = y * tl.load(gate_ptr + sample * gate_stride + cols, mask=mask, other=0.0).to(tl.float32)
+            # the residual is rounded to its storage dtype before the norm reads it, as in the reference
+            xr = (x + y).to(x_ptr.dtype.element_ty)
+            tl.store(x_ptr + row * D + cols, xr, mask=mask)
+            x = xr.to(tl.float32)
+        mean = tl.sum(x, axis=0) / D
+        diff = tl.where(mask, x - mean, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(diff * diff, axis=0) / D + eps)
+        a = tl.load(a_ptr + sample * a_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + sample * b_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        if MODULATE:
+            a = a + 1.0
+        h = diff * rstd * a + b
+        tl.store(h_ptr + row * D + cols, h.to(h_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def qk_norm_rope_kernel(
+        in_ptr, in_stride, out_ptr, out_stride, w_ptr,
+        cos_ptr, sin_ptr, table_stride,
+        rows_per_sample, grid_h, grid_w, D, eps,
+        PARTS: tl.constexpr, ROPE: tl.constexpr, HEAD_DIM: tl.constexpr,
+        T_DIM: tl.constexpr, H_DIM: tl.constexpr, BLOCK: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < D
+        partner = cols ^ 1  # the other element of this column's rotation pair
+        if ROPE:
+            tok = row % rows_per_sample
+            f = tok // (grid_h * grid_w)
+            hh = (tok // grid_w) % grid_h
+            ww = tok % grid_w
+            dh = cols % HEAD_DIM
+            pos = tl.where(dh < T_DIM, f, tl.where(dh < T_DIM + H_DIM, hh, ww))
+            c = tl.load(cos_ptr + pos * table_stride + dh, mask=mask, other=0.0).to(tl.float32)
+            s = tl.load(sin_ptr + pos * table_stride + dh, mask=mask, other=0.0).to(tl.float32)
+            s = tl.where((cols & 1) == 0, -s, s)
+        for part in tl.static_range(PARTS):
+            src = in_ptr + row * in_stride + part * D
+            x = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
+            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+            y = x * rstd * tl.load(w_ptr + part * D + cols, mask=mask, other=0.0).to(tl.float32)
+            if ROPE:
+                xp = tl.load(src + partner, mask=mask, other=0.0).to(tl.float32)
+                yp = xp * rstd * tl.load(w_ptr + part * D + partner, mask=mask, other=0.0).to(tl.float32)
+                y = y * c + yp * s
+            tl.store(out_ptr + row * out_stride + part * D + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    return add_norm_kernel, qk_norm_rope_kernel
+
+
+def _launch_shape(d: int) -> tuple[int, int]:
+    import triton
+    block = triton.next_power_of_2(d)
+    return block, max(4, min(16, block // 256))
+
+
+def _per_sample(t: torch.Tensor, batch: int, d: int, name: str) -> tuple[torch.Tensor, int]:
+    """A [B, D] (any row stride) or [D] vector -> (tensor, stride between samples)."""
+    if t.dim() == 1:
+        if t.shape[0] != d:
+            raise ValueError(f"{name}: expected [{d}], got {list(t.shape)}")
+        return t, 0
+    if t.dim() != 2 or t.shape[-1] != d or t.shape[0] not in (1, batch) or t.stride(-1) != 1:
+        raise ValueError(f"{name}: expected [B, {d}] with unit inner stride, got {list(t.shape)} {t.stride()}")
+    return t, (t.stride(0) if t.shape[0] == batch else 0)
+
+
+def add_norm(x: torch.Tensor, y: torch.Tensor | None, gate: torch.Tensor | None,
+             a: torch.Tensor, b: torch.Tensor, *, modulate: bool, eps: float,
+             impl: str = "torch") -> torch.Tensor:
+    """Fused residual update and LayerNorm; returns the normed activations.
+
+    ``x`` [B, L, D] contiguous is the residual stream. If ``y`` [B, L, D] is given, ``x`` is
+    updated **in place** to ``x + y * gate`` (``gate`` [B, D] or None for 1), rounded to
+    ``x.dtype``. The result is ``LayerNorm(x) * (1 + a) + b`` when ``modulate`` (time
+    modulation; ``a`` = scale, ``b`` = shift, [B, D] fp32), else ``LayerNorm(x) * a + b`` (an
+    affine norm; ``a`` = weight, ``b`` = bias, [D]), computed in fp32 and rounded to ``x.dtype``.
+    """
+    if x.dim() != 3 or not x.is_contiguous():
+        raise ValueError("add_norm: x must be a contiguous [B, L, D] tensor")
+    bsz, length, d = x.shape
+    if y is not None and (y.shape != x.shape or not y.is_contiguous()):
+        raise ValueError("add_norm: y must be contiguous and shaped like x")
+    if impl == "torch":
+        return _add_norm_torch(x, y, gate, a, b, modulate=modulate, eps=eps)
+    gate_t, gate_stride = _per_sample(gate, bsz, d, "gate") if gate is not None else (x, 0)
+    a_t, a_stride = _per_sample(a, bsz, d, "a")
+    b_t, b_stride = _per_sample(b, bsz, d, "b")
+    h = torch.empty_like(x)
+    block, warps = _launch_shape(d)
+    _kernels()[0][(bsz * length,)](
+        x, y if y is not None else x, gate_t, a_t, b_t, h,
+        length, d, eps, gate_stride, a_stride, b_stride,
+        HAS_Y=y is not None, HAS_GATE=gate is not None, MODULATE=modulate, BLOCK=block, num_warps=warps,
+    )
+    return h
+
+
+def _add_norm_torch(x, y, gate, a, b, *, modulate, eps):
+    if y is not None:
+        upd = y.float() if gate is None else y.float() * gate.float().reshape(-1, 1, x.shape[-1])
+        x.copy_((x.float() + upd).to(x.dtype))
+    n = F.layer_norm(x.float(), (x.shape[-1],), eps=eps)
+    a32, b32 = a.float(), b.float()
+    if a32.dim() == 2:
+        a32, b32 = a32.unsqueeze(1), b32.unsqueeze(1)
+    return (n * ((1 + a32) if modulate else a32) + b32).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class RopeGrid:
+    """Wan's 3-D RoPE for one latent grid: per-axis cos/sin tables ([max_len, head_dim] fp32,
+    each frequency repeated twice), the token grid (frames, height, width) in patches, and the
+    head-dim split (the first ``t_dim`` columns follow the frame, the next ``h_dim`` the row,
+    the rest the column)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    grid: tuple[int, int, int]
+    t_dim: int
+    h_dim: int
+
+    def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The per-token [L, head_dim] cos/sin (for the PyTorch path)."""
+        f, h, w = self.grid
+        d = self.cos.shape[1]
+        splits = [self.t_dim, self.h_dim, d - self.t_dim - self.h_dim]
+
+        def grid(table: torch.Tensor) -> torch.Tensor:
+            t, hh, ww = table.split(splits, dim=1)
+            parts = [t[:f].view(f, 1, 1, -1).expand(f, h, w, -1), hh[:h].view(1, h, 1, -1).expand(f, h, w, -1),
+                     ww[:w].view(1, 1, w, -1).expand(f, h, w, -1)]
+            return torch.cat(parts, dim=-1).reshape(f * h * w, d)
+
+        return grid(self.cos), grid(self.sin)
+
+
+def qk_norm_rope(src: torch.Tensor, weight: torch.Tensor, *, parts: int, eps: float,
+                 heads: int, rope: RopeGrid | None = None, impl: str = "torch") -> torch.Tensor:
+    """RMSNorm across heads, then (optionally) RoPE, of the first ``parts`` D-wide column blocks.
+
+    ``src`` [B, L, k*D] (rows contiguous, k >= parts) is a projection output, e.g. the fused
+    QKV of self-attention (parts=2: Q and K) or the Q of cross-attention (parts=1).
+    ``weight`` [parts, D] holds each part's RMSNorm weight. Returns [B, L, parts*D] in
+    ``src.dtype``, fp32 math inside.
+    """
+    bsz, length, width = src.shape
+    d = weight.shape[-1]
+    if weight.shape != (parts, d) or width < parts * d or src.stride(-1) != 1 or src.stride(0) != length * src.stride(1):
+        raise ValueError(f"qk_norm_rope: bad shapes src={list(src.shape)} weight={list(weight.shape)}")
+    head_dim = d // heads
+    if rope is not None and rope.grid[0] * rope.grid[1] * rope.grid[2] != length:
+        raise ValueError(f"qk_norm_rope: rope grid {rope.grid} does not hold {length} tokens")
+    if impl == "torch":
+        return _qk_norm_rope_torch(src, weight, parts=parts, eps=eps, heads=heads, rope=rope)
+    out = torch.empty(bsz, length, parts * d, dtype=src.dtype, device=src.device)
+    block, warps = _launch_shape(d)
+    cos = rope.cos if rope is not None else weight
+    sin = rope.sin if rope is not None else weight
+    _kernels()[1][(bsz * length,)](
+        src, src.stride(1), out, out.stride(1), weight,
+        cos, sin, cos.stride(0),
+        length, rope.grid[1] if rope else 1, rope.grid[2] if rope else 1, d, eps,
+        PARTS=parts, ROPE=rope is not None, HEAD_DIM=head_dim,
+        T_DIM=rope.t_dim if rope else 0, H_DIM=rope.h_dim if rope else 0, BLOCK=block, num_warps=warps,
+    )
+    return out
+
+
+def _qk_norm_rope_torch(src, weight, *, parts, eps, heads, rope):
+    d = weight.shape[-1]
+    cos = sin = None
+    if rope is not None:
+        cos, sin = rope.tables()
+        cos, sin = cos.view(1, -1, 1, cos.shape[-1]), sin.view(1, -1, 1, sin.shape[-1])
+    outs = []
+    for p in range(parts):
+        v = F.rms_norm(src[..., p * d:(p + 1) * d].float(), (d,), eps=eps) * weight[p].float()
+        if rope is not None:
+            v = v.unflatten(-1, (heads, -1))
+            x1, x2 = v.unflatten(-1, (-1, 2)).unbind(-1)
+            c, s = cos[..., 0::2], sin[..., 1::2]
+            v = torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-3)
+        outs.append(v)
+    return torch.cat(outs, dim=-1).to(src.dtype)

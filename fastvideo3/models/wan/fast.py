@@ -1,0 +1,223 @@
+"""The fast path of our Wan2.1 DiT: the same function as :class:`WanDiT`, fewer and fatter kernels.
+
+:class:`FastWanDiT` wraps a loaded :class:`WanDiT` and runs its forward with
+
+* one fused QKV projection per self-attention (weights concatenated once, at construction),
+  and every block's cross-attention K/V computed by one GEMM over the text before the blocks;
+* QK RMSNorm + 3-D RoPE in one kernel reading the fused projection (:func:`qk_norm_rope`);
+* every residual update fused with the LayerNorm that follows it (:func:`add_norm`): gated
+  residual + modulated norm, gated residual + affine cross-attention norm, and the FFN's gated
+  residual + the *next* block's (or the head's) modulated norm;
+* the FFN's bias + tanh-GELU in the GEMM epilogue (cuBLASLt) on CUDA;
+* the patch embedding as one GEMM (its stride equals its kernel);
+* attention through a chosen backend (:mod:`fastvideo3.kernels.attention`).
+
+Precision follows the reference: activations in the model dtype, fp32 for norms, modulation,
+the timestep embedding and RoPE, with rounding at the same points. Nothing here keeps state
+between calls: the RoPE angles are gathered per token from the model's small tables and the
+text K/V are recomputed per forward, so the forward is capturable in a CUDA graph (no host
+sync, no host-to-device copy) and one instance serves any request.
+
+With ``share_weights`` the source model's Q/K/V (and cross K/V) weights are re-pointed to views
+of the fused tensors, so the pair holds each weight once and the source model keeps working.
+Build the fast model after the source model is on its device and in its dtype.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from fastvideo3.kernels import add_norm, attention, attention_available, qk_norm_rope, triton_available
+from fastvideo3.kernels.fused import RopeGrid
+from fastvideo3.models.wan.dit import Tap, WanDiT
+
+# Measured on an H200 (bench/results/denoiser_h200.json): the attention backend the fast path uses
+# for bf16/fp16 on Hopper when the caller does not name one, in order of preference.
+PREFERRED_ATTENTION = ("cudnn", "flash", "sdpa")
+
+
+@dataclass
+class _Block:
+    qkv_w: torch.Tensor
+    qkv_b: torch.Tensor
+    qk_norm: torch.Tensor  # [2, D]: norm_q, norm_k weights
+    out_w: torch.Tensor
+    out_b: torch.Tensor
+    q2_w: torch.Tensor
+    q2_b: torch.Tensor
+    q2_norm: torch.Tensor  # [1, D]
+    out2_w: torch.Tensor
+    out2_b: torch.Tensor
+    norm2_w: torch.Tensor | None
+    norm2_b: torch.Tensor | None
+    ff1_w: torch.Tensor
+    ff1_b: torch.Tensor
+    ff2_w: torch.Tensor
+    ff2_b: torch.Tensor
+
+
+def _fuse(linears: list[torch.nn.Linear], share: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    w = torch.cat([lin.weight.detach() for lin in linears])
+    b = torch.cat([lin.bias.detach() for lin in linears])
+    if share:
+        row = 0
+        for lin in linears:
+            n = lin.weight.shape[0]
+            lin.weight.data, lin.bias.data = w[row:row + n], b[row:row + n]
+            row += n
+    return w, b
+
+
+@functools.lru_cache(maxsize=None)
+def _gelu_epilogue_is_tanh(device: str) -> bool:
+    """True if ``torch._addmm_activation(..., use_gelu=True)`` computes the tanh GELU here (the
+    cuBLASLt epilogue does; CPU builds compute the erf GELU). Probed once per device."""
+    x = torch.linspace(-4, 4, 256, device=device, dtype=torch.float32).view(16, 16)
+    eye, zero = torch.eye(16, device=device), torch.zeros(16, device=device)
+    got = torch._addmm_activation(zero, x, eye, use_gelu=True)
+    tanh, erf = F.gelu(x, approximate="tanh"), F.gelu(x)
+    return bool((got - tanh).abs().max() < (got - erf).abs().max())
+
+
+def default_attention(device: torch.device, dtype: torch.dtype) -> str:
+    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
+        return "sdpa"
+    return next(b for b in PREFERRED_ATTENTION if attention_available(b, device))
+
+
+class FastWanDiT:
+    """``forward(latents [B,C,F,H,W], timestep [B], text [B,T,text_dim], tap=None) -> [B,C,F,H,W]``,
+    the same signature and function as :meth:`WanDiT.forward`.
+
+    ``attention`` / ``cross_attention``: backend names (see :mod:`fastvideo3.kernels.attention`),
+    ``"auto"`` for the measured default. ``kernels``: ``"triton"``, ``"torch"`` or ``"auto"``
+    (Triton on CUDA, PyTorch elsewhere). ``gelu_epilogue``: fuse bias + GELU into the FFN's first
+    GEMM where the library's epilogue is the tanh GELU the model uses.
+    """
+
+    def __init__(self, dit: WanDiT, *, attention: str = "auto", cross_attention: str | None = None,
+                 kernels: str = "auto", gelu_epilogue: bool = True, share_weights: bool = True):
+        cfg = dit.cfg
+        self.base, self.cfg = dit, cfg
+        ref = dit.blocks[0].attn1.to_q.weight
+        self.device, self.dtype = ref.device, ref.dtype
+        if kernels == "auto":
+            kernels = "triton" if self.device.type == "cuda" and triton_available() else "torch"
+        if kernels not in ("triton", "torch"):
+            raise ValueError(f"kernels must be 'triton', 'torch' or 'auto', got {kernels!r}")
+        self.kernels = kernels
+        self.attention = default_attention(self.device, self.dtype) if attention == "auto" else attention
+        cross = cross_attention or attention
+        self.cross_attention = default_attention(self.device, self.dtype) if cross == "auto" else cross
+        self.gelu_epilogue = (gelu_epilogue and self.device.type == "cuda"
+                              and _gelu_epilogue_is_tanh(str(self.device)))
+        self.heads, self.head_dim = cfg.num_attention_heads, cfg.attention_head_dim
+        hw = 2 * (self.head_dim // 6)
+        self.rope_split = (self.head_dim - 2 * hw, hw)
+        with torch.no_grad():
+            self._build(dit, share_weights)
+
+    def _build(self, dit: WanDiT, share: bool) -> None:
+        d = self.cfg.inner_dim
+        self.patch_w = dit.patch_embedding.weight.detach().reshape(d, -1)
+        self.patch_b = dit.patch_embedding.bias.detach()
+        self.blocks: list[_Block] = []
+        for blk in dit.blocks:
+            a1, a2 = blk.attn1, blk.attn2
+            qkv_w, qkv_b = _fuse([a1.to_q, a1.to_k, a1.to_v], share)
+            self.blocks.append(_Block(
+                qkv_w, qkv_b, torch.stack([a1.norm_q.weight.detach(), a1.norm_k.weight.detach()]),
+                a1.to_out[0].weight.detach(), a1.to_out[0].bias.detach(),
+                a2.to_q.weight.detach(), a2.to_q.bias.detach(), a2.norm_q.weight.detach().view(1, d),
+                a2.to_out[0].weight.detach(), a2.to_out[0].bias.detach(),
+                blk.norm2.weight.detach() if blk.norm2 is not None else None,
+                blk.norm2.bias.detach() if blk.norm2 is not None else None,
+                blk.ffn.net[0].proj.weight.detach(), blk.ffn.net[0].proj.bias.detach(),
+                blk.ffn.net[2].weight.detach(), blk.ffn.net[2].bias.detach(),
+            ))
+        # every block's cross-attention K and V, interleaved per block: [k_0; v_0; k_1; v_1; ...]
+        self.kv_w, self.kv_b = _fuse([lin for blk in dit.blocks for lin in (blk.attn2.to_k, blk.attn2.to_v)], share)
+        self.k_norm = torch.stack([blk.attn2.norm_k.weight.detach().float() for blk in dit.blocks])
+        self.mod_table = torch.stack([blk.scale_shift_table.detach().float() for blk in dit.blocks])  # [n,1,6,D]
+
+    # -----------------------------------------------------------------------------------
+    def __call__(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, tap: Tap = None):
+        return self.forward(latents, timestep, text, tap)
+
+    @torch.no_grad()
+    def forward(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, tap: Tap = None):
+        dit, cfg, impl = self.base, self.cfg, self.kernels
+        b, c, f, h, w = latents.shape
+        pt, ph, pw = cfg.patch_size
+        ff, hh, ww = f // pt, h // ph, w // pw
+        if max(ff, hh, ww) > cfg.rope_max_seq_len:
+            raise ValueError(f"latent grid {ff}x{hh}x{ww} exceeds rope_max_seq_len {cfg.rope_max_seq_len}")
+        n, d, eps = ff * hh * ww, cfg.inner_dim, cfg.eps
+        heads, hd = self.heads, self.head_dim
+
+        patches = latents.reshape(b, c, ff, pt, hh, ph, ww, pw).permute(0, 2, 4, 6, 1, 3, 5, 7)
+        x = F.linear(patches.reshape(b, n, -1), self.patch_w, self.patch_b)
+        temb, temb6, ctx = dit.condition_embedder(timestep, text)
+        if tap:
+            tap("patch_embed", x.clone())
+            tap("temb", temb)
+        mod = self.mod_table + temb6.float().view(1, b, 6, d)  # [layers, B, 6, D]: shift, scale, gate, c_*
+        final = dit.scale_shift_table.float() + temb.float().unsqueeze(1)  # [B, 2, D]: shift, scale
+        k_all, v_all = self._cross_kv(ctx)
+        rope = RopeGrid(dit.rope_cos, dit.rope_sin, (ff, hh, ww), *self.rope_split)
+
+        hidden = add_norm(x, None, None, mod[0, :, 1], mod[0, :, 0], modulate=True, eps=eps, impl=impl)
+        for i, blk in enumerate(self.blocks):
+            m = mod[i]
+            # self-attention: fused QKV, QK-norm + RoPE, attention on strided views
+            qkv = F.linear(hidden, blk.qkv_w, blk.qkv_b)
+            qk = qk_norm_rope(qkv, blk.qk_norm, parts=2, eps=eps, heads=heads, rope=rope, impl=impl)
+            o = attention(qk[..., :d].view(b, n, heads, hd), qk[..., d:].view(b, n, heads, hd),
+                          qkv[..., 2 * d:].view(b, n, heads, hd), self.attention)
+            y = F.linear(o.reshape(b, n, d), blk.out_w, blk.out_b)
+            # gated residual + the cross-attention norm
+            if blk.norm2_w is not None:
+                hidden = add_norm(x, y, m[:, 2], blk.norm2_w, blk.norm2_b, modulate=False, eps=eps, impl=impl)
+            else:
+                x.copy_((x.float() + y.float() * m[:, 2].unsqueeze(1)).to(x.dtype))
+                hidden = x.clone()
+            # cross-attention on the precomputed text K/V
+            q = qk_norm_rope(F.linear(hidden, blk.q2_w, blk.q2_b), blk.q2_norm, parts=1, eps=eps, heads=heads,
+                             impl=impl)
+            o = attention(q.view(b, n, heads, hd), k_all[i], v_all[i], self.cross_attention)
+            y = F.linear(o.reshape(b, n, d), blk.out2_w, blk.out2_b)
+            hidden = add_norm(x, y, None, m[:, 4], m[:, 3], modulate=True, eps=eps, impl=impl)
+            # FFN; its gated residual is fused with the next norm (the next block's, or the head's)
+            y = F.linear(self._gelu_linear(hidden, blk.ff1_w, blk.ff1_b), blk.ff2_w, blk.ff2_b)
+            scale, shift = (mod[i + 1, :, 1], mod[i + 1, :, 0]) if i + 1 < len(self.blocks) else (
+                final[:, 1], final[:, 0])
+            hidden = add_norm(x, y, m[:, 5], scale, shift, modulate=True, eps=eps, impl=impl)
+            if tap:
+                tap(f"block.{i}", x.clone())
+
+        out = F.linear(hidden, dit.proj_out.weight, dit.proj_out.bias)
+        out = out.reshape(b, ff, hh, ww, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
+        out = out.flatten(6, 7).flatten(4, 5).flatten(2, 3)
+        if tap:
+            tap("output", out)
+        return out
+
+    def _cross_kv(self, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every block's normed cross-attention K and its V: two [layers, B, T, H, head_dim] tensors."""
+        b, t, d = ctx.shape
+        layers = len(self.blocks)
+        kv = F.linear(ctx, self.kv_w, self.kv_b).view(b, t, layers, 2, d)
+        k = F.rms_norm(kv[:, :, :, 0].float(), (d,), eps=self.cfg.eps) * self.k_norm
+        k = k.to(ctx.dtype).permute(2, 0, 1, 3).contiguous().view(layers, b, t, self.heads, self.head_dim)
+        v = kv[:, :, :, 1].permute(2, 0, 1, 3).contiguous().view(layers, b, t, self.heads, self.head_dim)
+        return k, v
+
+    def _gelu_linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if self.gelu_epilogue:
+            return torch._addmm_activation(b, x.reshape(-1, x.shape[-1]), w.t(), use_gelu=True).view(
+                *x.shape[:-1], w.shape[0])
+        return F.gelu(F.linear(x, w, b), approximate="tanh")
+

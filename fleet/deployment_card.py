@@ -1,0 +1,587 @@
+"""The DeploymentCard: what a fleet tells an orchestrator (NVIDIA Dynamo) and its clients.
+
+A card says which model cards the fleet serves and within which limits, what each of them can
+do (the capability matrix), how the fleet is laid out (role pools, their device needs and
+parallel plans), which programs it runs, how it prices work (the *same* cost model the
+scheduler admits with, serialized with ``to_dict``), how it reports health, the SLO classes
+it admits under, and where each role's data plane listens.
+
+Three forms, converted here and nowhere else:
+
+* this pydantic model (user-facing: CLI output, config, Dynamo metadata); ``extra="forbid"``
+  so a misspelt key is an error; :meth:`DeploymentCard.model_json_schema` is its JSON schema;
+* the wire message ``fastvideo3.v1.DeploymentCard`` (:meth:`to_proto` / :meth:`from_proto`),
+  served by ``Scheduler.Describe``;
+* plain JSON (``model_dump(mode="json")``), published as the Dynamo worker's runtime data.
+
+Wire notes: the cost model travels as UTF-8 JSON bytes (``CostModelSpec.cost_model_json``);
+what SERVING means for each health service travels in ``labels`` under the reserved prefix
+``health.serving/`` (the wire HealthSchema lists names only). Both round-trip exactly.
+
+Builders: :func:`build_deployment_card` (model cards + pools + cost model + endpoints) and
+:func:`card_from_fleet_config` (a ``fleet.yaml``, the format the Helm chart and the local
+launcher write).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any, Iterable, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fastvideo3 import __version__
+from fastvideo3.card.spec import ModelCard
+from fastvideo3.errors import InvalidRequest
+from fastvideo3.runtime.cost import COST_MODEL_VERSION, CalibratedCostModel
+
+SCHEMA_VERSION = "1"
+HEALTH_LABEL_PREFIX = "health.serving/"
+ROLES = ("encoder", "denoiser", "decoder", "reward")
+#: WorkUnit kinds each role executes (the pool service's table).
+ROLE_KINDS = {"encoder": ["encoder_chunk"], "denoiser": ["diffusion_step"], "decoder": ["vae_tile"],
+              "reward": ["reward_batch"]}
+#: program name -> loops it runs, in order.
+PROGRAMS = {"t2v": ["text_encode", "diffusion_denoise", "vae_decode"]}
+SCHEDULER_SERVICE = "fastvideo3.v1.Scheduler"
+POOL_SERVICE = "fastvideo3.v1.RolePool"
+OUTPUT_FORMATS = ["mp4", "npy"]
+
+_I32 = 2**31 - 1
+U32 = Annotated[int, Field(ge=0, le=_I32)]  # a non-negative int32 on the wire
+Level = Literal["supported", "partial", "unsupported"]
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RequestLimits(_Part):
+    """Allowed ranges of request fields; 0 / empty = no limit declared."""
+
+    min_frames: U32 = 0
+    max_frames: U32 = 0
+    frames_multiple: U32 = 0  # num_frames = frames_offset + k * frames_multiple (4k+1)
+    frames_offset: U32 = 0
+    min_height: U32 = 0
+    max_height: U32 = 0
+    min_width: U32 = 0
+    max_width: U32 = 0
+    size_multiple: U32 = 0
+    min_steps: U32 = 0
+    max_steps: U32 = 0
+    min_guidance_scale: float = 0.0
+    max_guidance_scale: float = 0.0
+    max_prompt_tokens: U32 = 0
+    samplers: list[str] = Field(default_factory=list)
+    output_formats: list[str] = Field(default_factory=list)
+
+
+class RequestDefaults(_Part):
+    """Values used for request fields left absent."""
+
+    num_frames: U32 = 0
+    height: U32 = 0
+    width: U32 = 0
+    num_inference_steps: U32 = 0
+    guidance_scale: float = 0.0
+    flow_shift: float = 0.0
+    sampler: str = ""
+    fps: U32 = 0
+    negative_prompt: str = ""
+
+
+class ModelCardSummary(_Part):
+    """One served model card, as a client needs to see it."""
+
+    card_id: str = Field(min_length=1)
+    family: str
+    capabilities: list[str] = Field(default_factory=list)  # "t2v", ...
+    limits: RequestLimits = Field(default_factory=RequestLimits)
+    defaults: RequestDefaults = Field(default_factory=RequestDefaults)
+    recipe: str = ""
+    precision: str = ""
+    runtime_fingerprint: str = ""
+
+
+class CapabilityCell(_Part):
+    card_id: str
+    capability: str
+    level: Level = "supported"
+    note: str = ""
+
+
+class DeviceNeeds(_Part):
+    gpus: U32 = 0
+    gpu_memory_bytes: int = Field(0, ge=0)
+    host_memory_bytes: int = Field(0, ge=0)
+    accelerator: str = ""  # empty = any, CPU included
+
+
+class RolePoolSpec(_Part):
+    role: Literal["encoder", "denoiser", "decoder", "reward"]
+    replicas: U32 = 1
+    device: DeviceNeeds = Field(default_factory=DeviceNeeds)
+    card_ids: list[str] = Field(default_factory=list)
+    kinds: list[str] = Field(default_factory=list)
+    max_batch_units: U32 = 0
+    transport_backends: list[str] = Field(default_factory=list)
+    parallel_plan: str = ""
+
+
+class ProgramSpec(_Part):
+    name: str = Field(min_length=1)
+    loops: list[str]
+    card_ids: list[str] = Field(default_factory=list)
+
+
+class ParallelPlan(_Part):
+    name: str = Field(min_length=1)
+    role: str = ""
+    degrees: dict[str, int] = Field(default_factory=dict)  # "tp", "sp", "cfg", "dp"; absent = 1
+    gpus: U32 = 0
+
+
+class CostModelSpec(_Part):
+    """The scheduler's cost model, unchanged: ``model`` is ``CalibratedCostModel.to_dict()``."""
+
+    version: str = str(COST_MODEL_VERSION)
+    unit: Literal["gpu_seconds"] = "gpu_seconds"
+    model: dict[str, Any]
+    calibrated_unix_ms: int = Field(0, ge=0)
+
+    @classmethod
+    def of(cls, model: CalibratedCostModel, *, calibrated_unix_ms: int | None = None) -> "CostModelSpec":
+        return cls(model=model.to_dict(), calibrated_unix_ms=int(time.time() * 1000)
+                   if calibrated_unix_ms is None else calibrated_unix_ms)
+
+    def load(self) -> CalibratedCostModel:
+        """Rebuild the cost model (its learned calibration included)."""
+        return CalibratedCostModel.from_dict(self.model)
+
+
+class HealthSchema(_Part):
+    protocol: str = "grpc.health.v1"
+    services: list[str] = Field(default_factory=list)
+    #: service name -> what SERVING means for it
+    serving: dict[str, str] = Field(default_factory=dict)
+    check_interval_s: float = Field(10.0, ge=0)
+    unhealthy_after_s: float = Field(30.0, ge=0)
+    metrics: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known_services(self) -> "HealthSchema":
+        unknown = sorted(set(self.serving) - set(self.services))
+        if unknown:
+            raise ValueError(f"health.serving names services not in health.services: {unknown}")
+        return self
+
+
+class SloClass(_Part):
+    name: str = Field(min_length=1)
+    priority: int = Field(0, ge=-_I32, le=_I32)  # higher admits first
+    target_queue_s: float = Field(0.0, ge=0)
+    target_latency_p50_s: float = Field(0.0, ge=0)
+    target_latency_p95_s: float = Field(0.0, ge=0)
+    gpu_seconds_budget: float = Field(0.0, ge=0)  # per request; 0 = unbounded
+    max_concurrent_requests: U32 = 0
+
+
+class TransferEndpoint(_Part):
+    backend: str = Field(min_length=1)
+    address: str = ""
+    replica_id: str = ""
+
+
+class RoleEndpoints(_Part):
+    role: str
+    endpoints: list[TransferEndpoint] = Field(default_factory=list)
+
+
+class DeploymentCard(_Part):
+    engine_id: str = Field(min_length=1)
+    version: str = __version__
+    schema_version: str = SCHEMA_VERSION
+    models: list[ModelCardSummary] = Field(min_length=1)
+    capability_matrix: list[CapabilityCell] = Field(default_factory=list)
+    role_pools: list[RolePoolSpec] = Field(default_factory=list)
+    programs: list[ProgramSpec] = Field(default_factory=list)
+    parallel_plans: list[ParallelPlan] = Field(default_factory=list)
+    cost_model: CostModelSpec | None = None
+    health: HealthSchema = Field(default_factory=HealthSchema)
+    slo_classes: list[SloClass] = Field(default_factory=list)
+    transfer_endpoints: list[RoleEndpoints] = Field(default_factory=list)
+    default_model: str = ""
+    created_unix_ms: int = Field(0, ge=0)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "DeploymentCard":
+        ids = [m.card_id for m in self.models]
+        _unique(ids, "models.card_id")
+        _unique([p.role for p in self.role_pools], "role_pools.role")
+        _unique([s.name for s in self.slo_classes], "slo_classes.name")
+        _unique([p.name for p in self.programs], "programs.name")
+        known = set(ids)
+        if self.default_model and self.default_model not in known:
+            raise ValueError(f"default_model {self.default_model!r} is not one of the served models {ids}")
+        refs = [("role_pools", c) for p in self.role_pools for c in p.card_ids]
+        refs += [("programs", c) for p in self.programs for c in p.card_ids]
+        refs += [("capability_matrix", c.card_id) for c in self.capability_matrix]
+        for where, card_id in refs:
+            if card_id not in known:
+                raise ValueError(f"{where} names card {card_id!r}, which is not one of the served models {ids}")
+        plans = {p.name for p in self.parallel_plans}
+        for pool in self.role_pools:
+            if pool.parallel_plan and pool.parallel_plan not in plans:
+                raise ValueError(f"role_pools.{pool.role}.parallel_plan {pool.parallel_plan!r} is not declared "
+                                 f"in parallel_plans {sorted(plans)}")
+        if any(k.startswith(HEALTH_LABEL_PREFIX) for k in self.labels):
+            raise ValueError(f"labels may not use the reserved prefix {HEALTH_LABEL_PREFIX!r}")
+        return self
+
+    # -- lookups ---------------------------------------------------------------------------
+    def model(self, card_id: str | None = None) -> ModelCardSummary:
+        """The served card ``card_id`` (the default card when empty)."""
+        want = card_id or self.default_model or self.models[0].card_id
+        for m in self.models:
+            if m.card_id == want:
+                return m
+        raise InvalidRequest(f"unknown model {want!r}", field="model",
+                             limit=", ".join(m.card_id for m in self.models))
+
+    # -- the wire form ---------------------------------------------------------------------
+    def to_proto(self):
+        """The ``fastvideo3.v1.DeploymentCard`` message."""
+        from fastvideo3.v1 import deployment_pb2 as pb
+
+        d = self.model_dump(mode="json", exclude={"cost_model", "health", "labels"})
+        msg = pb.DeploymentCard(**d)
+        if self.cost_model is not None:
+            cm = self.cost_model
+            msg.cost_model.CopyFrom(pb.CostModelSpec(
+                version=cm.version, unit=cm.unit, calibrated_unix_ms=cm.calibrated_unix_ms,
+                cost_model_json=json.dumps(cm.model, sort_keys=True, separators=(",", ":")).encode()))
+        h = self.health
+        msg.health.CopyFrom(pb.HealthSchema(protocol=h.protocol, services=h.services, metrics=h.metrics,
+                                            check_interval_s=h.check_interval_s,
+                                            unhealthy_after_s=h.unhealthy_after_s))
+        msg.labels.update(self.labels)
+        msg.labels.update({HEALTH_LABEL_PREFIX + name: text for name, text in h.serving.items()})
+        return msg
+
+    @classmethod
+    def from_proto(cls, msg) -> "DeploymentCard":
+        """Parse the wire message; raises InvalidRequest naming the first bad field."""
+        from google.protobuf.json_format import MessageToDict
+
+        d = MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        d.pop("cost_model", None)
+        labels = dict(msg.labels)
+        serving = {k[len(HEALTH_LABEL_PREFIX):]: v for k, v in labels.items() if k.startswith(HEALTH_LABEL_PREFIX)}
+        d["labels"] = {k: v for k, v in labels.items() if not k.startswith(HEALTH_LABEL_PREFIX)}
+        d["health"] = {**d.get("health", {}), "serving": serving}
+        d["created_unix_ms"] = msg.created_unix_ms  # int64 arrives as a string in proto JSON
+        for pool, wire in zip(d.get("role_pools", []), msg.role_pools):
+            pool["device"] = {**pool.get("device", {}), "gpu_memory_bytes": wire.device.gpu_memory_bytes,
+                              "host_memory_bytes": wire.device.host_memory_bytes}
+        if msg.HasField("cost_model"):
+            cm = msg.cost_model
+            try:
+                model = json.loads(cm.cost_model_json.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise InvalidRequest(f"cost_model_json is not JSON: {e}", field="cost_model.cost_model_json") from None
+            d["cost_model"] = {"version": cm.version, "unit": cm.unit, "model": model,
+                               "calibrated_unix_ms": cm.calibrated_unix_ms}
+        return parse_card(d)
+
+    def to_json(self, **kw: Any) -> str:
+        return self.model_dump_json(**kw)
+
+
+def card_from_description(described: Mapping[str, Any]) -> DeploymentCard | None:
+    """The card inside ``FleetClient.describe()`` output (proto JSON), or None when absent."""
+    from google.protobuf.json_format import ParseDict
+
+    from fastvideo3.v1 import deployment_pb2
+
+    if not described.get("card"):
+        return None
+    return DeploymentCard.from_proto(ParseDict(described["card"], deployment_pb2.DeploymentCard()))
+
+
+def parse_card(data: Mapping[str, Any]) -> DeploymentCard:
+    """Validate plain data as a DeploymentCard; raises InvalidRequest naming the field."""
+    try:
+        return DeploymentCard.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "deployment_card"
+        raise InvalidRequest(err["msg"], field=loc) from None
+
+
+def _unique(names: list[str], where: str) -> None:
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"{where} must be unique; repeated: {dup}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Building a card from model cards, pools, the cost model and endpoints
+
+#: the SLO classes the scheduler admits under, with their targets
+DEFAULT_SLO_CLASSES = (
+    SloClass(name="interactive", priority=10, target_queue_s=1.0, target_latency_p50_s=30.0,
+             target_latency_p95_s=60.0, gpu_seconds_budget=0.0, max_concurrent_requests=32),
+    SloClass(name="batch", priority=0, target_queue_s=600.0, target_latency_p50_s=600.0,
+             target_latency_p95_s=1800.0, gpu_seconds_budget=0.0, max_concurrent_requests=256),
+)
+
+HEALTH_METRICS = {
+    "fastvideo3_requests_total": "requests by final state",
+    "fastvideo3_queue_depth": "requests waiting for admission, by SLO class",
+    "fastvideo3_unit_seconds": "measured seconds per WorkUnit, by pool and kind",
+    "fastvideo3_cost_model_error": "relative error of predicted vs measured GPU-seconds",
+}
+
+
+def summarize_card(card: ModelCard, *, precision: str | None = None, fingerprint: str = "") -> ModelCardSummary:
+    """The client-facing summary of a ModelCard: limits and defaults as requests see them."""
+    lim, den, rec = card.limits, card.denoise, card.recipe
+    sampler = den.sampler
+    steps = rec.assumes_steps or den.default_steps or 50
+    lo, hi = (rec.assumes_steps, rec.assumes_steps) if rec.assumes_steps else (den.min_steps, den.max_steps)
+    caps = []
+    if "text_to_video" in card.capabilities.tasks:
+        caps.append("t2v")
+    caps += [t for t in card.capabilities.tasks if t != "text_to_video"]
+    return ModelCardSummary(
+        card_id=card.model_id, family=card.family, capabilities=caps,
+        limits=RequestLimits(
+            min_frames=lim.min_frames, max_frames=lim.max_frames, frames_multiple=4, frames_offset=1,
+            min_height=lim.min_size, max_height=lim.max_height, min_width=lim.min_size, max_width=lim.max_width,
+            size_multiple=lim.size_multiple, min_steps=lo, max_steps=hi, min_guidance_scale=0.0,
+            max_guidance_scale=lim.max_guidance, max_prompt_tokens=card.max_text_tokens,
+            samplers=[rec.assumes_sampler] if rec.assumes_sampler else ["unipc", "euler"],
+            output_formats=list(OUTPUT_FORMATS)),
+        defaults=RequestDefaults(
+            num_frames=lim.default_frames, height=lim.default_height, width=lim.default_width,
+            num_inference_steps=steps, guidance_scale=lim.default_guidance,
+            flow_shift=sampler.flow_shift if sampler else 3.0, sampler=sampler.name if sampler else "unipc",
+            fps=lim.fps, negative_prompt=""),
+        recipe=f"{rec.method}-{rec.assumes_steps}step" if rec.assumes_steps else rec.method,
+        precision=precision or card.precision.default_cpu,
+        runtime_fingerprint=fingerprint,
+    )
+
+
+def capability_cells(card: ModelCard, roles: set[str]) -> list[CapabilityCell]:
+    """The card's row of the capability matrix, given the roles the fleet runs."""
+    caps = card.capabilities
+    rows: list[tuple[str, bool, str]] = [
+        ("t2v", "text_to_video" in caps.tasks and {"encoder", "denoiser", "decoder"} <= roles,
+         "needs encoder, denoiser and decoder pools"),
+        ("negative_prompt", caps.negative_prompt, ""),
+        ("seed", caps.seeds, "bit-reproducible for a fixed seed, card and fingerprint"),
+        ("cross_request_batching", caps.batching, "compatible denoise steps share one DiT call"),
+        ("cfg_parallel", card.parallelism.cfg_parallel, ""),
+        ("reward_scoring", "reward" in roles, "needs a reward pool"),
+        ("cancellation", True, "takes effect at the next step boundary"),
+    ]
+    return [CapabilityCell(card_id=card.model_id, capability=name, level="supported", note=note)
+            for name, ok, note in rows if ok]
+
+
+def default_health(roles: Iterable[str]) -> HealthSchema:
+    roles = sorted(set(roles))
+    serving = {
+        "": "the process is up, loaded and accepting work (NOT_SERVING while loading and draining)",
+        SCHEDULER_SERVICE: "Generate is accepted: every role the programs need has a SERVING replica",
+    }
+    if roles:
+        serving[POOL_SERVICE] = ("the pool's weights are loaded and warm and it executes WorkUnits "
+                                 f"(one per replica of: {', '.join(roles)})")
+    return HealthSchema(services=list(serving), serving=serving, metrics=dict(HEALTH_METRICS))
+
+
+def _pool(spec: RolePoolSpec | Mapping[str, Any], card_ids: list[str]) -> RolePoolSpec:
+    pool = spec if isinstance(spec, RolePoolSpec) else RolePoolSpec.model_validate(dict(spec))
+    update: dict[str, Any] = {}
+    if not pool.card_ids:
+        update["card_ids"] = list(card_ids)
+    if not pool.kinds:
+        update["kinds"] = list(ROLE_KINDS[pool.role])
+    if not pool.parallel_plan:
+        update["parallel_plan"] = "single"
+    return pool.model_copy(update=update) if update else pool
+
+
+def build_deployment_card(
+    cards: Iterable[ModelCard],
+    pools: Iterable[RolePoolSpec | Mapping[str, Any]],
+    cost_model: CalibratedCostModel | None,
+    endpoints: Mapping[str, Iterable[tuple[str, str] | tuple[str, str, str]]] | None = None,
+    *,
+    engine_id: str = "fastvideo3/local",
+    default_model: str | None = None,
+    slo_classes: Iterable[SloClass | Mapping[str, Any]] | None = None,
+    fingerprints: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    created_unix_ms: int | None = None,
+) -> DeploymentCard:
+    """A DeploymentCard for a fleet config.
+
+    ``pools``: RolePoolSpecs (or dicts of their fields); a pool that names no cards serves all
+    of them, one without kinds gets its role's, one without a plan runs ``"single"``.
+    ``cost_model``: the object the scheduler admits with; published via ``to_dict()``.
+    ``endpoints``: role -> [(backend, address[, replica_id])].
+    """
+    cards = list(cards)
+    if not cards:
+        raise InvalidRequest("a deployment serves at least one model card", field="cards")
+    ids = [c.model_id for c in cards]
+    pools = [_pool(p, ids) for p in pools]
+    roles = {p.role for p in pools}
+    on_gpu = any(p.device.gpus > 0 for p in pools if p.role == "denoiser")
+    fingerprints = dict(fingerprints or {})
+    models = [summarize_card(c, precision=c.precision.default_cuda if on_gpu else c.precision.default_cpu,
+                             fingerprint=fingerprints.get(c.model_id, "")) for c in cards]
+    plans: dict[tuple[str, str], ParallelPlan] = {}
+    for p in pools:
+        plans.setdefault((p.parallel_plan, p.role), ParallelPlan(
+            name=p.parallel_plan, role=p.role, degrees={} if p.parallel_plan == "single" else {"tp": p.device.gpus},
+            gpus=p.device.gpus))
+    shared = {name for name, _ in plans if sum(n == name for n, _ in plans) > 1}
+    if shared:  # a name several roles run (e.g. "single") becomes one plan per role: "single@encoder"
+        plans = {(k if k[0] not in shared else (f"{k[0]}@{k[1]}", k[1])):
+                 (plan if k[0] not in shared else plan.model_copy(update={"name": f"{k[0]}@{k[1]}"}))
+                 for k, plan in plans.items()}
+        pools = [p if p.parallel_plan not in shared else
+                 p.model_copy(update={"parallel_plan": f"{p.parallel_plan}@{p.role}"}) for p in pools]
+    t2v_cards = [c.model_id for c in cards if "text_to_video" in c.capabilities.tasks]
+    programs = [ProgramSpec(name=name, loops=list(loops), card_ids=t2v_cards)
+                for name, loops in PROGRAMS.items() if t2v_cards]
+    transfer = [RoleEndpoints(role=role, endpoints=[TransferEndpoint(backend=e[0], address=e[1],
+                                                                     replica_id=e[2] if len(e) > 2 else "")
+                                                    for e in eps])
+                for role, eps in (endpoints or {}).items()]
+    slos = [s if isinstance(s, SloClass) else SloClass.model_validate(dict(s))
+            for s in (slo_classes if slo_classes is not None else DEFAULT_SLO_CLASSES)]
+    data = dict(
+        engine_id=engine_id, models=models,
+        capability_matrix=[cell for c in cards for cell in capability_cells(c, roles)],
+        role_pools=pools, programs=programs, parallel_plans=list(plans.values()),
+        cost_model=CostModelSpec.of(cost_model) if cost_model is not None else None,
+        health=default_health(roles), slo_classes=slos, transfer_endpoints=transfer,
+        default_model=default_model or ids[0],
+        created_unix_ms=int(time.time() * 1000) if created_unix_ms is None else created_unix_ms,
+        labels=dict(labels or {}),
+    )
+    try:
+        return DeploymentCard(**data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise InvalidRequest(err["msg"], field=".".join(str(x) for x in err["loc"]) or "deployment_card") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# From a fleet.yaml
+
+
+def card_from_fleet_config(config: Mapping[str, Any] | str | Path, *,
+                           cost_model: CalibratedCostModel | None = None) -> DeploymentCard:
+    """A DeploymentCard from a fleet config (a path to fleet.yaml, or its parsed mapping).
+
+    Keys read (the format the Helm chart and the local launcher write; others are ignored)::
+
+        fleet: {name, namespace}
+        card: wan-tiny                       # default card; pools may name their own
+        cards_file: cards.yaml               # optional: {cards: {name: card spec}}
+        pools: {ROLE: {address, replicas, gpus_per_replica, card, transports, max_batch_units}}
+        slo_classes: [{name, priority, target_latency_p50_s, ...}]   # optional
+        cost_model: {device: cpu}  or  {file: cost.json}              # optional
+    """
+    import yaml
+
+    from fastvideo3.card.registry import resolve_card
+
+    base = Path(".")
+    if not isinstance(config, Mapping):
+        base = Path(config).parent
+        try:
+            config = yaml.safe_load(Path(config).read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise InvalidRequest(f"cannot read fleet config: {e}", field="config") from None
+        if not isinstance(config, Mapping):
+            raise InvalidRequest("fleet config must be a mapping", field="config")
+    extra_cards: dict[str, Any] = {}
+    if config.get("cards_file"):
+        path = Path(config["cards_file"])
+        path = path if path.is_absolute() else base / path
+        if path.exists():
+            extra_cards = (yaml.safe_load(path.read_text()) or {}).get("cards") or {}
+
+    def load(name: str) -> ModelCard:
+        if name in extra_cards:
+            spec = dict(extra_cards[name])
+            spec.setdefault("model_id", name)
+            return ModelCard.model_validate(spec)
+        return resolve_card(name)
+
+    default = str(config.get("card") or "wan-tiny")
+    pool_cfg = config.get("pools") or {}
+    if not isinstance(pool_cfg, Mapping):
+        raise InvalidRequest("pools must map role -> pool config", field="pools")
+    names, pools, endpoints = [default], [], {}
+    for role, p in pool_cfg.items():
+        if role not in ROLES:
+            raise InvalidRequest(f"unknown role {role!r}", field="pools", limit=", ".join(ROLES))
+        p = dict(p or {})
+        if p.get("enabled") is False:
+            continue
+        card = str(p.get("card") or default)
+        names.append(card)
+        gpus = int(p.get("gpus_per_replica", p.get("gpus", 0)) or 0)
+        backends = list(p.get("transports") or (["nixl", "grpc"] if gpus else ["shm", "grpc"]))
+        pools.append(dict(role=role, replicas=int(p.get("replicas", 1)), card_ids=[card],
+                          device=dict(gpus=gpus, gpu_memory_bytes=int(p.get("gpu_memory_bytes", 0)),
+                                      host_memory_bytes=int(p.get("host_memory_bytes", 0)),
+                                      accelerator=str(p.get("accelerator", "nvidia-gpu" if gpus else ""))),
+                          max_batch_units=int(p.get("max_batch_units", 64)), transport_backends=backends))
+        if p.get("address"):
+            endpoints[role] = [("grpc", str(p["address"]))]
+    cards = [load(n) for n in dict.fromkeys(names)]
+    if cost_model is None:
+        cost_model = _cost_model_from(config.get("cost_model"), base)
+    fleet = config.get("fleet") or {}
+    engine_id = "fastvideo3/" + ".".join(str(x) for x in (fleet.get("name") or "local", fleet.get("namespace")) if x)
+    return build_deployment_card(cards, pools, cost_model, endpoints, engine_id=engine_id, default_model=default,
+                                 slo_classes=config.get("slo_classes"), labels=config.get("labels"))
+
+
+def _cost_model_from(spec: Any, base: Path) -> CalibratedCostModel:
+    from fastvideo3.runtime.cost import device_profile
+
+    if not spec:
+        return CalibratedCostModel()
+    if not isinstance(spec, Mapping):
+        raise InvalidRequest("cost_model must be a mapping: {device: NAME} or {file: PATH}", field="cost_model")
+    if spec.get("file"):
+        path = Path(spec["file"])
+        path = path if path.is_absolute() else base / path
+        try:
+            return CalibratedCostModel.from_dict(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError) as e:
+            raise InvalidRequest(f"cannot read cost model: {e}", field="cost_model.file") from None
+    return CalibratedCostModel(device=device_profile(str(spec.get("device", "cpu"))))
+
+
+def card_for_model(name: str, *, cost_model: CalibratedCostModel | None = None) -> DeploymentCard:
+    """The card of a one-replica-per-role local fleet serving one model card (``--card NAME``)."""
+    from fastvideo3.card.registry import resolve_card
+
+    card = resolve_card(name)
+    pools = [dict(role=r, replicas=1, transport_backends=["shm", "grpc"]) for r in ("encoder", "denoiser", "decoder")]
+    return build_deployment_card([card], pools, cost_model or CalibratedCostModel(), None,
+                                 engine_id=f"fastvideo3/{card.model_id}")

@@ -1,0 +1,87 @@
+"""A no-op executor for any role: well-formed results, no math, no weights.
+
+It lets the whole fleet run (and be benchmarked for scheduling overhead) without a model: refs
+it returns point at nothing (backend ``"fake"``) and are never fetched by another fake pool.
+``step_seconds`` simulates compute time per batch (for drain and overload tests).
+"""
+from __future__ import annotations
+
+import io
+import math
+import threading
+import time
+
+from fastvideo3.loop.protocol import StepResult
+
+FAKE_TEXT_DIM = 32
+
+
+def fake_ref(owner: str, request_id: str, name: str, shape: list[int]) -> dict:
+    return {"owner": owner, "buffer_id": f"{request_id}/{name}#fake", "dtype": "float32", "shape": list(shape),
+            "nbytes": 4 * math.prod(shape), "checksum": "none:0", "backend": "fake", "descriptor": {}}
+
+
+def _tiny_npy() -> bytes:
+    import numpy as np
+    buf = io.BytesIO()
+    np.save(buf, np.zeros((1, 2, 2, 3), dtype=np.float32), allow_pickle=False)
+    return buf.getvalue()
+
+
+class FakeExecutor:
+    def __init__(self, role: str, card, transport, step_seconds: float = 0.0):
+        self.role = role
+        self.card = card
+        self.transport = transport
+        self.step_seconds = step_seconds
+        self.device, self.precision = "cpu", "fp32"
+        self.weights_digest = f"fake:{role}"
+        self.regions: dict[str, int] = {}  # request -> denoise step, like the real denoiser's residency
+        self.counters = {"units": 0, "batches": 0, "failed_units": 0, "busy_seconds": 0.0}
+        self._lock = threading.Lock()
+        self._npy = _tiny_npy()
+
+    def execute(self, batch) -> list[StepResult]:
+        t0 = time.perf_counter()
+        if self.step_seconds > 0:
+            time.sleep(self.step_seconds)  # simulated compute, not synchronization
+        with self._lock:
+            out = [self._one(u) for u in batch]
+            dt = time.perf_counter() - t0
+            self.counters["units"] += len(batch)
+            self.counters["batches"] += 1
+            self.counters["busy_seconds"] += dt
+        for r in out:
+            r.measured_seconds = dt
+        return out
+
+    def _one(self, unit) -> StepResult:
+        p, rid, owner = unit.params, unit.request_id, self.role
+        res = StepResult(unit.unit_id, rid)
+        if unit.kind == "encoder_chunk":
+            res.outputs = {n: fake_ref(owner, rid, n, [1, self.card.max_text_tokens, FAKE_TEXT_DIM])
+                           for n in p.get("prompts", {})}
+        elif unit.kind == "diffusion_step":
+            self.regions[rid] = int(p.get("step", 0)) + 1
+            res.metrics = {"latent_norm": 1.0, "finite": 1.0}
+            if p.get("final"):
+                res.outputs = {"latents": fake_ref(owner, rid, "latents", [1, *p["latent_shape"]])}
+        elif unit.kind == "vae_tile":
+            c, f, h, w = unit.inputs["latents"]["shape"][1:]
+            res.outputs = {"frames": fake_ref(owner, rid, "frames", [(f - 1) * 4 + 1, h * 8, w * 8, 3])}
+            if p.get("encode"):
+                res.inline = self._npy
+                res.payload = {"media_format": "npy", "media_bytes": len(self._npy)}
+        elif unit.kind == "reward_batch":
+            res.payload = {"scores": {n: 0.0 for n in p.get("scorers", [])}}
+        return res
+
+    def release(self, request_id: str) -> None:
+        with self._lock:
+            self.regions.pop(request_id, None)
+
+    def describe(self) -> dict:
+        with self._lock:
+            return {"role": self.role, "card": self.card.model_id, "device": "cpu (fake)", "precision": "fp32",
+                    "weights_digest": self.weights_digest, "counters": dict(self.counters),
+                    "resident_regions": len(self.regions), "transport": self.transport.stats(), "fake": True}

@@ -1,0 +1,273 @@
+"""The role-pool service: a RolePool servicer around one core executor, and the process main.
+
+A role's ``__main__`` only says how to build its executor (``build(cfg, card, transport)``);
+everything else — flags, server, health transitions, draining, conversion at the edge, error
+mapping, Describe — is here and is the same for every role.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from fastvideo3.v1 import common_pb2, pool_pb2, pool_pb2_grpc
+from services.common.server import ServiceHost, flatten, setup_logging
+
+log = logging.getLogger("fastvideo3.pool")
+
+SERVICE = pool_pb2.DESCRIPTOR.services_by_name["RolePool"].full_name
+KINDS = {"encoder": ["encoder_chunk"], "denoiser": ["diffusion_step"], "decoder": ["vae_tile"],
+         "reward": ["reward_batch"]}
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    role: str
+    port: int
+    host: str = "127.0.0.1"
+    card: str = "wan-tiny"
+    device: str | None = None
+    precision: str | None = None
+    transport: str = "auto"
+    replica_id: str = ""
+    metrics_port: int | None = None
+    max_batch_units: int = 64
+    drain_timeout_s: float = 30.0
+    fake: bool = False
+    fake_step_seconds: float = 0.0
+    feature_cache_mb: float = 256.0
+    scorers: str = ""
+    no_batching: bool = False
+    exit_with_parent: bool = False
+    log_level: str = "INFO"
+
+
+def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
+    p = argparse.ArgumentParser(prog=f"python -m services.{role}", description=f"fastvideo3 {role} pool")
+    p.add_argument("--port", type=int, required=True, help="gRPC port (0 = any free port)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--card", default="wan-tiny", help="a card name, card file or diffusers directory")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (auto)")
+    p.add_argument("--precision", default=None, help="fp32, bf16 (card default for the device)")
+    p.add_argument("--transport", default="auto", help="backends offered: auto (shm,grpc) or a list, e.g. shm,grpc,nixl")
+    p.add_argument("--replica-id", default="", help="replica name (default ROLE@HOST:PORT)")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus text on this port")
+    p.add_argument("--max-batch-units", type=int, default=64)
+    p.add_argument("--drain-timeout", type=float, default=30.0, dest="drain_timeout_s")
+    p.add_argument("--fake", action="store_true", help="no-op executor: results without math (overhead tests)")
+    p.add_argument("--fake-step-seconds", type=float, default=0.0, help="simulated compute per batch in --fake")
+    if role == "encoder":
+        p.add_argument("--feature-cache-mb", type=float, default=256.0, help="prompt cache budget (0 = off)")
+    if role == "reward":
+        p.add_argument("--scorers", default="", help="comma list of scorers to host (default: all built-in)")
+    if role == "denoiser":
+        p.add_argument("--no-batching", action="store_true", help="run each unit of a batch as its own forward")
+    p.add_argument("--exit-with-parent", action="store_true", help="stop when the launching process exits")
+    p.add_argument("--log-level", default="INFO")
+    a = vars(p.parse_args(argv))
+    return PoolConfig(role=role, **a)
+
+
+def fingerprint(weights_digest: str, precision: str, device: str) -> str:
+    try:
+        from fastvideo3.export.identity import RuntimeIdentity, default_libraries, detect_device_arch
+        ident = RuntimeIdentity(weights_digest=weights_digest or "none", precision=precision,
+                                libraries=default_libraries(), device_arch=detect_device_arch(device))
+        return "fnv1a64:" + ident.fingerprint_hex
+    except Exception:  # noqa: BLE001 - discovery data only; never fail a pool over it
+        return ""
+
+
+class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
+    def __init__(self, cfg: PoolConfig, host: ServiceHost, replica_id: str):
+        self.cfg = cfg
+        self.host = host
+        self.replica_id = replica_id
+        self.executor: Any = None
+        self.transport: Any = None
+        self.card: Any = None
+        self.fingerprint = ""
+        self.counters = {"execute_rpcs": 0, "release_rpcs": 0, "describe_rpcs": 0, "expired_units": 0}
+        self.started = time.time()
+
+    def attach(self, executor, transport, card) -> None:
+        self.executor, self.transport, self.card = executor, transport, card
+        d = executor.describe()
+        self.fingerprint = fingerprint(d.get("weights_digest", ""), d.get("precision", ""), str(d.get("device", "")))
+
+    # -- RPCs ---------------------------------------------------------------------------
+    def Execute(self, request, context):  # noqa: N802 - gRPC naming
+        from fastvideo3.errors import DeadlineExceeded, ErrorInfo, FastVideoError, FailedPrecondition, InvalidRequest
+        from fastvideo3.loop.protocol import StepResult
+        from services.common import convert
+        from services.common.errors import abort
+        self.counters["execute_rpcs"] += 1
+        try:
+            with self.host.work():
+                if len(request.units) > self.cfg.max_batch_units:
+                    raise InvalidRequest(f"batch of {len(request.units)} units", field="units",
+                                         limit=f"at most {self.cfg.max_batch_units}")
+                units = [convert.unit_from_wire(u) for u in request.units]
+                for u in units:
+                    if u.role and u.role != self.cfg.role:
+                        raise InvalidRequest(f"unit for role {u.role!r} sent to a {self.cfg.role} pool", field="role",
+                                             limit=self.cfg.role)
+                    if u.card_id != self.card.model_id:
+                        raise FailedPrecondition(f"unit for card {u.card_id!r}", field="card_id", limit=self.card.model_id)
+                now = time.time()
+                live = [u for u in units if not u.expired(now)]
+                out: dict[str, StepResult] = {}
+                for u in units:
+                    if u.expired(now):  # past its deadline: answered without running
+                        self.counters["expired_units"] += 1
+                        out[u.unit_id] = StepResult(u.unit_id, u.request_id, ok=False, error=ErrorInfo.of(
+                            DeadlineExceeded("unit deadline passed before it ran", field="deadline_unix_ms")))
+                t0 = time.perf_counter()
+                if live:
+                    backend = request.units[0].output_transport or None
+                    with self.transport.use(backend):
+                        for u, r in zip(live, self.executor.execute(live)):
+                            out[u.unit_id] = r
+                loops = {u.unit_id: u.loop_id for u in units}
+                return pool_pb2.ExecuteResponse(
+                    results=[convert.result_to_wire(out[u.unit_id], self.replica_id, loops[u.unit_id]) for u in units],
+                    batch_id=request.batch_id, replica_id=self.replica_id, batch_seconds=time.perf_counter() - t0)
+        except FastVideoError as e:
+            abort(context, e)
+        except Exception as e:  # noqa: BLE001 - never a traceback over the wire
+            log.exception("Execute failed")
+            abort(context, e)
+
+    def Release(self, request, context):  # noqa: N802
+        from fastvideo3.errors import InvalidRequest
+        from services.common.errors import abort
+        self.counters["release_rpcs"] += 1
+        if not request.request_id:
+            abort(context, InvalidRequest("must not be empty", field="request_id"))
+        if self.executor is None:
+            return pool_pb2.ReleaseResponse()
+        before = self.transport.stats()
+        self.executor.release(request.request_id)
+        after = self.transport.stats()
+        return pool_pb2.ReleaseResponse(
+            released_buffers=int(after.get("buffers_released", 0) - before.get("buffers_released", 0)),
+            released_bytes=int(before.get("resident_bytes", 0) - after.get("resident_bytes", 0)))
+
+    def Describe(self, request, context):  # noqa: N802
+        self.counters["describe_rpcs"] += 1
+        return pool_pb2.PoolDescription(**self.description())
+
+    def Snapshot(self, request, context):  # noqa: N802
+        context.abort(grpc_status("UNIMPLEMENTED"), "snapshots are not served by this pool yet")
+
+    def Restore(self, request, context):  # noqa: N802
+        context.abort(grpc_status("UNIMPLEMENTED"), "snapshots are not served by this pool yet")
+
+    # -- Describe -----------------------------------------------------------------------
+    def description(self) -> dict:
+        cfg = self.cfg
+        base = {"role": cfg.role, "replica_id": self.replica_id, "kinds": KINDS.get(cfg.role, []),
+                "max_batch_units": cfg.max_batch_units}
+        state = "serving" if self.host.serving and not self.host.draining else (
+            "draining" if self.host.draining else "loading")
+        info: dict[str, Any] = {"state": state, "inflight_rpcs": self.host.inflight, "rpc_counters": dict(self.counters),
+                                "uptime_s": round(time.time() - self.started, 3), "fake": cfg.fake}
+        if self.executor is None:
+            return {**base, "description_json": json.dumps(info).encode()}
+        d = self.executor.describe()
+        ts = d.get("transport", {})
+        regions = int(d.get("resident_regions", 0))
+        caps = self.transport.caps().to_dict()
+        cache = d.get("cache") or {}
+        counters = {**flatten(d.get("counters", {})), **{f"rpc.{k}": float(v) for k, v in self.counters.items()},
+                    "inflight_rpcs": float(self.host.inflight)}
+        info.update({"executor": d, "resident_regions": regions, "transport_caps": caps,
+                     "transport_chosen": ts.get("published_by_backend", {}), "transport_default": ts.get("backend"),
+                     "weights_digest": d.get("weights_digest", "")})
+        endpoints = [common_pb2.TransferEndpoint(backend=b, address=f"{cfg.host}:{self.host.port}" if b == "grpc" else "",
+                                                 replica_id=self.replica_id) for b in caps["backends"]]
+        return {
+            **base, "card_ids": [self.card.model_id], "runtime_fingerprint": self.fingerprint,
+            "resident_buffers": int(ts.get("resident_buffers", 0)) + regions,
+            "resident_bytes": int(ts.get("resident_bytes", 0)),
+            "cache_stats": {f"feature_cache.{k}": float(v) for k, v in cache.items()},
+            "transport_backends": caps["backends"], "transfer_endpoints": endpoints, "counters": counters,
+            "device": str(d.get("device", "")), "description_json": json.dumps(info, default=str).encode(),
+        }
+
+    def metrics(self) -> dict[str, float]:
+        d = self.description()
+        out = {k: v for k, v in d.get("counters", {}).items()}
+        out.update(d.get("cache_stats", {}))
+        out["resident_buffers"] = float(d.get("resident_buffers", 0))
+        out["serving"] = float(self.host.serving and not self.host.draining)
+        return out
+
+
+def grpc_status(name: str):
+    import grpc
+    return grpc.StatusCode[name]
+
+
+BuildFn = Callable[[PoolConfig, Any, Any], Any]
+
+
+def run_pool(role: str, build: BuildFn, argv: list[str] | None = None) -> int:
+    """The process main of a role pool (see module docstring). Returns the exit status."""
+    cfg = parse_args(role, argv)
+    setup_logging(cfg.log_level)
+    host = ServiceHost([SERVICE], cfg.host, cfg.port)
+    replica_id = cfg.replica_id or f"{role}@{cfg.host}:{cfg.port}"
+    servicer = RolePoolServicer(cfg, host, replica_id)
+    pool_pb2_grpc.add_RolePoolServicer_to_server(servicer, host.server)
+    port = host.start()
+    if not cfg.replica_id and cfg.port == 0:
+        servicer.replica_id = replica_id = f"{role}@{cfg.host}:{port}"
+    host.install_signals()
+    if cfg.exit_with_parent:
+        host.watch_parent()
+    print(f"{role} pool {replica_id} listening on {cfg.host}:{port} (loading)", flush=True)
+    try:
+        executor, transport, card = _load(cfg, build, replica_id, host, port)
+    except Exception as e:  # noqa: BLE001 - a pool that cannot load says why and exits
+        from fastvideo3.errors import FastVideoError
+        msg = e.one_line() if isinstance(e, FastVideoError) else f"{type(e).__name__}: {e}"
+        log.error("cannot load the %s pool: %s", role, msg)
+        host.request_stop()
+        host.wait_and_drain(1.0)
+        return 2 if isinstance(e, FastVideoError) and e.code in ("INVALID_ARGUMENT", "NOT_FOUND") else 1
+    servicer.attach(executor, transport, card)
+    if cfg.metrics_port is not None:
+        host.serve_metrics(cfg.metrics_port, servicer.metrics, f"fastvideo3_{role}_")
+    host.set_serving(True)
+    if not host.stop_event.is_set():
+        print(f"{role} pool {replica_id} serving", flush=True)
+    host.wait_and_drain(cfg.drain_timeout_s)
+    transport.close()
+    return 0
+
+
+def _load(cfg: PoolConfig, build: BuildFn, replica_id: str, host: ServiceHost, port: int):
+    from fastvideo3.card.registry import resolve_card
+    from services.common.fake import FakeExecutor
+    from services.common.transport_set import TransportSet, parse_backends
+    card = resolve_card(cfg.card)
+    transport = TransportSet(replica_id, parse_backends(cfg.transport), advertise=f"{cfg.host}:{port}",
+                             handler_sink=host.late_handlers)
+    try:
+        if cfg.fake:
+            executor = FakeExecutor(cfg.role, card, transport, cfg.fake_step_seconds)
+        else:
+            executor = build(cfg, card, transport)
+    except BaseException:
+        transport.close()
+        raise
+    return executor, transport, card
+
+
+def main(role: str, build: BuildFn) -> None:
+    sys.exit(run_pool(role, build))

@@ -1,0 +1,209 @@
+"""The process host every service runs in: one gRPC server with health and reflection, signal
+handling, draining, an optional Prometheus text endpoint and an optional parent watch.
+
+Lifecycle (the same for role pools and the scheduler):
+
+    host = ServiceHost("fastvideo3.v1.RolePool", host, port); host.add(...); host.start()
+        -> listening, every health service NOT_SERVING (so loading is observable)
+    ... load weights / connect pools ...
+    host.set_serving(True)                      -> SERVING
+    host.wait_and_drain(drain_timeout_s)        -> on SIGTERM/SIGINT: NOT_SERVING at once (and it
+        stays so), new work is refused with UNAVAILABLE, in-flight work finishes (bounded by the
+        drain timeout), then the server stops.
+
+Work RPCs run inside ``with host.work(context):`` so draining can wait for them.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from fastvideo3.errors import Unavailable
+
+log = logging.getLogger("fastvideo3.service")
+
+MAX_MESSAGE_BYTES = 256 << 20  # inline artifacts (encoded videos) ride in replies
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+
+
+class _LateHandlers(grpc.GenericRpcHandler):
+    """Generic handlers that may be added after the server started (transport backends load late)."""
+
+    def __init__(self) -> None:
+        self.handlers: list = []
+
+    def service(self, handler_call_details):
+        for h in list(self.handlers):
+            found = h.service(handler_call_details)
+            if found is not None:
+                return found
+        return None
+
+
+class ServiceHost:
+    def __init__(self, services: list[str], host: str, port: int, *, max_workers: int = 16):
+        self.services = list(services)
+        self.host, self.port = host, port
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
+                                  options=CHANNEL_OPTIONS)
+        self.health = health.HealthServicer(experimental_non_blocking=True)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self._late = _LateHandlers()
+        self.server.add_generic_rpc_handlers((self._late,))
+        self.stop_event = threading.Event()
+        self._health_down = threading.Event()
+        self.serving = False
+        self.draining = False
+        self._inflight = 0
+        self._cv = threading.Condition()
+        self._metrics: ThreadingHTTPServer | None = None
+
+    @property
+    def late_handlers(self) -> list:
+        """Append generic RPC handlers here to mount them on the running server."""
+        return self._late.handlers
+
+    def start(self) -> int:
+        names = [*self.services, health.SERVICE_NAME, reflection.SERVICE_NAME]
+        reflection.enable_server_reflection(names, self.server)
+        bound = self.server.add_insecure_port(f"{self.host}:{self.port}")
+        if bound == 0:
+            raise Unavailable(f"cannot listen on {self.host}:{self.port}", field="port")
+        self.port = bound
+        self.server.start()
+        self._set_all(health_pb2.HealthCheckResponse.NOT_SERVING)
+        threading.Thread(target=self._on_stop, name="stopper", daemon=True).start()
+        return bound
+
+    def _on_stop(self) -> None:
+        # runs off the signal handler (which only sets an event), so no lock is taken there
+        self.stop_event.wait()
+        with self._cv:
+            self.draining = True
+        self.health.enter_graceful_shutdown()  # NOT_SERVING everywhere, and it stays so
+        self._health_down.set()
+
+    def _set_all(self, status) -> None:
+        for name in ("", *self.services):
+            self.health.set(name, status)
+
+    def set_serving(self, serving: bool) -> None:
+        if self.draining:
+            return
+        self.serving = serving
+        self._set_all(health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    # -- work accounting ---------------------------------------------------------------
+    @contextlib.contextmanager
+    def work(self):
+        """Count one in-flight work RPC; refuse it with Unavailable while loading or draining."""
+        with self._cv:
+            if self.draining:
+                raise Unavailable("shutting down: not accepting new work", retry_after_s=1.0)
+            if not self.serving:
+                raise Unavailable("still loading: not serving yet", retry_after_s=1.0)
+            self._inflight += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._inflight -= 1
+                self._cv.notify_all()
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    # -- signals and shutdown ----------------------------------------------------------
+    def install_signals(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop_event.set())
+
+    def request_stop(self) -> None:
+        self.stop_event.set()
+
+    def watch_parent(self) -> None:
+        """Stop when the launching process goes away (no orphans if the launcher is killed)."""
+        parent = os.getppid()
+
+        def watch() -> None:
+            while not self.stop_event.wait(0.5):
+                if os.getppid() != parent:
+                    log.warning("launcher %d is gone; stopping", parent)
+                    self.request_stop()
+
+        threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+    def wait_and_drain(self, drain_timeout_s: float, on_drain: Callable[[], None] | None = None) -> bool:
+        """Block until a stop is requested, then drain and stop. Returns True if fully drained."""
+        self.stop_event.wait()
+        self._health_down.wait(5.0)
+        log.info("draining (%d in flight)", self._inflight)
+        if on_drain is not None:
+            on_drain()
+        with self._cv:
+            drained = self._cv.wait_for(lambda: self._inflight == 0, timeout=drain_timeout_s)
+        self.server.stop(grace=1.0).wait(5.0)
+        if self._metrics is not None:
+            self._metrics.shutdown()
+        log.info("stopped (%s)", "drained" if drained else "drain timed out")
+        return drained
+
+    # -- metrics -----------------------------------------------------------------------
+    def serve_metrics(self, port: int, collect: Callable[[], dict[str, float]], prefix: str) -> int:
+        """Serve ``collect()`` as Prometheus text on ``http://host:port/metrics`` (gauges)."""
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's naming
+                if self.path.rstrip("/") not in ("/metrics", ""):
+                    self.send_error(404)
+                    return
+                body = prometheus_text(collect(), prefix).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self._metrics = ThreadingHTTPServer((self.host, port), Handler)
+        threading.Thread(target=self._metrics.serve_forever, name="metrics", daemon=True).start()
+        return self._metrics.server_address[1]
+
+
+def prometheus_text(values: dict[str, float], prefix: str) -> str:
+    lines = []
+    for key in sorted(values):
+        name = prefix + "".join(c if c.isalnum() else "_" for c in key)
+        lines.append(f"# TYPE {name} gauge\n{name} {float(values[key])!r}")
+    return "\n".join(lines) + "\n"
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, float]:
+    """Numeric leaves of a nested dict as ``a.b.c -> value`` (for metrics and Describe maps)."""
+    out: dict[str, float] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[key] = float(v)
+    return out
+
+
+def setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")

@@ -1,0 +1,1 @@
+"""The encoder role pool: text encoders behind the RolePool contract (``python -m services.encoder``)."""

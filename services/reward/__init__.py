@@ -1,0 +1,1 @@
+"""The reward role pool: scorers for generated clips (``python -m services.reward``)."""

@@ -1,0 +1,12 @@
+"""``python -m services.reward --port P --card NAME [--scorers a,b]``: wiring only (see services/common/pool.py)."""
+from services.common.pool import main
+
+
+def build(cfg, card, transport):
+    from fastvideo3.runtime.reward_executor import RewardExecutor
+    names = [s.strip() for s in cfg.scorers.split(",") if s.strip()] or None
+    return RewardExecutor(card, transport, cfg.device, cfg.precision, scorers=names)
+
+
+if __name__ == "__main__":
+    main("reward", build)

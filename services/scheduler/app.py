@@ -1,0 +1,137 @@
+"""The scheduler process: listen (NOT_SERVING), wait for every pool replica to be SERVING,
+describe them, choose the transport per edge, start the tick thread, then SERVING. On SIGTERM:
+NOT_SERVING, refuse new requests, let running streams finish (bounded by the drain timeout),
+cancel what is left, release it on the pools, exit."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import threading
+
+from fastvideo3.v1 import scheduler_pb2_grpc
+from services.common.server import ServiceHost, setup_logging
+from services.scheduler.config import SchedulerConfig, parse_args
+
+log = logging.getLogger("fastvideo3.scheduler")
+
+
+class _Gate(scheduler_pb2_grpc.SchedulerServicer):
+    """Answers UNAVAILABLE until the fleet is connected, then delegates to the real servicer."""
+
+    def __init__(self) -> None:
+        self.target = None
+
+    def _get(self, context):
+        if self.target is None:
+            from fastvideo3.errors import Unavailable
+            from services.common.errors import abort
+            abort(context, Unavailable("the scheduler is still connecting to its pools", retry_after_s=1.0))
+        return self.target
+
+    def Generate(self, request, context):  # noqa: N802 - gRPC naming
+        return self._get(context).Generate(request, context)
+
+    def Cancel(self, request, context):  # noqa: N802
+        return self._get(context).Cancel(request, context)
+
+    def GetRequest(self, request, context):  # noqa: N802
+        return self._get(context).GetRequest(request, context)
+
+    def Describe(self, request, context):  # noqa: N802
+        return self._get(context).Describe(request, context)
+
+
+def _monitor(replicas: dict[str, list], stop: threading.Event, interval_s: float = 2.0) -> None:
+    while not stop.wait(interval_s):
+        for reps in replicas.values():
+            for rep in reps:
+                was = rep.healthy
+                if rep.check_health(timeout=min(1.0, interval_s)) != was:
+                    log.warning("%s pool %s is now %s", rep.role, rep.target, "SERVING" if rep.healthy else "NOT SERVING")
+
+
+def connect(cfg: SchedulerConfig, stop: threading.Event):
+    """RemoteExecutors for every configured replica, SERVING and described, with edges chosen."""
+    from fastvideo3.errors import FailedPrecondition
+    from services.scheduler.remote import RemoteExecutor
+    from services.scheduler.topology import caps_of, choose_edges, output_transport
+    replicas = {role: [RemoteExecutor(role, t, rpc_timeout_s=cfg.rpc_timeout_s, control_timeout_s=cfg.control_timeout_s)
+                       for t in targets] for role, targets in cfg.pools.items()}
+    for reps in replicas.values():
+        for rep in reps:
+            rep.wait_serving(cfg.connect_timeout_s, stop)
+    caps = {}
+    for role, reps in replicas.items():
+        for rep in reps:
+            d = rep.describe_raw()
+            if d.role != role:
+                raise FailedPrecondition(f"{rep.target} is a {d.role or 'unknown'} pool", field=f"pools.{role}", limit=role)
+            caps.setdefault(role, []).append(caps_of(d))
+    edges = choose_edges(cfg, caps)
+    for role, reps in replicas.items():
+        for rep in reps:
+            rep.output_transport = output_transport(edges, role)
+    return replicas, edges
+
+
+def run_scheduler(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    setup_logging(cfg.log_level)
+    from services.scheduler.service import SERVICE
+    host = ServiceHost([SERVICE], cfg.host, cfg.port)
+    gate = _Gate()
+    scheduler_pb2_grpc.add_SchedulerServicer_to_server(gate, host.server)
+    port = host.start()
+    host.install_signals()
+    if cfg.exit_with_parent:
+        host.watch_parent()
+    print(f"scheduler listening on {cfg.host}:{port} (connecting to pools)", flush=True)
+    try:
+        servicer, runtime, replicas = _build(cfg, host)
+    except Exception as e:  # noqa: BLE001
+        from fastvideo3.errors import FastVideoError
+        msg = e.one_line() if isinstance(e, FastVideoError) else f"{type(e).__name__}: {e}"
+        log.error("scheduler cannot start: %s", msg)
+        host.request_stop()
+        host.wait_and_drain(1.0)
+        return 2 if isinstance(e, FastVideoError) and e.code in ("INVALID_ARGUMENT", "NOT_FOUND") else 1
+    gate.target = servicer
+    monitor_stop = threading.Event()
+    threading.Thread(target=_monitor, args=(replicas, monitor_stop), name="pool-health", daemon=True).start()
+    if cfg.metrics_port is not None:
+        host.serve_metrics(cfg.metrics_port, servicer.metrics, "fastvideo3_scheduler_")
+    host.set_serving(True)
+    if not host.stop_event.is_set():
+        print(f"scheduler serving on {cfg.host}:{port} (edges: {servicer.edges})", flush=True)
+    host.wait_and_drain(cfg.drain_timeout_s)
+    monitor_stop.set()
+    runtime.stop(cancel_active=True)
+    for reps in replicas.values():
+        for rep in reps:
+            rep.close()
+    return 0
+
+
+def _build(cfg: SchedulerConfig, host: ServiceHost):
+    from fastvideo3.card.registry import resolve_card
+    from services.scheduler.deployment import build_card
+    from services.scheduler.runtime import FleetRuntime
+    from services.scheduler.service import SERVICE, SchedulerServicer
+    card = resolve_card(cfg.card)
+    replicas, edges = connect(cfg, host.stop_event)
+    import json
+    info = json.loads(replicas["denoiser"][0].last_description.description_json or b"{}")
+    precision = (info.get("executor") or {}).get("precision") or card.precision.default_cpu
+    runtime = FleetRuntime(replicas, batching=cfg.batching, max_batch=cfg.max_batch, max_running=cfg.max_running,
+                           max_queued=cfg.max_queued, retain_finished=cfg.retain_finished)
+    deployment = build_card(cfg, card, replicas, edges, ["", SERVICE])
+    config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()}
+    servicer = SchedulerServicer(host, runtime, card, precision=precision, replicas=replicas, edges=edges,
+                                 deployment_card=deployment, config=config)
+    runtime.start()
+    return servicer, runtime, replicas
+
+
+if __name__ == "__main__":
+    sys.exit(run_scheduler())

@@ -1,0 +1,157 @@
+"""The scheduler's one config object, from flags or a ``fleet.yaml``.
+
+    python -m services.scheduler --port 50051 --card wan-tiny \\
+        --pools encoder=127.0.0.1:50061 --pools denoiser=127.0.0.1:50062,127.0.0.1:50063 \\
+        --pools decoder=127.0.0.1:50064 [--pools reward=...] [--transport auto|shm|grpc|nixl] \\
+        [--edge-transport denoiser->decoder=grpc] [--no-batching] [--max-running N]
+    python -m services.scheduler --config fleet.yaml        # same keys; flags given also win
+
+fleet.yaml::
+
+    card: wan-tiny
+    port: 50051
+    pools: {encoder: [127.0.0.1:50061], denoiser: [127.0.0.1:50062, 127.0.0.1:50063], decoder: [...]}
+    transport: {default: auto, edges: {"denoiser->decoder": grpc}}
+    scheduler: {batching: true, max_batch: 16, max_running: 64, max_queued: 256}
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from fastvideo3.errors import InvalidRequest
+
+ROLES = ("encoder", "denoiser", "decoder", "reward")
+REQUIRED_ROLES = ("encoder", "denoiser", "decoder")
+EDGES = (("encoder", "denoiser"), ("denoiser", "decoder"), ("decoder", "reward"))
+TRANSPORTS = ("auto", "shm", "grpc", "nixl")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    port: int = 50051
+    host: str = "127.0.0.1"
+    card: str = "wan-tiny"
+    pools: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    transport: str = "auto"
+    edge_transport: dict[str, str] = field(default_factory=dict)  # "encoder->denoiser" -> backend
+    batching: bool = True
+    max_batch: int = 16
+    max_running: int = 64
+    max_queued: int = 256
+    rpc_timeout_s: float = 300.0       # Execute deadline (capped by each unit's own deadline)
+    control_timeout_s: float = 10.0    # Describe / Release / health deadline
+    connect_timeout_s: float = 300.0   # how long to wait for every pool to be SERVING
+    drain_timeout_s: float = 60.0
+    retain_finished: int = 1000        # finished requests kept for GetRequest
+    engine_id: str = "fastvideo3/local"
+    metrics_port: int | None = None
+    exit_with_parent: bool = False
+    log_level: str = "INFO"
+
+    def edge_backend(self, producer: str, consumer: str) -> str:
+        return self.edge_transport.get(f"{producer}->{consumer}", self.transport)
+
+
+def _pool_spec(text: str) -> tuple[str, tuple[str, ...]]:
+    role, sep, targets = text.partition("=")
+    if not sep or role not in ROLES:
+        raise InvalidRequest(f"bad --pools value {text!r}", field="pools", limit=f"ROLE=HOST:PORT[,HOST:PORT] with ROLE in {', '.join(ROLES)}")
+    addrs = tuple(a.strip() for a in targets.split(",") if a.strip())
+    for a in addrs:
+        host, _, port = a.rpartition(":")
+        if not host or not port.isdigit():
+            raise InvalidRequest(f"bad pool address {a!r}", field=f"pools.{role}", limit="HOST:PORT")
+    if not addrs:
+        raise InvalidRequest("no address", field=f"pools.{role}", limit="HOST:PORT[,HOST:PORT]")
+    return role, addrs
+
+
+def _edge_spec(text: str) -> tuple[str, str]:
+    edge, sep, backend = text.partition("=")
+    pairs = {f"{a}->{b}" for a, b in EDGES}
+    if not sep or edge not in pairs or backend not in TRANSPORTS:
+        raise InvalidRequest(f"bad --edge-transport value {text!r}", field="edge_transport",
+                             limit=f"EDGE=BACKEND with EDGE in {', '.join(sorted(pairs))} and BACKEND in {', '.join(TRANSPORTS)}")
+    return edge, backend
+
+
+def parse_args(argv: list[str] | None = None) -> SchedulerConfig:
+    p = argparse.ArgumentParser(prog="python -m services.scheduler", description="fastvideo3 scheduler service")
+    p.add_argument("--config", default=None, help="fleet.yaml (flags given on the command line win)")
+    p.add_argument("--port", type=int, default=None)
+    p.add_argument("--host", default=None)
+    p.add_argument("--card", default=None)
+    p.add_argument("--pools", action="append", default=[], help="ROLE=HOST:PORT[,HOST:PORT...] (repeat per role)")
+    p.add_argument("--transport", default=None, choices=TRANSPORTS, help="default transport for every edge")
+    p.add_argument("--edge-transport", action="append", default=[], help="EDGE=BACKEND, e.g. denoiser->decoder=grpc")
+    p.add_argument("--no-batching", action="store_true", help="one WorkUnit per pool call (no step batching)")
+    p.add_argument("--max-batch", type=int, default=None)
+    p.add_argument("--max-running", type=int, default=None, help="requests stepping at once (1 = request-at-a-time)")
+    p.add_argument("--max-queued", type=int, default=None)
+    p.add_argument("--rpc-timeout", type=float, default=None, dest="rpc_timeout_s")
+    p.add_argument("--connect-timeout", type=float, default=None, dest="connect_timeout_s")
+    p.add_argument("--drain-timeout", type=float, default=None, dest="drain_timeout_s")
+    p.add_argument("--engine-id", default=None)
+    p.add_argument("--metrics-port", type=int, default=None)
+    p.add_argument("--exit-with-parent", action="store_true")
+    p.add_argument("--log-level", default=None)
+    a = p.parse_args(argv)
+    return build_config(a)
+
+
+def build_config(a: argparse.Namespace) -> SchedulerConfig:
+    data: dict = {}
+    if a.config:
+        try:
+            data = yaml.safe_load(Path(a.config).read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise InvalidRequest(f"cannot read fleet config: {e}", field="config") from None
+        if not isinstance(data, dict):
+            raise InvalidRequest("fleet config must be a mapping", field="config")
+    sched = data.get("scheduler") or {}
+    tcfg = data.get("transport") or {}
+    if isinstance(tcfg, str):
+        tcfg = {"default": tcfg}
+    pools: dict[str, tuple[str, ...]] = {}
+    for role, addrs in (data.get("pools") or {}).items():
+        addrs = [addrs] if isinstance(addrs, str) else list(addrs)
+        pools[role] = _pool_spec(f"{role}={','.join(addrs)}")[1]
+    for spec in a.pools:  # flags win, per role
+        role, addrs = _pool_spec(spec)
+        pools[role] = addrs
+    missing = [r for r in REQUIRED_ROLES if r not in pools]
+    if missing:
+        raise InvalidRequest(f"no {missing[0]} pool given", field="pools", limit=f"at least {', '.join(REQUIRED_ROLES)}")
+    edges = {str(k): str(v) for k, v in (tcfg.get("edges") or {}).items()}
+    for spec in a.edge_transport:
+        k, v = _edge_spec(spec)
+        edges[k] = v
+    for k, v in edges.items():
+        _edge_spec(f"{k}={v}")
+    default = a.transport or tcfg.get("default", "auto")
+    if default not in TRANSPORTS:
+        raise InvalidRequest(f"unknown transport {default!r}", field="transport", limit=", ".join(TRANSPORTS))
+
+    def pick(flag, key, fallback, src=data):
+        return flag if flag is not None else src.get(key, fallback)
+
+    cfg = SchedulerConfig(
+        port=int(pick(a.port, "port", 50051)), host=pick(a.host, "host", "127.0.0.1"), card=pick(a.card, "card", "wan-tiny"),
+        pools=pools, transport=default, edge_transport=edges,
+        batching=not a.no_batching and bool(sched.get("batching", True)),
+        max_batch=int(pick(a.max_batch, "max_batch", 16, sched)), max_running=int(pick(a.max_running, "max_running", 64, sched)),
+        max_queued=int(pick(a.max_queued, "max_queued", 256, sched)),
+        rpc_timeout_s=float(pick(a.rpc_timeout_s, "rpc_timeout_s", 300.0, sched)),
+        connect_timeout_s=float(pick(a.connect_timeout_s, "connect_timeout_s", 300.0, sched)),
+        drain_timeout_s=float(pick(a.drain_timeout_s, "drain_timeout_s", 60.0, sched)),
+        engine_id=pick(a.engine_id, "engine_id", "fastvideo3/local"), metrics_port=pick(a.metrics_port, "metrics_port", None),
+        exit_with_parent=a.exit_with_parent, log_level=pick(a.log_level, "log_level", "INFO"),
+    )
+    for name in ("max_batch", "max_running", "max_queued"):
+        if getattr(cfg, name) < 1:
+            raise InvalidRequest(f"must be >= 1, got {getattr(cfg, name)}", field=name, limit=">= 1")
+    return cfg

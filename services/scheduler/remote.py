@@ -1,0 +1,114 @@
+"""RemoteExecutor: the core Executor protocol over one pool replica's RolePool gRPC service.
+
+The scheduler's CoreScheduler holds these exactly where the embedded engine holds in-process
+executors. Every RPC has a deadline: Execute gets ``rpc_timeout_s`` capped by the earliest unit
+deadline of the batch; Release, Describe and health checks get ``control_timeout_s``. A failed
+RPC raises the typed error its status names (a lost pool is ``Unavailable``), which the core
+scheduler turns into failed results for that batch only.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from fastvideo3.client import error_from_rpc
+from fastvideo3.errors import DeadlineExceeded, Unavailable
+from fastvideo3.loop.protocol import StepResult
+from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.v1 import pool_pb2, pool_pb2_grpc
+from services.common import convert
+from services.common.server import CHANNEL_OPTIONS
+
+_batch_ids = itertools.count(1)
+
+
+class RemoteExecutor:
+    def __init__(self, role: str, target: str, *, rpc_timeout_s: float = 300.0, control_timeout_s: float = 10.0):
+        self.role = role
+        self.target = target
+        self.rpc_timeout_s = rpc_timeout_s
+        self.control_timeout_s = control_timeout_s
+        self.output_transport = ""  # set by the topology: the backend for this role's outgoing edge
+        self.replica_id = target
+        self.healthy = False
+        self.last_description: pool_pb2.PoolDescription | None = None
+        self.counters = {"rpcs": 0, "rpc_errors": 0, "units": 0, "rpc_seconds": 0.0}
+        self.channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self.stub = pool_pb2_grpc.RolePoolStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+
+    # -- the Executor protocol ---------------------------------------------------------------
+    def execute(self, batch: list[WorkUnit]) -> list[StepResult]:
+        timeout = self.rpc_timeout_s
+        deadlines = [u.deadline_unix for u in batch if u.deadline_unix]
+        if deadlines:
+            timeout = min(timeout, min(deadlines) - time.time())
+            if timeout <= 0:
+                raise DeadlineExceeded("request deadline passed before dispatch", field="deadline_s")
+        req = pool_pb2.ExecuteRequest(units=[convert.unit_to_wire(u, self.output_transport) for u in batch],
+                                      batch_id=f"b{next(_batch_ids)}")
+        t0 = time.perf_counter()
+        self.counters["rpcs"] += 1
+        self.counters["units"] += len(batch)
+        try:
+            resp = self.stub.Execute(req, timeout=timeout)
+        except grpc.RpcError as err:
+            self.counters["rpc_errors"] += 1
+            raise error_from_rpc(err) from None
+        finally:
+            self.counters["rpc_seconds"] += time.perf_counter() - t0
+        return [convert.result_from_wire(r) for r in resp.results]
+
+    def release(self, request_id: str) -> None:
+        try:
+            self.stub.Release(pool_pb2.ReleaseRequest(request_id=request_id), timeout=self.control_timeout_s)
+        except grpc.RpcError as err:
+            raise error_from_rpc(err) from None
+
+    def describe_raw(self, timeout: float | None = None) -> pool_pb2.PoolDescription:
+        try:
+            d = self.stub.Describe(pool_pb2.DescribePoolRequest(), timeout=timeout or self.control_timeout_s)
+        except grpc.RpcError as err:
+            raise error_from_rpc(err) from None
+        self.last_description = d
+        self.replica_id = d.replica_id or self.target
+        return d
+
+    def describe(self) -> dict[str, Any]:
+        d = self.describe_raw()
+        return {"role": d.role, "replica_id": d.replica_id, "target": self.target, "card_ids": list(d.card_ids),
+                "runtime_fingerprint": d.runtime_fingerprint, "resident_buffers": d.resident_buffers,
+                "resident_bytes": d.resident_bytes, "cache_stats": dict(d.cache_stats),
+                "transport_backends": list(d.transport_backends), "counters": dict(d.counters), "device": d.device,
+                "output_transport": self.output_transport, "info": json.loads(d.description_json or b"{}")}
+
+    # -- health ------------------------------------------------------------------------------
+    def check_health(self, timeout: float | None = None) -> bool:
+        try:
+            r = self.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout or self.control_timeout_s)
+            self.healthy = r.status == health_pb2.HealthCheckResponse.SERVING
+        except grpc.RpcError:
+            self.healthy = False
+        return self.healthy
+
+    def wait_serving(self, timeout_s: float, stop=None) -> None:
+        """Block until the replica reports SERVING (polling with backoff), or raise Unavailable."""
+        end = time.monotonic() + timeout_s
+        delay = 0.05
+        while time.monotonic() < end:
+            if stop is not None and stop.is_set():
+                raise Unavailable("stopped while waiting for pools", field="pools")
+            if self.check_health(timeout=min(2.0, max(0.05, end - time.monotonic()))):
+                return
+            (stop.wait if stop is not None else time.sleep)(delay)
+            delay = min(0.5, delay * 1.5)
+        raise Unavailable(f"{self.role} pool at {self.target} is not SERVING after {timeout_s:.0f}s",
+                          field=f"pools.{self.role}")
+
+    def close(self) -> None:
+        self.channel.close()
