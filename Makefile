@@ -9,6 +9,7 @@ PIP    := $(PY) -m pip
 TORCH_VERSION ?= 2.13.0
 # optional: an index to take torch from (e.g. a CPU-only wheel index on machines where PyPI's default is a CUDA build)
 TORCH_INDEX ?=
+DYNAMO_VERSION ?= 1.6.1
 STAMP  := $(VENV)/.installed
 DEMO_PROMPT ?= a red circle moving left on a white background
 DEMO_OUT ?= out/demo.mp4
@@ -38,7 +39,8 @@ $(STAMP): pyproject.toml Makefile
 	fi
 	$(PY) -c "import torch; print(torch.__version__)" > $(VENV)/.torch-version
 	echo "torch==$$(cat $(VENV)/.torch-version)" > $(VENV)/constraints.txt
-	$(PIP) install -q -c $(VENV)/constraints.txt -e ".[services,transport,dev]"
+	$(PIP) install -q -c $(VENV)/constraints.txt -e ".[services,transport,dynamo,dev]"
+	$(PIP) install -q --no-deps ai-dynamo==$(DYNAMO_VERSION)
 	@test "$$($(PY) -c 'import torch; print(torch.__version__)')" = "$$(cat $(VENV)/.torch-version)" \
 	  || { echo "error: installing the project replaced torch"; exit 1; }
 	touch $(STAMP)

@@ -121,7 +121,6 @@ def bench_attention(heads_list: list[int], seq: int, quick: bool) -> dict:
         name = f"{kind}_h{heads}_q{seq}_k{lk}"
         out["shapes"][name] = res
         out["chosen"][name] = min(ok, key=lambda b: ok[b]["ms"]) if ok else "sdpa"
-        del q, k, v, outs
     return out
 
 
@@ -186,10 +185,30 @@ def flops(config: dict, frames: int, batch: int) -> float:
     return dit_forward_cost(dc, StepShape.from_video(frames, HEIGHT, WIDTH, batch=batch)).flops
 
 
+@torch.no_grad()
+def bench_graph(name, fast, x, t, text, eager_out, warm, iters, work):
+    """Capture the fast forward for this shape (GraphRunner.prepare), replay it, time the replays."""
+    runner = GraphRunner(name, warmup_iters=1)
+    t0 = time.perf_counter()
+    torch.cuda.reset_peak_memory_stats()
+    static = {"latents": x.clone(), "timestep": t.clone(), "text": text.clone()}
+    out = runner.prepare("row", fast, static)
+    torch.cuda.synchronize()
+    capture_s = time.perf_counter() - t0
+    runner.replay("row")
+    torch.cuda.synchronize()
+    check = compare(out, eager_out)
+    ms, all_ms = time_ms(lambda: runner.replay("row"), warm, iters)
+    res = {"ms": round(ms, 3), "all_ms": all_ms, "tflops": round(work / ms / 1e9, 1), "capture_s": round(capture_s, 2),
+           "peak_total_gib": round(torch.cuda.max_memory_allocated() / GiB, 3)}
+    runner.release()
+    return res, check
+
+
+@torch.no_grad()
 def bench_row(name, config, ref, fast, frames, batch, args, extra_attention=None) -> dict:
     x, t, text = make_inputs(config, frames, batch, seed=frames * 100 + batch)
-    big = frames > 1
-    warm, iters = (1, 5) if big else (3, 10)
+    warm, iters = (3, 10) if frames == 1 else ((1, 7) if name == "1.3b" else (1, 5))
     if args.quick:
         warm, iters = 1, 3
     work = flops(config, frames, batch)
@@ -204,8 +223,13 @@ def bench_row(name, config, ref, fast, frames, batch, args, extra_attention=None
         return fast(x, t, text)
 
     variants = {}
+    t0 = time.perf_counter()
     want = run_ref()
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
     got = run_fast()
+    torch.cuda.synchronize()
+    row["first_call_s"] = {"diffusers": round(t1 - t0, 2), "ours": round(time.perf_counter() - t1, 2)}
     row["error_vs_diffusers"] = compare(got, want)
     eager_out = got.clone()
     del want, got
@@ -216,22 +240,11 @@ def bench_row(name, config, ref, fast, frames, batch, args, extra_attention=None
         variants[f"ours_eager_{extra_attention}"] = timed_with_peak(lambda: alt(x, t, text), warm, iters, work)
         del alt
     if not args.no_graphs:
-        runner = GraphRunner(f"{name}-{frames}f-b{batch}", warmup_iters=1)
-        t0 = time.perf_counter()
-        torch.cuda.reset_peak_memory_stats()
-        static = {"latents": x.clone(), "timestep": t.clone(), "text": text.clone()}
-        out = runner.prepare("row", fast, static)
-        torch.cuda.synchronize()
-        capture_s = time.perf_counter() - t0
-        runner.replay("row")
-        torch.cuda.synchronize()
-        row["graph_vs_eager"] = compare(out, eager_out)
-        ms, all_ms = time_ms(lambda: runner.replay("row"), warm, iters)
-        variants["ours_graph"] = {"ms": round(ms, 3), "all_ms": all_ms, "tflops": round(work / ms / 1e9, 1),
-                                  "capture_s": round(capture_s, 2),
-                                  "peak_total_gib": round(torch.cuda.max_memory_allocated() / GiB, 3)}
-        runner.release()
-        del out, static
+        try:
+            variants["ours_graph"], row["graph_vs_eager"] = bench_graph(f"{name}-{frames}f-b{batch}", fast, x, t, text,
+                                                                       eager_out, warm, iters, work)
+        except Exception as e:  # noqa: BLE001 - recorded; the eager numbers stand
+            row["graph_error"] = f"{type(e).__name__}: {e}"[:1000]
     row["variants"] = variants
     best = min(v["ms"] for k, v in variants.items() if k.startswith("ours"))
     row["speedup_vs_diffusers"] = round(variants["diffusers_eager"]["ms"] / best, 3)
@@ -245,10 +258,10 @@ def bench_row(name, config, ref, fast, frames, batch, args, extra_attention=None
                 row["profile_ours"] = profile_top(run_fast)
             except Exception as e:  # noqa: BLE001 - a profiler failure must not lose the row
                 row["profile_ours"] = {"error": f"{type(e).__name__}: {e}"[:500]}
-    del eager_out, x, t, text
     return row
 
 
+@torch.no_grad()
 def fp32_check(ours_bf16: WanDiT, ref, fast, config) -> dict:
     """At the one-image shape: diffusers bf16 and ours bf16, each against our reference in fp32."""
     cfg = ours_bf16.cfg
@@ -324,12 +337,17 @@ def main(argv: list[str] | None = None) -> int:
         result.setdefault("builds", []).append(build)
         print(json.dumps(build), flush=True)
         sdpa_only = next((b for b in ("cudnn", "flash", "sdpa") if attention_available(b, "cuda")), "sdpa")
+        failed = False
         for frames, batch in ROWS[name]:
+            if failed:  # the fast path broke on this model: don't spend device time repeating it
+                result["rows"].append({"model": name, "frames": frames, "batch": batch, "error": "skipped after an error"})
+                continue
             try:
                 extra = sdpa_only if (self_b == "fa3" and frames == 81) else None
                 row = bench_row(name, config, ref, fast, frames, batch, args, extra_attention=extra)
             except Exception as e:  # noqa: BLE001 - one failing row must not lose the others
                 row = {"model": name, "frames": frames, "batch": batch, "error": f"{type(e).__name__}: {e}"[:2000]}
+                failed = True
             result["rows"].append(row)
             save()
             v = row.get("variants", {})

@@ -338,11 +338,14 @@ DEFAULT_SLO_CLASSES = (
              target_latency_p95_s=1800.0, gpu_seconds_budget=0.0, max_concurrent_requests=256),
 )
 
+#: the exported metrics a router or autoscaler reads (names as fastvideo3.telemetry.metrics writes them)
 HEALTH_METRICS = {
-    "fastvideo3_requests_total": "requests by final state",
-    "fastvideo3_queue_depth": "requests waiting for admission, by SLO class",
-    "fastvideo3_unit_seconds": "measured seconds per WorkUnit, by pool and kind",
-    "fastvideo3_cost_model_error": "relative error of predicted vs measured GPU-seconds",
+    "fastvideo3_queue_depth": "requests waiting to be admitted or to start",
+    "fastvideo3_inflight_requests": "requests admitted and not yet terminal",
+    "fastvideo3_requests_refused_total": "requests refused, by reason (RESOURCE_EXHAUSTED: back off)",
+    "fastvideo3_step_latency_seconds": "wall seconds of one batch of units, by pool and kind",
+    "fastvideo3_gpu_seconds_total": "GPU-seconds spent, the cost model's currency",
+    "fastvideo3_cost_model_error_ratio": "relative error of predicted vs measured GPU-seconds",
 }
 
 

@@ -2,7 +2,8 @@
 
 Each op has a Triton kernel and a PyTorch twin with the same contract (see the package
 docstring). The Triton kernels are compiled on first use, so importing this module needs no
-Triton; one program handles one token row, which fits the widest Wan row (5,120) in registers.
+Triton; one program handles one token row (of one part, for Q/K), which fits the widest Wan
+row (5,120) in registers.
 """
 from __future__ import annotations
 
@@ -63,41 +64,43 @@ def _kernels():
         in_ptr, in_stride, out_ptr, out_stride, w_ptr,
         cos_ptr, sin_ptr, table_stride,
         rows_per_sample, grid_h, grid_w, D, eps,
-        PARTS: tl.constexpr, ROPE: tl.constexpr, HEAD_DIM: tl.constexpr,
-        T_DIM: tl.constexpr, H_DIM: tl.constexpr, BLOCK: tl.constexpr,
+        ROPE: tl.constexpr, HEAD_DIM: tl.constexpr, T_DIM: tl.constexpr, H_DIM: tl.constexpr,
+        HALF: tl.constexpr,
     ):
+        # one program per (token row, part); the row is read as [pairs, 2] so each rotation
+        # pair is split out in registers and joined back before one contiguous store
         row = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)
-        mask = cols < D
-        partner = cols ^ 1  # the other element of this column's rotation pair
+        part = tl.program_id(1)
+        pair = tl.arange(0, HALF)
+        offs = pair[:, None] * 2 + tl.arange(0, 2)[None, :]
+        mask = offs < D
+        src = in_ptr + row * in_stride + part * D
+        x = tl.load(src + offs, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + part * D + offs, mask=mask, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=1), axis=0) / D + eps)
+        y = x * rstd * w
         if ROPE:
             tok = row % rows_per_sample
             f = tok // (grid_h * grid_w)
             hh = (tok // grid_w) % grid_h
             ww = tok % grid_w
-            dh = cols % HEAD_DIM
+            dh = (pair * 2) % HEAD_DIM
             pos = tl.where(dh < T_DIM, f, tl.where(dh < T_DIM + H_DIM, hh, ww))
-            c = tl.load(cos_ptr + pos * table_stride + dh, mask=mask, other=0.0).to(tl.float32)
-            s = tl.load(sin_ptr + pos * table_stride + dh, mask=mask, other=0.0).to(tl.float32)
-            s = tl.where((cols & 1) == 0, -s, s)
-        for part in tl.static_range(PARTS):
-            src = in_ptr + row * in_stride + part * D
-            x = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
-            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
-            y = x * rstd * tl.load(w_ptr + part * D + cols, mask=mask, other=0.0).to(tl.float32)
-            if ROPE:
-                xp = tl.load(src + partner, mask=mask, other=0.0).to(tl.float32)
-                yp = xp * rstd * tl.load(w_ptr + part * D + partner, mask=mask, other=0.0).to(tl.float32)
-                y = y * c + yp * s
-            tl.store(out_ptr + row * out_stride + part * D + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+            pmask = pair * 2 < D
+            c = tl.load(cos_ptr + pos * table_stride + dh, mask=pmask, other=0.0).to(tl.float32)
+            s = tl.load(sin_ptr + pos * table_stride + dh, mask=pmask, other=0.0).to(tl.float32)
+            ye, yo = tl.split(y)
+            y = tl.join(ye * c - yo * s, ye * s + yo * c)
+        tl.store(out_ptr + row * out_stride + part * D + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     return add_norm_kernel, qk_norm_rope_kernel
 
 
-def _launch_shape(d: int) -> tuple[int, int]:
+def _launch_shape(d: int, per_warp: int) -> tuple[int, int]:
+    """Block width (the row padded to a power of two) and warps, ``per_warp`` columns per warp."""
     import triton
     block = triton.next_power_of_2(d)
-    return block, max(4, min(16, block // 256))
+    return block, max(4, min(16, block // per_warp))
 
 
 def _per_sample(t: torch.Tensor, batch: int, d: int, name: str) -> tuple[torch.Tensor, int]:
@@ -133,7 +136,7 @@ def add_norm(x: torch.Tensor, y: torch.Tensor | None, gate: torch.Tensor | None,
     a_t, a_stride = _per_sample(a, bsz, d, "a")
     b_t, b_stride = _per_sample(b, bsz, d, "b")
     h = torch.empty_like(x)
-    block, warps = _launch_shape(d)
+    block, warps = _launch_shape(d, 256)
     _kernels()[0][(bsz * length,)](
         x, y if y is not None else x, gate_t, a_t, b_t, h,
         length, d, eps, gate_stride, a_stride, b_stride,
@@ -199,16 +202,18 @@ def qk_norm_rope(src: torch.Tensor, weight: torch.Tensor, *, parts: int, eps: fl
         raise ValueError(f"qk_norm_rope: rope grid {rope.grid} does not hold {length} tokens")
     if impl == "torch":
         return _qk_norm_rope_torch(src, weight, parts=parts, eps=eps, heads=heads, rope=rope)
+    if d % 2 or not weight.is_contiguous():
+        raise ValueError("qk_norm_rope: the width must be even and the weight contiguous")
     out = torch.empty(bsz, length, parts * d, dtype=src.dtype, device=src.device)
-    block, warps = _launch_shape(d)
+    block, warps = _launch_shape(d, 512)
     cos = rope.cos if rope is not None else weight
     sin = rope.sin if rope is not None else weight
-    _kernels()[1][(bsz * length,)](
+    _kernels()[1][(bsz * length, parts)](
         src, src.stride(1), out, out.stride(1), weight,
         cos, sin, cos.stride(0),
         length, rope.grid[1] if rope else 1, rope.grid[2] if rope else 1, d, eps,
-        PARTS=parts, ROPE=rope is not None, HEAD_DIM=head_dim,
-        T_DIM=rope.t_dim if rope else 0, H_DIM=rope.h_dim if rope else 0, BLOCK=block, num_warps=warps,
+        ROPE=rope is not None, HEAD_DIM=head_dim,
+        T_DIM=rope.t_dim if rope else 0, H_DIM=rope.h_dim if rope else 0, HALF=block // 2, num_warps=warps,
     )
     return out
 

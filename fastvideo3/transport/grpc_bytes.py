@@ -49,6 +49,7 @@ class GrpcBytesTransport(TransportBase):
     """
 
     backend = "grpc"
+    verifies_in_fetch = True
 
     def __init__(self, owner: str, *, listen: str | None = None, advertise: str | None = None,
                  device: str | torch.device | None = "cpu", checksum: str = "auto",
@@ -123,6 +124,9 @@ class GrpcBytesTransport(TransportBase):
             self._unpin(entry)
 
     # ------------------------------------------------------------------ owner
+    def _staging_device(self, tensor: torch.Tensor) -> torch.device:
+        return torch.device("cpu")  # device tensors are staged in host memory
+
     def _publish(self, buffer_id: str, tensor: torch.Tensor, csum_algo: str):
         if not self.address:
             raise FailedPrecondition("grpc transport has no advertised address: pass listen= or "
@@ -196,6 +200,7 @@ class GrpcBytesTransport(TransportBase):
         if pos != ref.nbytes:
             raise DataLoss(f"{ref.owner} sent {pos} of {ref.nbytes} bytes for {ref.buffer_id}",
                            field="nbytes")
+        self._verify(host, ref)
         return out.copy_(host) if out is not None and out is not host else host
 
 

@@ -88,6 +88,9 @@ class TransportBase:
     """Owner ledger + reader accounting shared by every backend (see ``base.Transport``)."""
 
     backend = ""
+    # Backends that stage bytes in host memory verify the host copy inside ``_fetch`` (before
+    # any copy to a device) instead of having the base verify the returned tensor.
+    verifies_in_fetch = False
 
     def __init__(self, owner: str, *, device: str | torch.device | None = "cpu",
                  checksum: str = "auto") -> None:
@@ -109,14 +112,18 @@ class TransportBase:
         """Snapshot ``tensor``; return (payload, checksum, descriptor). Clean up on failure."""
         raise NotImplementedError
 
+    def _staging_device(self, tensor: torch.Tensor) -> torch.device:
+        """Where the owner's copy lives (the checksum is computed there)."""
+        return tensor.device
+
     def _free(self, payload: Any) -> None:
         """Free one buffer's payload (give its slab back)."""
         raise NotImplementedError
 
     def _fetch(self, ref: TensorRef, deadline: Deadline, copy: bool,
                out: torch.Tensor | None) -> torch.Tensor:
-        """Return the ref's tensor, or fill and return ``out`` (not yet verified).
-        Release reader resources on failure."""
+        """Return the ref's tensor, or fill and return ``out`` (verified by the base unless
+        ``verifies_in_fetch``). Release reader resources on failure."""
         raise NotImplementedError
 
     def _resident_bytes(self, ref: TensorRef) -> torch.Tensor:
@@ -140,7 +147,7 @@ class TransportBase:
         if not isinstance(tensor, torch.Tensor):
             raise InvalidRequest(f"expected a torch.Tensor, got {type(tensor).__name__}", field="tensor")
         dtype = dtype_name(tensor.dtype)
-        algo = _checksum.pick_algorithm(self.checksum_algorithm, tensor.device)
+        algo = _checksum.pick_algorithm(self.checksum_algorithm, self._staging_device(tensor))
         buffer_id = f"{request_id}/{name}#{next(self._seq)}"
         payload, csum, descriptor = self._publish(buffer_id, tensor.detach(), algo)
         ref = TensorRef(self.owner, buffer_id, dtype, tuple(tensor.shape),
@@ -219,7 +226,8 @@ class TransportBase:
                                  field="out")
         try:
             result = self._fetch(ref, deadline, copy, out)
-            _checksum.verify(result, ref.checksum, what=f"{ref.owner}:{ref.buffer_id}")
+            if not self.verifies_in_fetch:
+                self._verify(result, ref)
         except DataLoss:
             self._count("checksum_failures")
             self._count("fetch_errors")
@@ -263,6 +271,10 @@ class TransportBase:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    @staticmethod
+    def _verify(tensor: torch.Tensor, ref: TensorRef) -> None:
+        _checksum.verify(tensor, ref.checksum, what=f"{ref.owner}:{ref.buffer_id}")
 
     @staticmethod
     def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:

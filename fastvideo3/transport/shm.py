@@ -79,6 +79,7 @@ class ShmTransport(TransportBase):
     """Shared-memory transport (see module docstring)."""
 
     backend = "shm"
+    verifies_in_fetch = True
 
     def __init__(self, owner: str, *, device: str | torch.device | None = "cpu",
                  checksum: str = "auto", max_cached_bytes: int = 1 << 30) -> None:
@@ -97,6 +98,9 @@ class ShmTransport(TransportBase):
         return _Segment(name, capacity)
 
     # ------------------------------------------------------------------ owner
+    def _staging_device(self, tensor: torch.Tensor) -> torch.device:
+        return torch.device("cpu")  # device tensors are staged in host memory
+
     def _publish(self, buffer_id: str, tensor: torch.Tensor, csum_algo: str):
         nbytes = tensor.numel() * tensor.element_size()
         slab = self._slabs.acquire(slab_bytes_needed(nbytes))
@@ -154,10 +158,12 @@ class ShmTransport(TransportBase):
                 # Copy-on-write mapping: zero-copy reads, and a reader's writes stay private.
                 mm = mmap.mmap(fd, off, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
                 view = torch.frombuffer(mm, dtype=torch.uint8, count=ref.nbytes)
+                self._verify(view, ref)
                 return view.view(ref.torch_dtype).reshape(ref.shape)  # holds the mapping
             dst = out if out is not None else torch.empty(ref.shape, dtype=ref.torch_dtype)
             host = dst if dst.device.type == "cpu" else torch.empty(ref.shape, dtype=ref.torch_dtype)
             _read_exact(fd, memoryview(self._bytes_of(host).numpy()), ref)
+            self._verify(host, ref)
             return dst.copy_(host) if host is not dst else dst
         finally:
             os.close(fd)

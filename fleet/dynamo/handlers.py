@@ -242,7 +242,9 @@ class VideoHandler:
             video = call.result()
         except asyncio.CancelledError:  # Dynamo dropped the stream: cancel without waiting
             flight.stop.set()
-            asyncio.get_running_loop().run_in_executor(None, self._cancel_quietly, flight.request_id, "dropped")
+            if not flight.cancelled:
+                flight.cancelled = True
+                asyncio.get_running_loop().run_in_executor(None, self._cancel_quietly, flight.request_id, "dropped")
             raise
         finally:
             if watch is not None:

@@ -144,10 +144,15 @@ class FastVideoEngine(DiffusionEngine):
 def main(argv: list[str] | None = None) -> None:
     from dynamo.common.backend.run import run
 
-    run(FastVideoEngine, argv)  # returns after Dynamo's graceful shutdown: drained, cleaned up
+    status = 0
+    try:
+        run(FastVideoEngine, argv)  # returns after Dynamo's graceful shutdown: drained, cleaned up
+    except FastVideoError as e:  # the fleet is unreachable or undescribed: one line, not a traceback
+        print(f"fleet.dynamo: error: {e.one_line()}", file=sys.stderr)
+        status = 1
     # Leave without interpreter finalization: a gRPC thread still unwinding a call to a dead
     # scheduler would otherwise be torn down mid-C++ frame ("exception not rethrown", SIGABRT).
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(status)

@@ -53,7 +53,8 @@ def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
     p.add_argument("--card", default="wan-tiny", help="a card name, card file or diffusers directory")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (auto)")
     p.add_argument("--precision", default=None, help="fp32, bf16 (card default for the device)")
-    p.add_argument("--transport", default="auto", help="backends offered: auto (shm,grpc) or a list, e.g. shm,grpc,nixl")
+    p.add_argument("--transport", default="auto",
+                   help="backends offered: auto (shm,grpc) or a list, e.g. shm,grpc,nixl")
     p.add_argument("--replica-id", default="", help="replica name (default ROLE@HOST:PORT)")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus text on this port")
     p.add_argument("--max-batch-units", type=int, default=64)
@@ -117,7 +118,8 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
                         raise InvalidRequest(f"unit for role {u.role!r} sent to a {self.cfg.role} pool", field="role",
                                              limit=self.cfg.role)
                     if u.card_id != self.card.model_id:
-                        raise FailedPrecondition(f"unit for card {u.card_id!r}", field="card_id", limit=self.card.model_id)
+                        raise FailedPrecondition(f"unit for card {u.card_id!r}", field="card_id",
+                                                 limit=self.card.model_id)
                 now = time.time()
                 live = [u for u in units if not u.expired(now)]
                 out: dict[str, StepResult] = {}
@@ -174,8 +176,9 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
                 "max_batch_units": cfg.max_batch_units}
         state = "serving" if self.host.serving and not self.host.draining else (
             "draining" if self.host.draining else "loading")
-        info: dict[str, Any] = {"state": state, "inflight_rpcs": self.host.inflight, "rpc_counters": dict(self.counters),
-                                "uptime_s": round(time.time() - self.started, 3), "fake": cfg.fake}
+        info: dict[str, Any] = {"state": state, "inflight_rpcs": self.host.inflight,
+                                "rpc_counters": dict(self.counters), "fake": cfg.fake,
+                                "uptime_s": round(time.time() - self.started, 3)}
         if self.executor is None:
             return {**base, "description_json": json.dumps(info).encode()}
         d = self.executor.describe()
@@ -188,7 +191,8 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
         info.update({"executor": d, "resident_regions": regions, "transport_caps": caps,
                      "transport_chosen": ts.get("published_by_backend", {}), "transport_default": ts.get("backend"),
                      "weights_digest": d.get("weights_digest", "")})
-        endpoints = [common_pb2.TransferEndpoint(backend=b, address=f"{cfg.host}:{self.host.port}" if b == "grpc" else "",
+        address = f"{cfg.host}:{self.host.port}"
+        endpoints = [common_pb2.TransferEndpoint(backend=b, address=address if b == "grpc" else "",
                                                  replica_id=self.replica_id) for b in caps["backends"]]
         return {
             **base, "card_ids": [self.card.model_id], "runtime_fingerprint": self.fingerprint,

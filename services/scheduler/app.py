@@ -48,10 +48,11 @@ def _monitor(replicas: dict[str, list], stop: threading.Event, interval_s: float
             for rep in reps:
                 was = rep.healthy
                 if rep.check_health(timeout=min(1.0, interval_s)) != was:
-                    log.warning("%s pool %s is now %s", rep.role, rep.target, "SERVING" if rep.healthy else "NOT SERVING")
+                    log.warning("%s pool %s is now %s", rep.role, rep.target,
+                                "SERVING" if rep.healthy else "NOT SERVING")
 
 
-def connect(cfg: SchedulerConfig, stop: threading.Event):
+def connect(cfg: SchedulerConfig, card_id: str, stop: threading.Event):
     """RemoteExecutors for every configured replica, SERVING and described, with edges chosen."""
     from fastvideo3.errors import FailedPrecondition
     from services.scheduler.remote import RemoteExecutor
@@ -66,7 +67,11 @@ def connect(cfg: SchedulerConfig, stop: threading.Event):
         for rep in reps:
             d = rep.describe_raw()
             if d.role != role:
-                raise FailedPrecondition(f"{rep.target} is a {d.role or 'unknown'} pool", field=f"pools.{role}", limit=role)
+                raise FailedPrecondition(f"{rep.target} is a {d.role or 'unknown'} pool", field=f"pools.{role}",
+                                         limit=role)
+            if card_id not in d.card_ids:
+                raise FailedPrecondition(f"{rep.target} serves {list(d.card_ids)}, not {card_id!r}",
+                                         field=f"pools.{role}", limit=card_id)
             caps.setdefault(role, []).append(caps_of(d))
     edges = choose_edges(cfg, caps)
     for role, reps in replicas.items():
@@ -92,9 +97,13 @@ def run_scheduler(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001
         from fastvideo3.errors import FastVideoError
         msg = e.one_line() if isinstance(e, FastVideoError) else f"{type(e).__name__}: {e}"
-        log.error("scheduler cannot start: %s", msg)
+        stopping = host.stop_event.is_set()
+        log.log(logging.INFO if stopping else logging.ERROR, "scheduler %s: %s",
+                "stopped while connecting" if stopping else "cannot start", msg)
         host.request_stop()
         host.wait_and_drain(1.0)
+        if stopping:
+            return 0
         return 2 if isinstance(e, FastVideoError) and e.code in ("INVALID_ARGUMENT", "NOT_FOUND") else 1
     gate.target = servicer
     monitor_stop = threading.Event()
@@ -119,11 +128,14 @@ def _build(cfg: SchedulerConfig, host: ServiceHost):
     from services.scheduler.runtime import FleetRuntime
     from services.scheduler.service import SERVICE, SchedulerServicer
     card = resolve_card(cfg.card)
-    replicas, edges = connect(cfg, host.stop_event)
+    replicas, edges = connect(cfg, card.model_id, host.stop_event)
+    # never send a pool a bigger batch than it accepts
+    max_batch = min([cfg.max_batch] + [r.last_description.max_batch_units or cfg.max_batch
+                                       for reps in replicas.values() for r in reps])
     import json
     info = json.loads(replicas["denoiser"][0].last_description.description_json or b"{}")
     precision = (info.get("executor") or {}).get("precision") or card.precision.default_cpu
-    runtime = FleetRuntime(replicas, batching=cfg.batching, max_batch=cfg.max_batch, max_running=cfg.max_running,
+    runtime = FleetRuntime(replicas, batching=cfg.batching, max_batch=max_batch, max_running=cfg.max_running,
                            max_queued=cfg.max_queued, retain_finished=cfg.retain_finished)
     deployment = build_card(cfg, card, replicas, edges, ["", SERVICE])
     config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()}

@@ -59,7 +59,8 @@ class SchedulerConfig:
 def _pool_spec(text: str) -> tuple[str, tuple[str, ...]]:
     role, sep, targets = text.partition("=")
     if not sep or role not in ROLES:
-        raise InvalidRequest(f"bad --pools value {text!r}", field="pools", limit=f"ROLE=HOST:PORT[,HOST:PORT] with ROLE in {', '.join(ROLES)}")
+        raise InvalidRequest(f"bad --pools value {text!r}", field="pools",
+                             limit=f"ROLE=HOST:PORT[,HOST:PORT] with ROLE in {', '.join(ROLES)}")
     addrs = tuple(a.strip() for a in targets.split(",") if a.strip())
     for a in addrs:
         host, _, port = a.rpartition(":")
@@ -75,7 +76,8 @@ def _edge_spec(text: str) -> tuple[str, str]:
     pairs = {f"{a}->{b}" for a, b in EDGES}
     if not sep or edge not in pairs or backend not in TRANSPORTS:
         raise InvalidRequest(f"bad --edge-transport value {text!r}", field="edge_transport",
-                             limit=f"EDGE=BACKEND with EDGE in {', '.join(sorted(pairs))} and BACKEND in {', '.join(TRANSPORTS)}")
+                             limit=f"EDGE=BACKEND with EDGE in {', '.join(sorted(pairs))} "
+                                   f"and BACKEND in {', '.join(TRANSPORTS)}")
     return edge, backend
 
 
@@ -125,7 +127,8 @@ def build_config(a: argparse.Namespace) -> SchedulerConfig:
         pools[role] = addrs
     missing = [r for r in REQUIRED_ROLES if r not in pools]
     if missing:
-        raise InvalidRequest(f"no {missing[0]} pool given", field="pools", limit=f"at least {', '.join(REQUIRED_ROLES)}")
+        raise InvalidRequest(f"no {missing[0]} pool given", field="pools",
+                             limit=f"at least {', '.join(REQUIRED_ROLES)}")
     edges = {str(k): str(v) for k, v in (tcfg.get("edges") or {}).items()}
     for spec in a.edge_transport:
         k, v = _edge_spec(spec)
@@ -140,15 +143,18 @@ def build_config(a: argparse.Namespace) -> SchedulerConfig:
         return flag if flag is not None else src.get(key, fallback)
 
     cfg = SchedulerConfig(
-        port=int(pick(a.port, "port", 50051)), host=pick(a.host, "host", "127.0.0.1"), card=pick(a.card, "card", "wan-tiny"),
+        port=int(pick(a.port, "port", 50051)), host=pick(a.host, "host", "127.0.0.1"),
+        card=pick(a.card, "card", "wan-tiny"),
         pools=pools, transport=default, edge_transport=edges,
         batching=not a.no_batching and bool(sched.get("batching", True)),
-        max_batch=int(pick(a.max_batch, "max_batch", 16, sched)), max_running=int(pick(a.max_running, "max_running", 64, sched)),
+        max_batch=int(pick(a.max_batch, "max_batch", 16, sched)),
+        max_running=int(pick(a.max_running, "max_running", 64, sched)),
         max_queued=int(pick(a.max_queued, "max_queued", 256, sched)),
         rpc_timeout_s=float(pick(a.rpc_timeout_s, "rpc_timeout_s", 300.0, sched)),
         connect_timeout_s=float(pick(a.connect_timeout_s, "connect_timeout_s", 300.0, sched)),
         drain_timeout_s=float(pick(a.drain_timeout_s, "drain_timeout_s", 60.0, sched)),
-        engine_id=pick(a.engine_id, "engine_id", "fastvideo3/local"), metrics_port=pick(a.metrics_port, "metrics_port", None),
+        engine_id=pick(a.engine_id, "engine_id", "fastvideo3/local"),
+        metrics_port=pick(a.metrics_port, "metrics_port", None),
         exit_with_parent=a.exit_with_parent, log_level=pick(a.log_level, "log_level", "INFO"),
     )
     for name in ("max_batch", "max_running", "max_queued"):

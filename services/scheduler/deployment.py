@@ -42,7 +42,8 @@ def build_card(cfg: SchedulerConfig, card, replicas: dict[str, list], edges: dic
         pools.append(deployment_pb2.RolePoolSpec(
             role=role, replicas=len(reps), card_ids=[card.model_id], kinds=KINDS.get(role, []),
             max_batch_units=d0.max_batch_units, transport_backends=list(d0.transport_backends),
-            parallel_plan="single", device=deployment_pb2.DeviceNeeds(accelerator="" if "cpu" in d0.device else d0.device)))
+            parallel_plan="single",
+            device=deployment_pb2.DeviceNeeds(accelerator="" if "cpu" in d0.device else d0.device)))
         eps = []
         for rep in reps:
             for ep in rep.last_description.transfer_endpoints:

@@ -65,7 +65,8 @@ class WireStream:
             yield self._msg(queued=scheduler_pb2.Queued(position=int(d.get("position", 0))))
         elif ev.kind == "progress":
             yield self._msg(progress=scheduler_pb2.Progress(
-                step=int(d.get("step", 0)), total=int(d.get("total", 0)), phase=PHASES.get(d.get("phase"), d.get("phase", "")),
+                step=int(d.get("step", 0)), total=int(d.get("total", 0)),
+                phase=PHASES.get(d.get("phase"), d.get("phase", "")),
                 elapsed_s=time.time() - self.t0))
         elif ev.kind == "artifact":
             yield from self._artifact(d)

@@ -65,7 +65,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         resolved = resolve(req, self.card, precision=self.precision)
         fmt = msg.output_format or "mp4"
         if fmt not in OUTPUT_FORMATS:
-            raise InvalidRequest(f"unknown output format {fmt!r}", field="output_format", limit=", ".join(OUTPUT_FORMATS))
+            raise InvalidRequest(f"unknown output format {fmt!r}", field="output_format",
+                                 limit=", ".join(OUTPUT_FORMATS))
         fps = msg.fps if msg.HasField("fps") else self.card.limits.fps
         if not 1 <= fps <= 120:
             raise InvalidRequest(f"{fps} is out of range", field="fps", limit="[1, 120]")

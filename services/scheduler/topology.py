@@ -38,7 +38,8 @@ def choose_edges(cfg: SchedulerConfig, caps: dict[str, list[TransportCaps]]) -> 
                 try:
                     choose_backend(p, c, preferred=wanted)
                 except FailedPrecondition as e:
-                    raise FailedPrecondition(f"edge {name}: {e.message}", field=f"transport.{name}", limit=e.limit) from None
+                    raise FailedPrecondition(f"edge {name}: {e.message}", field=f"transport.{name}",
+                                             limit=e.limit) from None
             edges[name] = wanted
             continue
         common = set(AUTO_ORDER)

@@ -159,10 +159,12 @@ def stack(fleet, tmp_path_factory):
         dump_logs(fleet)
         raise
     finally:
+        t0 = time.monotonic()
         codes = {p.name: p.stop() for p in (worker, frontend)}
+        print(f"Dynamo stack stopped in {time.monotonic() - t0:.1f}s: {codes}")
         left = [p.name for p in (worker, frontend) if not p.group_gone()]
         assert not left, f"processes left behind in the session of {left}"
-        print(f"Dynamo stack stopped: {codes}")
+        assert codes == {"worker": 0, "frontend": 0}, s.logs()
 
 
 @pytest.mark.timeout(300)
@@ -271,8 +273,8 @@ def test_health_canary_follows_the_fleet(stack):
             return stack.get_json(health).get("status") != "ready"
         except urllib.error.HTTPError as e:  # 503 with a body once not ready
             return e.code >= 500
-    stack.fleet.terminate(stack.fleet.schedulers[0])
     t0 = time.monotonic()
+    stack.fleet.terminate(stack.fleet.schedulers[0])  # returns once it has drained and exited
     wait_until(not_ready, 30, "the canary to mark the worker not ready")
     print(f"worker /health not ready {time.monotonic() - t0:.2f}s after the scheduler stopped")
     status, reply = stack.post_video({"model": MODEL, "prompt": "x", "size": "32x32", "nvext": SMALL})

@@ -1,7 +1,7 @@
 """The fleet end to end: real pool and scheduler processes on loopback, started once per module.
 
-Two schedulers share the same pools: the default one (step batching on) and one started with
-``--no-batching``. Outputs are compared with the embedded engine (same seeds and options):
+Two denoiser replicas; two schedulers share the same pools: the default one (step batching on)
+and one started with ``--no-batching``. Outputs are compared with the embedded engine (same seeds and options):
 within 1e-3 with batching, bit-identical without.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from fastvideo3.client import FleetClient
 from fastvideo3.errors import InvalidRequest
 from tests.fleet_fixture import fleet_fixture, pool_describe, resident_total, wait_until
 
-fleet = fleet_fixture(scope="module")
+fleet = fleet_fixture(scope="module", replicas={"denoiser": 2})
 
 STEPS = 4
 SHAPES = [dict(num_frames=17, height=64, width=64), dict(num_frames=9, height=64, width=96)]
@@ -78,6 +78,8 @@ def test_concurrent_requests_batch_across_requests_and_match_embedded(fleet, emb
         counters = c.describe()["counters"]
     assert counters["diffusion_step.multi_request_batches"] >= 1, counters
     assert counters["diffusion_step.max_batch_units"] > 1, counters
+    per_replica = [pool_describe(p.target).counters["units"] for p in fleet.pools["denoiser"]]
+    assert all(n > 0 for n in per_replica), per_replica  # least-loaded placement used both replicas
     for i, (video, ref) in enumerate(zip(videos, embedded_frames)):
         frames = video.frames
         assert frames.shape == ref.shape, i
@@ -124,13 +126,15 @@ def test_cancel_mid_denoise_ends_within_one_step(fleet):
     assert status["state"] == "CANCELLED" and status["step"] == steps[-1]
     assert len(others) == 2 and all(v.frames.shape == (9, 64, 64, 3) for v in others)
     # the finished event is sent only after every pool released the request
-    assert pool_describe(fleet.pools["denoiser"][0].target).resident_buffers == 0
+    assert resident_total(fleet, "denoiser") == 0
     wait_until(lambda: resident_total(fleet) == 0, 10, "every pool to release every request")
 
 
 @pytest.mark.timeout(240)
 def test_client_disconnect_cancels_server_side(fleet):
-    denoiser = fleet.pools["denoiser"][0].target
+    def denoiser_units() -> float:
+        return sum(pool_describe(p.target).counters["units"] for p in fleet.pools["denoiser"])
+
     with FleetClient(fleet.target, timeout_s=200) as c:
         stream = c.stream("a request whose client leaves", request_id="leaver", output_format="npy",
                           num_frames=9, height=64, width=64, num_inference_steps=80, seed=3)
@@ -143,11 +147,11 @@ def test_client_disconnect_cancels_server_side(fleet):
                             20, "the server to cancel the abandoned request")
         assert status["state"] == "CANCELLED", status
         assert seen <= status["step"] < 80
-        wait_until(lambda: pool_describe(denoiser).resident_buffers == 0, 10, "the denoiser to free the request")
-        units = pool_describe(denoiser).counters["units"]
-        # no further WorkUnits: a later request's units are all the denoiser sees
+        wait_until(lambda: resident_total(fleet, "denoiser") == 0, 10, "the denoisers to free the request")
+        units = denoiser_units()
+        # no further WorkUnits: a later request's units are all the denoisers see
         c.generate("after the leaver", output_format="npy", num_frames=9, height=64, width=64, num_inference_steps=2)
-        assert pool_describe(denoiser).counters["units"] == units + 2
+        assert denoiser_units() == units + 2
         assert c.get("leaver")["step"] == status["step"]
 
 
@@ -195,7 +199,8 @@ def test_describe_shows_deployment_card_pools_and_edges(fleet):
     assert d["description"]["transport_edges"] == {"encoder->denoiser": "shm", "denoiser->decoder": "shm",
                                                    "decoder->reward": "shm"}
     assert card["labels"]["transport.encoder->denoiser"] == "shm"
-    assert {p["replica_id"] for p in d["pools"]} == {"encoder-0", "denoiser-0", "decoder-0", "reward-0"}
+    assert {p["replica_id"] for p in d["pools"]} == {"encoder-0", "denoiser-0", "denoiser-1", "decoder-0", "reward-0"}
+    assert roles["denoiser"]["replicas"] == 2
     assert all(p["healthy"] for p in d["pools"])
 
 

@@ -19,7 +19,8 @@ from services.common.errors import STATUS_BY_CODE, abort, status_of
 pytestmark = pytest.mark.timeout(60)
 
 REF = {"owner": "encoder-0", "buffer_id": "r1/prompt_embeds#3", "dtype": "float32", "shape": [1, 64, 32],
-       "nbytes": 8192, "checksum": "xxh64:00ff", "backend": "shm", "descriptor": {"segment": "fv3-x-1", "generation": 7}}
+       "nbytes": 8192, "checksum": "xxh64:00ff", "backend": "shm",
+       "descriptor": {"segment": "fv3-x-1", "generation": 7}}
 
 
 def test_tensor_ref_round_trips_exactly_with_int_descriptor_values():
@@ -35,8 +36,8 @@ def test_tensor_ref_round_trips_exactly_with_int_descriptor_values():
 def test_work_unit_round_trips(step, total):
     unit = WorkUnit(unit_id="u7", request_id="r1", loop_id="diffusion_denoise", kind="diffusion_step", role="denoiser",
                     card_id="wan-tiny", shape_sig="diffusion_step|wan-tiny|16x3x8x8|fp32|batched",
-                    params={"step": 3, "timestep": 999.0001220703125, "sigmas": [1.0, 0.5, 0.1 + 0.2, 0.0], "final": False,
-                            "nested": {"a": [1, 2]}},
+                    params={"step": 3, "timestep": 999.0001220703125, "sigmas": [1.0, 0.5, 0.1 + 0.2, 0.0],
+                            "final": False, "nested": {"a": [1, 2]}},
                     inputs={"prompt_embeds": REF}, resources=Resources(0.25, 1024, 4096),
                     deadline_unix=1_900_000_000.123, step=step, total=total, trace={"traceparent": "00-abc"})
     wire = convert.unit_to_wire(unit, output_transport="grpc")
@@ -52,8 +53,8 @@ def work_roundtrip(msg):
 
 
 def test_step_result_round_trips_with_inline_bytes_and_error():
-    ok = StepResult("u1", "r1", outputs={"latents": REF}, metrics={"latent_norm": 3.25}, payload={"frames_shape": [9, 64, 64, 3]},
-                    measured_seconds=0.5, inline=b"\x00mp4-bytes")
+    ok = StepResult("u1", "r1", outputs={"latents": REF}, metrics={"latent_norm": 3.25},
+                    payload={"frames_shape": [9, 64, 64, 3]}, measured_seconds=0.5, inline=b"\x00mp4-bytes")
     assert convert.result_from_wire(work_roundtrip(convert.result_to_wire(ok, "denoiser-0"))) == ok
     info = ErrorInfo("ABORTED", "latents became non-finite", field="latents", limit="finite", step=4,
                      retry_after_s=None, details={"k": "v"})

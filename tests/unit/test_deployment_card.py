@@ -231,3 +231,11 @@ def test_cli_reads_a_running_schedulers_card_over_grpc(capsys):
         assert parse_card(json.loads(capsys.readouterr().out)) == card
     finally:
         server.stop(None)
+
+
+def test_the_fastvideo3_command_exposes_deployment_card(capsys):
+    from fastvideo3.cli import main
+    assert main(["deployment-card", "--card", "wan-tiny", "--format", "yaml"]) == 0
+    assert parse_card(yaml.safe_load(capsys.readouterr().out)).engine_id == "fastvideo3/wan-tiny"
+    assert main(["deployment-card"]) == 2  # no source named: one line, exit status 2
+    assert "--target, --config, --card or --schema" in capsys.readouterr().err

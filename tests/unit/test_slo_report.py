@@ -136,3 +136,20 @@ def test_empty_missing_and_phaseless_input(tmp_path):
     _write(other, [_span("/fastvideo3.v1.RolePool/Execute", 1, 1, 3.0)])
     with pytest.raises(InvalidRequest, match="none of the 1 spans"):
         build_report(read_spans(other))
+
+
+@pytest.mark.timeout(60)
+def test_commands_mount_on_the_main_cli_parser(tmp_path, capsys):
+    from fastvideo3 import cli_slo
+    from fastvideo3.cli import _Parser
+
+    parser = _Parser(prog="fastvideo3")
+    cli_slo.add_commands(parser.add_subparsers(dest="cmd", required=True, parser_class=_Parser))
+    path = tmp_path / "spans.jsonl"
+    _write(path, _synthetic())
+    args = parser.parse_args(["slo", "report", str(path), "--format", "json"])
+    assert (args.cmd, args.slo_cmd, args.format) == ("slo", "report", "json")
+    assert cli_slo.run(args) == 0 and json.loads(capsys.readouterr().out)["requests"] == 110
+    with pytest.raises(SystemExit) as e:
+        parser.parse_args(["slo", "report", str(path), "--format", "xml"])
+    assert e.value.code == 2

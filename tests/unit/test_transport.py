@@ -370,3 +370,34 @@ def test_nixl_without_inline_metadata_needs_add_peer():
     assert torch.equal(reader.fetch(ref, deadline_s=5), owner._resident_bytes(ref).view(torch.float32))
     owner.close()
     reader.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", ["inproc", "shm", "grpc"] + (["nixl"] if "nixl" in available_backends() else []))
+def test_cuda_tensors_roundtrip(backend):
+    dev = torch.device("cuda", 0)
+    cfg = {"listen": "127.0.0.1:0"} if backend == "grpc" else {}
+    hub = InprocHub() if backend == "inproc" else None
+    extra = {"hub": hub} if hub else {}
+    owner = make_transport(backend, owner="enc", **cfg, **extra)
+    reader = make_transport(backend, owner="den", device=dev, **extra)
+    for tensor in (torch.randn(3, 1000, device=dev).to(torch.bfloat16), torch.arange(7, device=dev),
+                   torch.tensor(2.5, device=dev), torch.empty(0, 2, device=dev)):
+        ref = owner.publish("r", "x", tensor)
+        # computed where the owner's copy lives: on the device, or in a host staging slab
+        staged_on_host = backend in ("shm", "grpc")
+        assert ref.checksum.startswith(checksum.host_algorithm() if staged_on_host else "fsum64")
+        got = reader.fetch(ref, deadline_s=30)
+        assert got.device.type == "cuda" and torch.equal(got, tensor)
+        out = torch.empty_like(tensor)
+        assert reader.fetch(ref, deadline_s=30, out=out) is out and torch.equal(out, tensor)
+    big = torch.randn(1 << 20, device=dev)
+    ref = owner.publish("r", "big", big)
+    assert checksum.compute(big, "fsum64") == checksum.compute(big.cpu(), "fsum64")
+    corrupt(owner, ref, index=5)
+    with pytest.raises(DataLoss):
+        reader.fetch(ref, deadline_s=30)
+    owner.release("r")
+    assert owner.stats()["resident_bytes"] == 0
+    owner.close()
+    reader.close()

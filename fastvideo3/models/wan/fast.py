@@ -34,9 +34,12 @@ from fastvideo3.kernels import add_norm, attention, attention_available, qk_norm
 from fastvideo3.kernels.fused import RopeGrid
 from fastvideo3.models.wan.dit import Tap, WanDiT
 
-# Measured on an H200 (bench/results/denoiser_h200.json): the attention backend the fast path uses
-# for bf16/fp16 on Hopper when the caller does not name one, in order of preference.
-PREFERRED_ATTENTION = ("cudnn", "flash", "sdpa")
+# The backends "auto" picks for bf16/fp16 on CUDA, in order of preference, from the H200
+# measurements in bench/results/denoiser_h200.json (Wan shapes, TFLOP/s): self-attention over
+# 32,760 tokens FA3 728 > SDPA's own choice (cuDNN there) 572 > flash 355; cross-attention over
+# 512 text tokens SDPA 460 > FA3 351. FA3 is used only where its optional wheel imports.
+PREFERRED_SELF_ATTENTION = ("fa3", "sdpa")
+PREFERRED_CROSS_ATTENTION = ("sdpa",)
 
 
 @dataclass
@@ -82,10 +85,11 @@ def _gelu_epilogue_is_tanh(device: str) -> bool:
     return bool((got - tanh).abs().max() < (got - erf).abs().max())
 
 
-def default_attention(device: torch.device, dtype: torch.dtype) -> str:
+def default_attention(device: torch.device, dtype: torch.dtype, cross: bool = False) -> str:
     if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
         return "sdpa"
-    return next(b for b in PREFERRED_ATTENTION if attention_available(b, device))
+    preferred = PREFERRED_CROSS_ATTENTION if cross else PREFERRED_SELF_ATTENTION
+    return next((b for b in preferred if attention_available(b, device)), "sdpa")
 
 
 class FastWanDiT:
@@ -111,7 +115,7 @@ class FastWanDiT:
         self.kernels = kernels
         self.attention = default_attention(self.device, self.dtype) if attention == "auto" else attention
         cross = cross_attention or attention
-        self.cross_attention = default_attention(self.device, self.dtype) if cross == "auto" else cross
+        self.cross_attention = default_attention(self.device, self.dtype, cross=True) if cross == "auto" else cross
         self.gelu_epilogue = (gelu_epilogue and self.device.type == "cuda"
                               and _gelu_epilogue_is_tanh(str(self.device)))
         self.heads, self.head_dim = cfg.num_attention_heads, cfg.attention_head_dim

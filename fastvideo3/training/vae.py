@@ -1,0 +1,116 @@
+"""Stage 1 of the tiny recipe: a tiny Wan VAE (``AutoencoderKLWan``) trained on the procedural clips.
+
+The objective is a KL-regularised autoencoder: L1 + L2 reconstruction, weighted up on the shape
+(it covers a few percent of the pixels and carries everything the prompt asks for), plus a
+small KL term so the latent space stays smooth for the DiT. After training, per-channel latent
+statistics are measured and written into the VAE config (``latents_mean`` / ``latents_std``),
+which is exactly how the serving decoder de-normalises latents, so the DiT sees unit-scale
+latents in training and in serving alike.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from fastvideo3.training.data import ShapesDataset
+
+
+@dataclass
+class VAETrainConfig:
+    steps: int = 2000
+    batch_size: int = 8
+    frames: int = 17
+    height: int = 64
+    width: int = 64
+    lr: float = 1e-3
+    kl_weight: float = 2e-4
+    shape_weight: float = 4.0  # extra reconstruction weight on shape pixels
+    seed: int = 1
+    time_budget_s: float | None = None  # stop early when this wall time is spent
+    log_every: int = 25
+
+
+@dataclass
+class VAETrainResult:
+    steps: int
+    seconds: float
+    losses: list[tuple[int, float, float, float]] = field(default_factory=list)  # step, total, rec, kl
+
+
+def build_vae(config: dict):
+    from diffusers import AutoencoderKLWan
+    return AutoencoderKLWan(**config)
+
+
+def shape_mask(x: torch.Tensor) -> torch.Tensor:
+    """1 where a pixel differs from its clip's background (the top-left pixel is always background)."""
+    bg = x[:, :, :, :1, :1]
+    return ((x - bg).abs().sum(dim=1, keepdim=True) > 0.05).float()
+
+
+def vae_loss(vae, x: torch.Tensor, cfg: VAETrainConfig, generator: torch.Generator | None = None):
+    post = vae.encode(x).latent_dist
+    z = post.mean + post.std * torch.randn(post.mean.shape, generator=generator, device=x.device)
+    rec = vae.decode(z).sample
+    w = 1.0 + cfg.shape_weight * shape_mask(x)
+    err = rec - x
+    rec_loss = (w * (err.abs() + err.square())).mean()
+    kl = 0.5 * (post.mean.square() + post.var - 1.0 - post.logvar).mean()
+    return rec_loss + cfg.kl_weight * kl, rec_loss.detach(), kl.detach()
+
+
+def train_vae(vae, cfg: VAETrainConfig, device: str = "cpu", log=print) -> VAETrainResult:
+    data = ShapesDataset(seed=cfg.seed, frames=cfg.frames, height=cfg.height, width=cfg.width)
+    vae.to(device).train().requires_grad_(True)
+    opt = torch.optim.AdamW(vae.parameters(), lr=cfg.lr, weight_decay=0.0)
+    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    res = VAETrainResult(0, 0.0)
+    t0 = time.perf_counter()
+    for step in range(cfg.steps):
+        if cfg.time_budget_s is not None and time.perf_counter() - t0 > cfg.time_budget_s:
+            break
+        lr = cfg.lr * min(1.0, (step + 1) / 100)  # short warm-up
+        for g in opt.param_groups:
+            g["lr"] = lr
+        x, _ = data.batch(step, cfg.batch_size, device)
+        loss, rec, kl = vae_loss(vae, x, cfg, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+        opt.step()
+        res.steps = step + 1
+        if step % cfg.log_every == 0 or step == cfg.steps - 1:
+            res.losses.append((step, float(loss), float(rec), float(kl)))
+            log(f"vae step {step} loss {float(loss):.4f} rec {float(rec):.4f} kl {float(kl):.3f} "
+                f"({time.perf_counter() - t0:.0f}s)")
+    res.seconds = time.perf_counter() - t0
+    vae.eval().requires_grad_(False)
+    return res
+
+
+@torch.no_grad()
+def latent_stats(vae, data: ShapesDataset, clips: int = 64, batch_size: int = 8, device: str = "cpu"):
+    """Per-channel mean and std of the posterior mean over ``clips`` clips of ``data``."""
+    zs = []
+    for step in range(max(1, clips // batch_size)):
+        x, _ = data.batch(10_000 + step, batch_size, device)
+        zs.append(vae.encode(x).latent_dist.mean.float())
+    z = torch.cat(zs).transpose(0, 1).flatten(1)  # [C, N]
+    return [round(float(v), 5) for v in z.mean(1)], [round(float(v), 5) for v in z.std(1).clamp_min(1e-3)]
+
+
+class LatentCodec:
+    """Clips -> normalised latents with the trained VAE's encoder: ``(mode - mean) / std``, the
+    inverse of the serving decoder's de-normalisation."""
+
+    def __init__(self, vae, device: str = "cpu"):
+        c = vae.config
+        self.vae = vae
+        self.mean = torch.tensor(c.latents_mean, device=device).view(1, -1, 1, 1, 1)
+        self.std = torch.tensor(c.latents_std, device=device).view(1, -1, 1, 1, 1)
+
+    @torch.no_grad()
+    def encode(self, video: torch.Tensor) -> torch.Tensor:
+        return (self.vae.encode(video).latent_dist.mean.float() - self.mean) / self.std
