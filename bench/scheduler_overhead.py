@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
     logs = Path(tempfile.mkdtemp(prefix="fv3-bench-"))
     result: dict = {
-        "command": "python bench/scheduler_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": " ".join(["python bench/scheduler_overhead.py", *(argv if argv is not None else sys.argv[1:])]),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "unix_time": int(time.time()),
     }

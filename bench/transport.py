@@ -110,7 +110,8 @@ def checksum_rate(nbytes: int, device: torch.device, repeats: int) -> dict[str, 
 def machine() -> dict:
     info = {"cpu_count": os.cpu_count(), "platform": platform.platform(), "machine": platform.machine(),
             "processor": platform.processor(), "python": platform.python_version(),
-            "torch": torch.__version__, "cuda_available": torch.cuda.is_available()}
+            "torch": torch.__version__, "cuda_available": torch.cuda.is_available(),
+            "loadavg_1_5_15": list(os.getloadavg())}  # other work on the host skews every figure
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     try:

@@ -54,14 +54,14 @@ class _Base:
         self._lock = threading.RLock()
 
     def execute(self, batch: list[WorkUnit]) -> list[StepResult]:
-        t0 = time.perf_counter()
-        with self._lock:
+        with self._lock:  # time the work only: waiting for the lock is queueing, not busy time
+            t0 = time.perf_counter()
             results = self._execute(batch)
-        dt = time.perf_counter() - t0
-        self.counters["units"] += len(batch)
-        self.counters["batches"] += 1
-        self.counters["busy_seconds"] += dt
-        self.counters["failed_units"] += sum(not r.ok for r in results)
+            dt = time.perf_counter() - t0
+            self.counters["units"] += len(batch)
+            self.counters["batches"] += 1
+            self.counters["busy_seconds"] += dt
+            self.counters["failed_units"] += sum(not r.ok for r in results)
         for r in results:
             r.measured_seconds = dt
         return results

@@ -118,7 +118,8 @@ class NixlTransport(TransportBase):
         self._gen_lock = threading.Lock()
         self._peers: set[str] = set()
         self._peers_lock = threading.Lock()
-        self._quarantine: list[tuple[object, object]] = []  # (xfer handle, region) still in flight
+        # (xfer handle, (buffers, cleanups)) of transfers NIXL could not cancel
+        self._quarantine: list[tuple[object, tuple]] = []
 
     # ------------------------------------------------------------------ metadata side channel
     def agent_metadata(self) -> bytes:
@@ -162,14 +163,19 @@ class NixlTransport(TransportBase):
         buf = torch.zeros(capacity, dtype=torch.uint8, device=device)
         try:
             reg = self._agent.register_memory(buf, backends=self._backends)
-            md = ""
-            if owner_side:
-                md = base64.b64encode(self._agent.get_partial_agent_metadata(
-                    reg, True, self._backends)).decode("ascii")
         except Exception as exc:
             raise Unavailable(f"NIXL cannot register {capacity} bytes on {device}: {exc}",
                               field="transport.nixl") from None
-        return _Region(buf, reg, md)
+        region = _Region(buf, reg)
+        if owner_side:  # connection info + this slab's remote key, for refs to carry
+            try:
+                region.md_b64 = base64.b64encode(self._agent.get_partial_agent_metadata(
+                    reg, True, self._backends)).decode("ascii")
+            except Exception as exc:
+                self._deregister(region)
+                raise Unavailable(f"NIXL cannot export metadata for a slab: {exc}",
+                                  field="transport.nixl") from None
+        return region
 
     def _deregister(self, region: _Region) -> None:
         try:

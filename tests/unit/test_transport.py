@@ -328,7 +328,7 @@ def test_grpc_mounts_on_an_aio_server():
 
     owner = make_transport("grpc", owner="enc", advertise="pending")
     loop = asyncio.new_event_loop()
-    started, stop = threading.Event(), None
+    started = threading.Event()
     box = {}
 
     async def serve():
