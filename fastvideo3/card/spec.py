@@ -27,9 +27,10 @@ class ComponentSpec(_Spec):
 
     component_id: str
     kind: ComponentKind
-    #: how to instantiate: "seeded" (deterministic weights from ``seed``, no files) or
-    #: "diffusers_dir" (a subfolder of a diffusers-format checkpoint directory).
-    source: Literal["seeded", "diffusers_dir"] = "seeded"
+    #: how to instantiate: "seeded" (deterministic weights from ``seed``, no files),
+    #: "shipped" (trained weights inside the package: ``fastvideo3/weights/<subfolder>``, a
+    #: safetensors file) or "diffusers_dir" (a subfolder of a diffusers-format checkpoint directory).
+    source: Literal["seeded", "shipped", "diffusers_dir"] = "seeded"
     subfolder: str | None = None
     #: architecture config (e.g. the DiT's heads, dims, layers). Checked against the checkpoint.
     config: dict = Field(default_factory=dict)

@@ -57,6 +57,7 @@ class RequestRun:
     started: float | None = None
     phase_seconds: dict[str, float] = field(default_factory=dict)
     cancel_requested: bool = False
+    admission_waiting: bool = False  # queued inside the AdmissionController
     events: list[Event] = field(default_factory=list)
     #: role -> index of the replica holding this request's resident state for that role
     placement: dict[str, int] = field(default_factory=dict)
@@ -96,13 +97,26 @@ class CoreScheduler:
         checkpoint: Callable[[RequestRun], None] | None = None,
         parallel_dispatch: bool = False,
         dispatch_workers: int = 4,
+        pricer: Any = None,
+        admission: Any = None,
+        telemetry: Any = None,
     ):
+        """``pricer`` (runtime.pricing.Pricer) prices every unit in predicted GPU-seconds and
+        calibrates on measured batches; ``admission`` (runtime.admission.AdmissionController)
+        reserves a request's compute and memory before it starts stepping; ``telemetry``
+        (telemetry.hooks.SchedulerTelemetry) records spans and metrics. All optional."""
         self.executors = executors
         self.max_batch = max_batch
         self.max_running = max_running
         self.max_queued = max_queued
         self.on_event = on_event
         self.checkpoint = checkpoint
+        self.pricer = pricer
+        self.admission = admission
+        if telemetry is None:
+            from fastvideo3.telemetry.hooks import SchedulerTelemetry
+            telemetry = SchedulerTelemetry()
+        self.telemetry = telemetry
         self.runs: "OrderedDict[str, RequestRun]" = OrderedDict()
         self.inflight: dict[int, int] = {}  # id(executor) -> units in flight (placement)
         self.counters: dict[str, float] = {
@@ -116,7 +130,7 @@ class CoreScheduler:
 
     # -- requests ----------------------------------------------------------------------
     def submit(self, request: ResolvedRequest, card: ModelCard, *, program: tuple[str, ...] | None = None,
-               ctx: dict[str, Any] | None = None) -> RequestRun:
+               ctx: dict[str, Any] | None = None, trace_parent: Any = None) -> RequestRun:
         """Queue a request. ``program`` is the loop sequence (default text-to-video); ``ctx`` seeds
         the context every loop's ``init`` sees (e.g. ``encode`` for the decode loop)."""
         with self._lock:
@@ -126,12 +140,15 @@ class CoreScheduler:
             queued = sum(r.status == "QUEUED" for r in self.runs.values())
             if queued >= self.max_queued:
                 self.counters["refused"] += 1
+                self.telemetry.refused("queue", request.slo_class)
                 raise ResourceExhausted(f"queue is full ({queued} waiting)", field="queue",
                                         limit=str(self.max_queued), retry_after_s=1.0)
             self.runs.pop(request.request_id, None)
             run = RequestRun(request=request, card=card, program=tuple(program or PROGRAM_T2V), ctx=dict(ctx or {}))
             self.runs[request.request_id] = run
             self.counters["admitted"] += 1
+            self.telemetry.submitted(request.request_id, card.model_id, request.slo_class, parent=trace_parent,
+                                     created_s=run.created)
             self._emit(run, "accepted", {"model": card.model_id})
             self._emit(run, "queued", {"position": queued})
             return run
@@ -176,6 +193,9 @@ class CoreScheduler:
                     changed = True
                     continue
                 unit = WorkUnit.from_plan(plan, run.card.model_id, run.deadline)
+                if self.pricer is not None:
+                    self.pricer.price_unit(unit, run.card, run.request)
+                self.telemetry.unit_planned(unit)
                 units.append((unit, run))
         if not units:
             return changed
@@ -195,13 +215,57 @@ class CoreScheduler:
                 self._terminate(run, "FAILED", DeadlineExceeded(f"deadline of {run.request.deadline_s:.1f}s passed",
                                                                 field="deadline_s"))
                 changed = True
+        if self.admission is not None:
+            changed |= self._admission_events(self.admission.pump())
         running = sum(r.status == "RUNNING" for r in self.runs.values())
-        for run in self.runs.values():  # FIFO admission into the running set
+        for run in list(self.runs.values()):  # FIFO admission into the running set
             if running >= self.max_running:
                 break
-            if run.status == "QUEUED":
-                run.status, run.started = "RUNNING", time.time()
+            if run.status == "QUEUED" and not run.admission_waiting and self._admit(run):
                 running += 1
+                changed = True
+        self.telemetry.set_load(queued=sum(r.status == "QUEUED" for r in self.runs.values()), running=running)
+        return changed
+
+    def _admit(self, run: RequestRun) -> bool:
+        """Reserve the request's compute and memory; start it when everything fits."""
+        if self.admission is not None:
+            from fastvideo3.runtime.admission import Admitted, Refused
+            res = self.pricer.reservation(run.card, run.request, run.program) if self.pricer else None
+            units = [res] if res is not None else []
+            try:
+                out = self.admission.try_admit(run.request_id, units, run.request.slo_class)
+            except FastVideoError as e:
+                self._terminate(run, "FAILED", e)
+                return False
+            if isinstance(out, Refused):
+                self._terminate(run, "FAILED", out.error)
+                return False
+            if not isinstance(out, Admitted):
+                run.admission_waiting = True
+                return False
+        self._start(run)
+        return True
+
+    def _start(self, run: RequestRun) -> None:
+        run.status, run.started, run.admission_waiting = "RUNNING", time.time(), False
+        self.telemetry.admission(run.request_id, "admitted", start_s=run.created)
+        self.telemetry.started(run.request_id, queued_since_s=run.created, started_s=run.started)
+
+    def _admission_events(self, events) -> bool:
+        from fastvideo3.runtime.admission import Admitted, Refused
+        changed = False
+        for ev in events:
+            run = self.runs.get(ev.request_id)
+            if run is None or run.status in TERMINAL:
+                if isinstance(ev, Admitted):  # admitted after it ended: give it back at once
+                    self.admission.release(ev.request_id)
+                continue
+            if isinstance(ev, Admitted):
+                self._start(run)
+                changed = True
+            elif isinstance(ev, Refused):
+                self._terminate(run, "FAILED", ev.error)
                 changed = True
         return changed
 
@@ -215,12 +279,14 @@ class CoreScheduler:
                 loop = LOOPS[loop_id]()
                 run.driver = LoopDriver(loop, loop.init(run.request, run.card, run.ctx))
                 run.phase_seconds.setdefault(loop_id, 0.0)
+                self.telemetry.loop_started(run.request_id, loop_id)
             plan = run.driver.plan()
             if plan is not None:
                 return plan
             result = run.driver.result
             run.ctx.update(result.outputs)
             run.ctx.setdefault("payloads", {})[run.loop_id] = result.payload
+            self.telemetry.loop_finished(run.request_id)
             run.driver = None
             run.loop_index += 1
 
@@ -279,12 +345,20 @@ class CoreScheduler:
             return [StepResult(u.unit_id, u.request_id, ok=False, error=err) for u, _ in batch]
         key = id(executor)
         self.inflight[key] = self.inflight.get(key, 0) + len(batch)
+        units = [u for u, _ in batch]
         try:
-            results = executor.execute([u for u, _ in batch])
+            with self.telemetry.dispatch(units) as d:
+                results = executor.execute(units)
+                d.done(results)
             if len(results) != len(batch):
                 raise Internal(f"executor returned {len(results)} results for {len(batch)} units")
+            if self.pricer is not None:
+                measured = max((r.measured_seconds for r in results), default=0.0)
+                self.pricer.observe_batch([u.unit_id for u in units], measured)
             return results
         except Exception as e:  # noqa: BLE001 - a lost pool fails its batch, not the scheduler
+            if self.pricer is not None:
+                self.pricer.forget([u.unit_id for u in units])
             return [StepResult(u.unit_id, u.request_id, ok=False, error=ErrorInfo.of(e)) for u, _ in batch]
         finally:
             self.inflight[key] -= len(batch)
@@ -331,6 +405,7 @@ class CoreScheduler:
         self.counters["succeeded"] += 1
         self._emit(run, "artifact", {"outputs": dict(run.ctx), "phase_seconds": dict(run.phase_seconds),
                                      "artifacts": dict(run.artifacts)})
+        self._settle(run)
         self._emit(run, "finished", {"status": "SUCCEEDED"})
         run.done_event.set()
 
@@ -340,9 +415,19 @@ class CoreScheduler:
         run.driver = None
         self.counters["cancelled" if status == "CANCELLED" else "failed"] += 1
         self.release(run.request_id)
+        self._settle(run)
         self._emit(run, "error", {"error": run.error})
         self._emit(run, "finished", {"status": status})
         run.done_event.set()
+
+    def _settle(self, run: RequestRun) -> None:
+        """Give back the request's admission reservation and close its telemetry."""
+        if self.admission is not None:
+            if self.admission.is_in_flight(run.request_id):
+                self._admission_events(self.admission.release(run.request_id))
+            elif self.admission.is_waiting(run.request_id):
+                self._admission_events(self.admission.cancel(run.request_id))
+        self.telemetry.finished(run.request_id, run.status, error=run.error)
 
     def release(self, request_id: str) -> None:
         """Free the request's resident data on every replica of every role."""

@@ -35,6 +35,8 @@ class PoolConfig:
     transport: str = "auto"
     replica_id: str = ""
     metrics_port: int | None = None
+    trace_file: str | None = None
+    otlp_endpoint: str | None = None
     max_batch_units: int = 64
     drain_timeout_s: float = 30.0
     fake: bool = False
@@ -57,6 +59,8 @@ def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
                    help="backends offered: auto (shm,grpc) or a list, e.g. shm,grpc,nixl")
     p.add_argument("--replica-id", default="", help="replica name (default ROLE@HOST:PORT)")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus text on this port")
+    p.add_argument("--trace-file", default=None, help="append spans as JSON lines to this file")
+    p.add_argument("--otlp-endpoint", default=None, help="export spans over OTLP (host:4317)")
     p.add_argument("--max-batch-units", type=int, default=64)
     p.add_argument("--drain-timeout", type=float, default=30.0, dest="drain_timeout_s")
     p.add_argument("--fake", action="store_true", help="no-op executor: results without math (overhead tests)")
@@ -92,6 +96,7 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
         self.transport: Any = None
         self.card: Any = None
         self.fingerprint = ""
+        self.telemetry: Any = None  # telemetry.hooks.PoolTelemetry, set by run_pool
         self.counters = {"execute_rpcs": 0, "release_rpcs": 0, "describe_rpcs": 0, "expired_units": 0}
         self.started = time.time()
 
@@ -132,7 +137,10 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
                 if live:
                     backend = request.units[0].output_transport or None
                     with self.transport.use(backend):
-                        for u, r in zip(live, self.executor.execute(live)):
+                        execute = self.executor.execute
+                        results = (self.telemetry.run_batch(live, execute, metadata=context.invocation_metadata())
+                                   if self.telemetry is not None else execute(live))
+                        for u, r in zip(live, results):
                             out[u.unit_id] = r
                 loops = {u.unit_id: u.loop_id for u in units}
                 return pool_pb2.ExecuteResponse(
@@ -245,12 +253,20 @@ def run_pool(role: str, build: BuildFn, argv: list[str] | None = None) -> int:
         host.wait_and_drain(1.0)
         return 2 if isinstance(e, FastVideoError) and e.code in ("INVALID_ARGUMENT", "NOT_FOUND") else 1
     servicer.attach(executor, transport, card)
-    if cfg.metrics_port is not None:
-        host.serve_metrics(cfg.metrics_port, servicer.metrics, f"fastvideo3_{role}_")
+    from fastvideo3.telemetry.hooks import PoolTelemetry
+    from fastvideo3.telemetry.metrics import ServiceMetrics, start_metrics_server
+    from fastvideo3.telemetry.tracing import init_tracing
+    tracing = init_tracing(role, otlp_endpoint=cfg.otlp_endpoint, trace_file=cfg.trace_file)
+    metrics = ServiceMetrics(role, service=replica_id) if cfg.metrics_port is not None else None
+    servicer.telemetry = PoolTelemetry(role, tracing=tracing, metrics=metrics, replica=replica_id)
+    if metrics is not None:
+        metrics.watch_values(servicer.metrics, role)
+        start_metrics_server(cfg.metrics_port, metrics.registry, addr=cfg.host)
     host.set_serving(True)
     if not host.stop_event.is_set():
         print(f"{role} pool {replica_id} serving", flush=True)
     host.wait_and_drain(cfg.drain_timeout_s)
+    tracing.shutdown()  # flush the last spans: SIGTERM runs no exit hooks
     transport.close()
     return 0
 

@@ -109,13 +109,19 @@ def run_scheduler(argv: list[str] | None = None) -> int:
     monitor_stop = threading.Event()
     threading.Thread(target=_monitor, args=(replicas, monitor_stop), name="pool-health", daemon=True).start()
     if cfg.metrics_port is not None:
-        host.serve_metrics(cfg.metrics_port, servicer.metrics, "fastvideo3_scheduler_")
+        from fastvideo3.telemetry.metrics import start_metrics_server
+        metrics = runtime.sched.telemetry.metrics
+        metrics.watch_values(servicer.metrics, "scheduler")
+        metrics.watch_cost_model(runtime.sched.pricer.cost_model, servicer.card.model_id)
+        metrics.watch_admission(runtime.sched.admission, "denoiser")
+        start_metrics_server(cfg.metrics_port, metrics.registry, addr=cfg.host)
     host.set_serving(True)
     if not host.stop_event.is_set():
         print(f"scheduler serving on {cfg.host}:{port} (edges: {servicer.edges})", flush=True)
     host.wait_and_drain(cfg.drain_timeout_s)
     monitor_stop.set()
     runtime.stop(cancel_active=True)
+    runtime.sched.telemetry.tracing.shutdown()  # flush the last spans: SIGTERM runs no exit hooks
     for reps in replicas.values():
         for rep in reps:
             rep.close()
@@ -135,14 +141,36 @@ def _build(cfg: SchedulerConfig, host: ServiceHost):
     import json
     info = json.loads(replicas["denoiser"][0].last_description.description_json or b"{}")
     precision = (info.get("executor") or {}).get("precision") or card.precision.default_cpu
+    pricer, admission, telemetry = _economy(cfg)
     runtime = FleetRuntime(replicas, batching=cfg.batching, max_batch=max_batch, max_running=cfg.max_running,
-                           max_queued=cfg.max_queued, retain_finished=cfg.retain_finished)
-    deployment = build_card(cfg, card, replicas, edges, ["", SERVICE])
+                           max_queued=cfg.max_queued, retain_finished=cfg.retain_finished, pricer=pricer,
+                           admission=admission, telemetry=telemetry)
+    deployment = build_card(cfg, card, replicas, edges, ["", SERVICE], cost_model=pricer.cost_model)
     config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()}
     servicer = SchedulerServicer(host, runtime, card, precision=precision, replicas=replicas, edges=edges,
                                  deployment_card=deployment, config=config)
     runtime.start()
     return servicer, runtime, replicas
+
+
+def _economy(cfg: SchedulerConfig):
+    """The scheduler's pricer (cost model), admission controller and telemetry hooks."""
+    from fastvideo3.runtime.admission import AdmissionConfig, AdmissionController, SloClass
+    from fastvideo3.runtime.cost import CalibratedCostModel, device_profile
+    from fastvideo3.runtime.pricing import Pricer
+    from fastvideo3.telemetry.hooks import SchedulerTelemetry
+    from fastvideo3.telemetry.metrics import ServiceMetrics
+    from fastvideo3.telemetry.tracing import init_tracing
+    pricer = Pricer(CalibratedCostModel(device=device_profile(cfg.device_profile)))
+    classes = (
+        SloClass("interactive", compute_budget_s=cfg.interactive_budget_s, queue_bound=cfg.max_queued,
+                 max_wait_s=60.0, latency_sensitive=True),
+        SloClass("batch", compute_budget_s=cfg.batch_budget_s, queue_bound=cfg.max_queued, max_wait_s=600.0),
+    )
+    admission = AdmissionController(AdmissionConfig(memory_budget_bytes=cfg.memory_budget_bytes, classes=classes))
+    tracing = init_tracing("scheduler", otlp_endpoint=cfg.otlp_endpoint, trace_file=cfg.trace_file)
+    telemetry = SchedulerTelemetry(tracing, ServiceMetrics("scheduler", service=cfg.engine_id))
+    return pricer, admission, telemetry
 
 
 if __name__ == "__main__":

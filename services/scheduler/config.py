@@ -49,6 +49,13 @@ class SchedulerConfig:
     retain_finished: int = 1000        # finished requests kept for GetRequest
     engine_id: str = "fastvideo3/local"
     metrics_port: int | None = None
+    # pricing and admission: one currency, predicted GPU-seconds (see fastvideo3.runtime.cost)
+    device_profile: str = "cpu"
+    memory_budget_bytes: int = 64 << 30  # resident + peak bytes admitted at once, net of weights
+    interactive_budget_s: float = 8.0    # predicted GPU-seconds in flight, interactive class
+    batch_budget_s: float = 120.0        # the same, batch class
+    trace_file: str | None = None        # JSON-lines span export (fastvideo3 slo report reads it)
+    otlp_endpoint: str | None = None     # OTLP span export; off by default
     exit_with_parent: bool = False
     log_level: str = "INFO"
 
@@ -99,6 +106,12 @@ def parse_args(argv: list[str] | None = None) -> SchedulerConfig:
     p.add_argument("--drain-timeout", type=float, default=None, dest="drain_timeout_s")
     p.add_argument("--engine-id", default=None)
     p.add_argument("--metrics-port", type=int, default=None)
+    p.add_argument("--device-profile", default=None, choices=("cpu", "h200"), help="cost-model device prior")
+    p.add_argument("--memory-budget-bytes", type=int, default=None, help="admission memory budget")
+    p.add_argument("--interactive-budget-s", type=float, default=None)
+    p.add_argument("--batch-budget-s", type=float, default=None)
+    p.add_argument("--trace-file", default=None, help="append spans as JSON lines to this file")
+    p.add_argument("--otlp-endpoint", default=None, help="export spans over OTLP (host:4317)")
     p.add_argument("--exit-with-parent", action="store_true")
     p.add_argument("--log-level", default=None)
     a = p.parse_args(argv)
@@ -155,8 +168,17 @@ def build_config(a: argparse.Namespace) -> SchedulerConfig:
         drain_timeout_s=float(pick(a.drain_timeout_s, "drain_timeout_s", 60.0, sched)),
         engine_id=pick(a.engine_id, "engine_id", "fastvideo3/local"),
         metrics_port=pick(a.metrics_port, "metrics_port", None),
+        device_profile=pick(a.device_profile, "device_profile", "cpu", sched),
+        memory_budget_bytes=int(pick(a.memory_budget_bytes, "memory_budget_bytes", 64 << 30, sched)),
+        interactive_budget_s=float(pick(a.interactive_budget_s, "interactive_budget_s", 8.0, sched)),
+        batch_budget_s=float(pick(a.batch_budget_s, "batch_budget_s", 120.0, sched)),
+        trace_file=pick(a.trace_file, "trace_file", None, sched),
+        otlp_endpoint=pick(a.otlp_endpoint, "otlp_endpoint", None, sched),
         exit_with_parent=a.exit_with_parent, log_level=pick(a.log_level, "log_level", "INFO"),
     )
+    for name in ("memory_budget_bytes", "interactive_budget_s", "batch_budget_s"):
+        if getattr(cfg, name) <= 0:
+            raise InvalidRequest(f"must be > 0, got {getattr(cfg, name)}", field=name, limit="> 0")
     for name in ("max_batch", "max_running", "max_queued"):
         if getattr(cfg, name) < 1:
             raise InvalidRequest(f"must be >= 1, got {getattr(cfg, name)}", field=name, limit=">= 1")

@@ -17,7 +17,7 @@ PROGRAMS = {"t2v": ("text_encode", "diffusion_denoise", "vae_decode"),
 
 
 def build_card(cfg: SchedulerConfig, card, replicas: dict[str, list], edges: dict[str, str],
-               health_services: list[str]) -> deployment_pb2.DeploymentCard:
+               health_services: list[str], cost_model=None) -> deployment_pb2.DeploymentCard:
     lim, den = card.limits, card.denoise
     denoiser = replicas["denoiser"][0].last_description
     summary = deployment_pb2.ModelCardSummary(
@@ -62,8 +62,17 @@ def build_card(cfg: SchedulerConfig, card, replicas: dict[str, list], edges: dic
         health=deployment_pb2.HealthSchema(protocol="grpc.health.v1", services=health_services, check_interval_s=2.0,
                                            unhealthy_after_s=10.0),
         transfer_endpoints=endpoints, default_model=card.model_id, created_unix_ms=int(time.time() * 1000),
-        labels=labels,
+        labels=labels, cost_model=cost_model_spec(cost_model) if cost_model is not None else None,
     )
+
+
+def cost_model_spec(model) -> deployment_pb2.CostModelSpec:
+    """The scheduler's own cost model, serialized: the object that prices admission is the one
+    the fleet publishes (calibration state included, as of this call)."""
+    import json
+    return deployment_pb2.CostModelSpec(version="1", unit="gpu_seconds",
+                                        cost_model_json=json.dumps(model.to_dict()).encode(),
+                                        calibrated_unix_ms=int(time.time() * 1000))
 
 
 def _precision(desc) -> str:

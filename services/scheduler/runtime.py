@@ -36,11 +36,13 @@ class Stream:
 
 class FleetRuntime:
     def __init__(self, executors: dict[str, list[Any]], *, batching: bool = True, max_batch: int = 16,
-                 max_running: int = 64, max_queued: int = 256, retain_finished: int = 1000):
+                 max_running: int = 64, max_queued: int = 256, retain_finished: int = 1000,
+                 pricer=None, admission=None, telemetry=None):
         replicas = sum(len(v) for v in executors.values())
         self.sched = CoreScheduler(executors, max_batch=max_batch if batching else 1, max_running=max_running,
                                    max_queued=max_queued, on_event=self._on_event, parallel_dispatch=True,
-                                   dispatch_workers=max(4, replicas))
+                                   dispatch_workers=max(4, replicas), pricer=pricer, admission=admission,
+                                   telemetry=telemetry)
         self.batching = batching
         self.retain_finished = retain_finished
         self.streams: dict[str, Stream] = {}
@@ -56,13 +58,13 @@ class FleetRuntime:
         self._thread.start()
 
     # -- requests ---------------------------------------------------------------------------
-    def submit(self, request, card, *, program: tuple[str, ...], ctx: dict) -> Stream:
+    def submit(self, request, card, *, program: tuple[str, ...], ctx: dict, trace_parent=None) -> Stream:
         stream = Stream(request.request_id)
         with self._lock:
             previous = self.streams.get(request.request_id)
             self.streams[request.request_id] = stream
         try:
-            self.sched.submit(request, card, program=program, ctx=ctx)
+            self.sched.submit(request, card, program=program, ctx=ctx, trace_parent=trace_parent)
         except BaseException:
             with self._lock:
                 if previous is not None:

@@ -87,7 +87,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         try:
             with self.host.work():  # the whole stream counts as in-flight work for draining
                 resolved, program, ctx = self.prepare(request)
-                stream = self.runtime.submit(resolved, self.card, program=program, ctx=ctx)
+                from fastvideo3.telemetry.tracing import extract_context
+                parent = extract_context(context.invocation_metadata())
+                stream = self.runtime.submit(resolved, self.card, program=program, ctx=ctx, trace_parent=parent)
                 context.add_callback(lambda: self.runtime.disconnect(stream))
                 yield from self._pump(stream, context)
         except FastVideoError as e:
@@ -175,11 +177,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 except FastVideoError as e:
                     live[rep.replica_id] = {"role": role, "error": e.one_line()}
                 live[rep.replica_id]["remote_counters"] = dict(rep.counters)
+        sched = self.runtime.sched
         desc = {"transport_edges": self.edges, "batching": self.runtime.batching, "config": self.config,
                 "pools": live, "scheduler": counters,
-                "recent_denoise_batch_sizes": list(self.runtime.sched.batch_sizes)[-64:]}
+                "recent_denoise_batch_sizes": list(sched.batch_sizes)[-64:]}
+        card = self.deployment_card
+        if sched.pricer is not None:  # publish the live, calibrated cost model
+            from services.scheduler.deployment import cost_model_spec
+            card = scheduler_pb2.SchedulerDescription().card.__class__.FromString(card.SerializeToString())
+            card.cost_model.CopyFrom(cost_model_spec(sched.pricer.cost_model))
+            desc["cost_model_error"] = sched.pricer.cost_model.error_stats()
+        if sched.admission is not None:
+            desc["admission"] = sched.admission.counters()
         return scheduler_pb2.SchedulerDescription(
-            card=self.deployment_card, queued_requests=int(counters["queued_requests"]),
+            card=card, queued_requests=int(counters["queued_requests"]),
             running_requests=int(counters["running_requests"]), pools=pools,
             counters={k: float(v) for k, v in flatten(counters).items()},
             description_json=json.dumps(desc, default=str).encode())

@@ -1,8 +1,9 @@
 """Wan components behind one small interface: a text encoder, the DiT and the VAE.
 
-Seeded components (the ``wan-tiny`` card) are built deterministically from the card's seed; the
-others load from a diffusers-format directory. The VAE and UMT5 text encoder wrap the diffusers /
-transformers classes; the DiT is ours (:mod:`fastvideo3.models.wan.dit`).
+Seeded components are built deterministically from the card's seed; shipped components (the
+``wan-tiny`` cards) load trained weights that ship inside the package (``fastvideo3/weights``);
+the others load from a diffusers-format directory. The VAE and UMT5 text encoder wrap the
+diffusers / transformers classes; the DiT is ours (:mod:`fastvideo3.models.wan.dit`).
 """
 from __future__ import annotations
 
@@ -30,6 +31,51 @@ def _root(card: ModelCard, sub: str) -> Path:
     if not p.is_dir():
         raise CardError(f"checkpoint directory lacks {sub}/", field=f"checkpoint.{sub}")
     return p
+
+
+WEIGHTS_DIR = Path(__file__).resolve().parents[2] / "weights"
+
+
+def shipped_path(card: ModelCard, component: str) -> Path:
+    """The safetensors file of a ``source: shipped`` component: ``fastvideo3/weights/<subfolder>``."""
+    spec = card.components[component]
+    if not spec.subfolder:
+        raise CardError(f"shipped component {component} names no file", field=f"components.{component}.subfolder")
+    p = WEIGHTS_DIR / spec.subfolder
+    if not p.is_file():
+        raise CardError(f"shipped weights {spec.subfolder} are missing from the package",
+                        field=f"components.{component}.subfolder")
+    return p
+
+
+def shipped_digest(path: Path) -> str:
+    return "shipped:" + hashlib.sha256(path.read_bytes()).hexdigest()[:32]
+
+
+def load_shipped(module: torch.nn.Module, path: Path) -> None:
+    """Load a shipped state dict strictly (tied weights are stored once; fp16 files upcast)."""
+    from safetensors.torch import load_file
+    state = load_file(str(path))
+    own = module.state_dict()
+    missing = [k for k in own if k not in state]
+    # tied parameters (UMT5's token embedding) are stored once under their first name
+    ptrs = {}
+    for k, v in own.items():
+        ptrs.setdefault(v.data_ptr(), []).append(k)
+    for names in ptrs.values():
+        for k in names[1:]:
+            if k in missing and names[0] in state:
+                missing.remove(k)
+    unexpected = [k for k in state if k not in own]
+    if missing or unexpected:
+        raise CardError(f"shipped weights {path.name} do not match the architecture "
+                        f"(missing {missing[:3]}, unexpected {unexpected[:3]})", field="weights")
+    with torch.no_grad():
+        for k, v in state.items():
+            if own[k].shape != v.shape:
+                raise CardError(f"shipped weight {k} has shape {tuple(v.shape)}, expected {tuple(own[k].shape)}",
+                                field="weights")
+            own[k].copy_(v.to(own[k].dtype))
 
 
 def _seeded_digest(card: ModelCard, component: str) -> str:
@@ -92,12 +138,17 @@ class TextEncoder:
         spec = card.components["text_encoder"]
         self.max_len = card.max_text_tokens
         self.device, self.dtype = device, dtype
-        if spec.source == "seeded":
+        if spec.source in ("seeded", "shipped"):
             cfg = {k: v for k, v in spec.config.items() if k != "tokenizer"}
             torch.manual_seed(_seed_for(card, "text_encoder"))
             self.model = UMT5EncoderModel(UMT5Config(**cfg))
             self.tokenizer = ByteTokenizer()
-            self.digest = _seeded_digest(card, "text_encoder")
+            if spec.source == "shipped":
+                path = shipped_path(card, "text_encoder")
+                load_shipped(self.model, path)
+                self.digest = shipped_digest(path)
+            else:
+                self.digest = _seeded_digest(card, "text_encoder")
         else:
             folder = _root(card, spec.subfolder or "text_encoder")
             self.model = UMT5EncoderModel.from_pretrained(str(folder), local_files_only=True, dtype=dtype)
@@ -108,6 +159,10 @@ class TextEncoder:
 
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> torch.Tensor:
+        return self.forward(prompts)
+
+    def forward(self, prompts: list[str]) -> torch.Tensor:
+        """:meth:`encode` without the no-grad guard: the train profile of the same forward."""
         ids, mask = self.tokenizer([prompt_clean(p) for p in prompts], self.max_len)
         ids, mask = ids.to(self.device), mask.to(self.device)
         hidden = self.model(ids, mask).last_hidden_state.to(self.dtype)
@@ -127,6 +182,11 @@ def load_dit(card: ModelCard, device: str = "cpu", dtype: torch.dtype = torch.fl
         model = WanDiT(cfg)
         _init_seeded_dit(model)
         digest = _seeded_digest(card, "transformer")
+    elif spec.source == "shipped":
+        model = WanDiT(cfg)
+        path = shipped_path(card, "transformer")
+        load_shipped(model, path)
+        digest = shipped_digest(path)
     else:
         folder = _root(card, spec.subfolder or "transformer")
         actual = json.loads((folder / "config.json").read_text())
@@ -141,7 +201,7 @@ def load_dit(card: ModelCard, device: str = "cpu", dtype: torch.dtype = torch.fl
         model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
         digest = weights_digest(safetensors_files(folder))
     model.to(device=device).eval().requires_grad_(False)
-    if spec.source == "seeded":
+    if spec.source in ("seeded", "shipped"):
         model.to(dtype=dtype)
         # the fp32 modules of the reference stay fp32 at any precision
     _keep_fp32(model)
@@ -176,10 +236,15 @@ class VideoDecoder:
     def __init__(self, card: ModelCard, device: str = "cpu", dtype: torch.dtype = torch.float32):
         from diffusers import AutoencoderKLWan
         spec = card.components["vae"]
-        if spec.source == "seeded":
+        if spec.source in ("seeded", "shipped"):
             torch.manual_seed(_seed_for(card, "vae"))
             self.model = AutoencoderKLWan(**spec.config)
-            self.digest = _seeded_digest(card, "vae")
+            if spec.source == "shipped":
+                path = shipped_path(card, "vae")
+                load_shipped(self.model, path)
+                self.digest = shipped_digest(path)
+            else:
+                self.digest = _seeded_digest(card, "vae")
         else:
             folder = _root(card, spec.subfolder or "vae")
             self.model = AutoencoderKLWan.from_pretrained(str(folder), local_files_only=True, dtype=dtype)

@@ -35,9 +35,10 @@ from fastvideo3.kernels.fused import RopeGrid
 from fastvideo3.models.wan.dit import Tap, WanDiT
 
 # The backends "auto" picks for bf16/fp16 on CUDA, in order of preference, from the H200
-# measurements in bench/results/denoiser_h200.json (Wan shapes, TFLOP/s): self-attention over
-# 32,760 tokens FA3 728 > SDPA's own choice (cuDNN there) 572 > flash 355; cross-attention over
-# 512 text tokens SDPA 460 > FA3 351. FA3 is used only where its optional wheel imports.
+# measurements in bench/results/denoiser_h200.json (Wan shapes, TFLOP/s over two machines):
+# self-attention over 32,760 tokens FA3 653-728 > SDPA's own choice (cuDNN there) 556-574 >
+# flash 353-359; cross-attention over 512 text tokens SDPA 460-558 >= FA3 351-536. FA3 is used
+# only where its optional wheel (fa3_fwd) imports; without it the fast path is SDPA throughout.
 PREFERRED_SELF_ATTENTION = ("fa3", "sdpa")
 PREFERRED_CROSS_ATTENTION = ("sdpa",)
 

@@ -1,0 +1,99 @@
+"""Pricing: every WorkUnit in one currency, predicted GPU-seconds, from the card's shapes.
+
+The :class:`Pricer` turns a unit (or a whole request, for admission) into cost-model features
+— the DiT's architecture from the card, the step's latent shape, CFG branches, precision — asks
+the :class:`~fastvideo3.runtime.cost.CalibratedCostModel` for a prediction, and feeds measured
+batch times back so the model calibrates online. The same cost-model object is what the fleet
+publishes in its DeploymentCard.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from fastvideo3.loop.protocol import Resources
+from fastvideo3.runtime.admission import Reservation
+from fastvideo3.runtime.cost import (
+    CalibratedCostModel, DiffusionStepFeatures, DitConfig, EncoderChunkFeatures, Prediction,
+    RewardBatchFeatures, StepShape, VaeTileFeatures, split_measured,
+)
+
+_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def dit_config(card) -> DitConfig:
+    c = card.components["transformer"].config
+    return DitConfig(
+        num_layers=int(c["num_layers"]), num_heads=int(c["num_attention_heads"]), head_dim=int(c["attention_head_dim"]),
+        ffn_dim=int(c["ffn_dim"]), text_dim=int(c.get("text_dim", 4096)), freq_dim=int(c.get("freq_dim", 256)),
+        in_channels=int(c.get("in_channels", 16)), out_channels=int(c.get("out_channels", 16)),
+        patch_size=tuple(c.get("patch_size", (1, 2, 2))), text_len=int(card.max_text_tokens),
+    )
+
+
+def _encoder_features(card, prompts: int) -> EncoderChunkFeatures:
+    c = card.components["text_encoder"].config
+    d = int(c.get("d_model", 4096))
+    ff = int(c.get("d_ff", 10240))
+    layers = int(c.get("num_layers", 24))
+    vocab = int(c.get("vocab_size", 256384))
+    params = vocab * d + layers * (4 * d * d + 3 * d * ff)  # embeddings + attention + gated FFN
+    return EncoderChunkFeatures(params=params, tokens=int(card.max_text_tokens), batch=prompts, hidden=d, ffn_dim=ff)
+
+
+class Pricer:
+    """Prices units and requests; learns from measured batches. Thread-safe."""
+
+    def __init__(self, cost_model: CalibratedCostModel | None = None):
+        self.cost_model = cost_model or CalibratedCostModel()
+        self._pending: dict[str, tuple[str, str, Prediction]] = {}  # unit id -> (kind, shape key, prediction)
+        self._lock = threading.Lock()
+
+    def features(self, kind: str, card, request, *, prompts: int = 1) -> Any:
+        if kind == "diffusion_step":
+            branches = 1 if request.cfg_policy == "none" else 2
+            shape = StepShape.from_video(request.num_frames, request.height, request.width, cfg_branches=branches)
+            b = _BYTES.get(request.precision, 2)
+            return DiffusionStepFeatures(dit_config(card), shape, weight_bytes_per_param=b, act_bytes=b)
+        if kind == "encoder_chunk":
+            return _encoder_features(card, prompts)
+        if kind == "vae_tile":
+            return VaeTileFeatures(request.num_frames, request.height, request.width)
+        return RewardBatchFeatures(request.num_frames)
+
+    def predict(self, kind: str, shape_key: str, card, request, *, prompts: int = 1) -> Prediction:
+        return self.cost_model.predict(kind, shape_key, self.features(kind, card, request, prompts=prompts))
+
+    def price_unit(self, unit, card, request) -> Prediction:
+        prompts = len(unit.params.get("prompts", {})) or 1
+        pred = self.predict(unit.kind, unit.shape_sig, card, request, prompts=prompts)
+        unit.resources = Resources(pred.gpu_seconds, pred.resident_bytes, pred.peak_bytes)
+        with self._lock:
+            self._pending[unit.unit_id] = (unit.kind, unit.shape_sig, pred)
+        return pred
+
+    def reservation(self, card, request, program: tuple[str, ...]) -> Reservation:
+        """What a request holds while it runs: one unit in flight at a time (the most expensive
+        of its loops), the largest peak, and the denoiser's resident latent + history."""
+        kinds = {"text_encode": "encoder_chunk", "diffusion_denoise": "diffusion_step",
+                 "vae_decode": "vae_tile", "reward_score": "reward_batch"}
+        preds = [self.predict(kinds[loop], f"admission|{kinds[loop]}", card, request,
+                              prompts=1 if request.cfg_policy == "none" else 2)
+                 for loop in program if loop in kinds]
+        return Reservation(max(p.gpu_seconds for p in preds), max(p.resident_bytes for p in preds),
+                           max(p.peak_bytes for p in preds))
+
+    def observe_batch(self, unit_ids: list[str], batch_seconds: float) -> None:
+        """Split a batch's measured time across its units (by prior) and calibrate."""
+        with self._lock:
+            entries = [self._pending.pop(u, None) for u in unit_ids]
+        known = [e for e in entries if e is not None]
+        if not known or batch_seconds <= 0:
+            return
+        for (kind, key, pred), secs in zip(known, split_measured(batch_seconds, [p for _, _, p in known])):
+            self.cost_model.observe(kind, key, secs, pred)
+
+    def forget(self, unit_ids: list[str]) -> None:
+        with self._lock:
+            for u in unit_ids:
+                self._pending.pop(u, None)
