@@ -137,13 +137,68 @@ def _event(msg) -> FleetEvent:
     return FleetEvent(kind, msg.request_id, msg.seq, data)
 
 
+AUTH_HEADER = "authorization"
+
+
+class TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                       grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds ``authorization: Bearer <token>`` to every call of a channel."""
+
+    def __init__(self, token: str):
+        self._header = (AUTH_HEADER, f"Bearer {token}")
+
+    def _with_token(self, details):
+        metadata = [*(details.metadata or ()), self._header]
+        return details._replace(metadata=metadata) if hasattr(details, "_replace") else _Details(details, metadata)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_stream_unary(self, continuation, details, request_iterator):
+        return continuation(self._with_token(details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):
+        return continuation(self._with_token(details), request_iterator)
+
+
+class _Details(grpc.ClientCallDetails):
+    def __init__(self, base, metadata):
+        self.method, self.timeout, self.credentials = base.method, base.timeout, base.credentials
+        self.wait_for_ready, self.compression = base.wait_for_ready, base.compression
+        self.metadata = metadata
+
+
+def make_channel(target: str, options=None, *, root_certificates: bytes | None = None,
+                 private_key: bytes | None = None, certificate_chain: bytes | None = None,
+                 token: str | None = None) -> grpc.Channel:
+    """A channel to ``target``: TLS when ``root_certificates`` is given (with a client certificate
+    when ``private_key``/``certificate_chain`` are), plaintext otherwise; ``token`` is sent as a
+    bearer token on every call."""
+    options = list(options or [])
+    if root_certificates is not None:
+        creds = grpc.ssl_channel_credentials(root_certificates=root_certificates, private_key=private_key,
+                                             certificate_chain=certificate_chain)
+        channel = grpc.secure_channel(target, creds, options=options)
+    else:
+        channel = grpc.insecure_channel(target, options=options)
+    return grpc.intercept_channel(channel, TokenInterceptor(token)) if token else channel
+
+
 class FleetClient:
-    def __init__(self, target: str, *, timeout_s: float = 3600.0, rpc_timeout_s: float = 10.0):
+    def __init__(self, target: str, *, timeout_s: float = 3600.0, rpc_timeout_s: float = 10.0,
+                 root_certificates: bytes | None = None, private_key: bytes | None = None,
+                 certificate_chain: bytes | None = None, token: str | None = None):
+        """``root_certificates`` (PEM) turns TLS on (plus a client certificate for mutual TLS);
+        ``token`` is sent as a bearer token. Both off by default (a plaintext loopback fleet)."""
         from fastvideo3.v1 import scheduler_pb2_grpc
         self.target = target
         self.timeout_s = timeout_s  # whole-stream deadline of a Generate call
         self.rpc_timeout_s = rpc_timeout_s  # deadline of the unary RPCs
-        self.channel = grpc.insecure_channel(target, options=_OPTIONS)
+        self.channel = make_channel(target, _OPTIONS, root_certificates=root_certificates, private_key=private_key,
+                                    certificate_chain=certificate_chain, token=token)
         self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
 
     # -- requests ---------------------------------------------------------------------------

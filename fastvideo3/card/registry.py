@@ -1,8 +1,11 @@
 """Built-in card registry and card file loading.
 
-``wan-tiny`` is the embedded default: the Wan2.1 architecture at a tiny size with deterministic
-weights built from a seed, so it runs anywhere with no download. The Wan2.1 1.3B / 14B cards
-describe the real architectures; they are bound to a user's diffusers-format directory with
+``wan-tiny`` is the embedded default: the Wan2.1 architecture at a tiny size, trained by the
+tiny recipe (``bench/train_tiny.py``: flow matching on procedural shape clips) and shipped inside
+the package, so it runs anywhere with no download. ``wan-tiny-4step`` is its 4-step distilled
+student (served only at 4 Euler steps), and ``wan-tiny-seeded`` the same architecture with
+untrained weights drawn from a seed. The Wan2.1 1.3B / 14B cards describe the real
+architectures; they are bound to a user's diffusers-format directory with
 :func:`bind_checkpoint` (or ``--model DIR`` on the CLI, see :func:`resolve_card`).
 """
 from __future__ import annotations
@@ -14,21 +17,26 @@ import yaml
 from pydantic import ValidationError
 
 from fastvideo3.card.spec import (
-    CapabilityMatrix, CheckpointManifest, ComponentSpec, Limits, LoopSpec, ModelCard, RecipeSpec,
-    SamplerSpec,
+    CheckpointManifest, ComponentSpec, Limits, LoopSpec, ModelCard, PrecisionContract, RecipeSpec, SamplerSpec,
 )
 from fastvideo3.errors import CardError, NotFound
 
 TINY_DIT = dict(
-    patch_size=[1, 2, 2], num_attention_heads=2, attention_head_dim=32, in_channels=16, out_channels=16,
-    text_dim=32, freq_dim=32, ffn_dim=128, num_layers=2, cross_attn_norm=True,
+    patch_size=[1, 2, 2], num_attention_heads=4, attention_head_dim=32, in_channels=16, out_channels=16,
+    text_dim=64, freq_dim=64, ffn_dim=512, num_layers=4, cross_attn_norm=True,
     qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=64,
 )
-TINY_VAE = dict(base_dim=4, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+TINY_VAE = dict(base_dim=6, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1,
                 temperal_downsample=[False, True, True])
-TINY_TEXT = dict(vocab_size=384, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+TINY_TEXT = dict(vocab_size=384, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
                  relative_attention_num_buckets=32, relative_attention_max_distance=64,
-                 tokenizer="bytes")
+                 dropout_rate=0.0, tokenizer="bytes")
+#: per-channel latent statistics of the trained tiny VAE (measured by bench/train_tiny.py); the
+#: decoder de-normalises with them, so they belong to the shipped VAE's config
+TINY_VAE_STATS = dict(latents_mean=[0.0] * 16, latents_std=[1.0] * 16)
+#: the guidance scale the trained card serves with by default (picked by the training run's probe)
+TINY_GUIDANCE = 4.0
+TINY_TRAINING_COMMAND = "python bench/train_tiny.py --device cuda --out OUT"
 
 WAN_1_3B_DIT = dict(
     patch_size=[1, 2, 2], num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
@@ -53,22 +61,85 @@ def _loops(default_steps: int, flow_shift: float) -> dict[str, LoopSpec]:
     }
 
 
-def wan_tiny() -> ModelCard:
+def _tiny(model_id: str, description: str, components: dict[str, ComponentSpec], loops: dict[str, LoopSpec],
+          recipe: RecipeSpec, guidance: float, precision: PrecisionContract | None = None) -> ModelCard:
     return ModelCard(
-        model_id="wan-tiny",
-        description="Wan2.1 architecture at a tiny size; deterministic weights from a seed (no download).",
-        components={
+        model_id=model_id,
+        description=description,
+        components=components,
+        loops=loops,
+        recipe=recipe,
+        precision=precision or PrecisionContract(),
+        checkpoint=CheckpointManifest(root=None, seed=0, required_for=_T2V_TASKS),
+        limits=Limits(max_frames=65, max_height=512, max_width=512, default_frames=33,
+                      default_height=128, default_width=128, default_guidance=guidance),
+        max_text_tokens=64,
+    )
+
+
+def _shipped(component: str, kind: str, config: dict, file: str, key_map: str | None = None) -> ComponentSpec:
+    return ComponentSpec(component_id=component, kind=kind, source="shipped", subfolder=file, config=config,
+                         key_map=key_map)
+
+
+def _tiny_shipped_components(transformer_file: str) -> dict[str, ComponentSpec]:
+    return {
+        "text_encoder": _shipped("text_encoder", "text_encoder", TINY_TEXT, "wan-tiny/text_encoder.safetensors"),
+        "transformer": _shipped("transformer", "dit", TINY_DIT, transformer_file, "wan_dit_diffusers_v1"),
+        "vae": _shipped("vae", "vae", {**TINY_VAE, **TINY_VAE_STATS}, "wan-tiny/vae.safetensors"),
+    }
+
+
+_TRAINED_FP32 = PrecisionContract(supported=["fp32"], default_cpu="fp32", default_cuda="fp32")
+
+
+def wan_tiny() -> ModelCard:
+    return _tiny(
+        "wan-tiny",
+        "Wan2.1 architecture at a tiny size, trained with flow matching on procedural shape clips "
+        "(a colored circle, square or triangle moving left, right, up or down on a plain background); "
+        "weights ship in the package.",
+        _tiny_shipped_components("wan-tiny/transformer.safetensors"),
+        _loops(default_steps=50, flow_shift=3.0),
+        RecipeSpec(method="flow_matching", data_contract="procedural shapes v1", assumes_loop="diffusion_denoise",
+                   assumes_precision="fp32", consistency_required="C1", training_command=TINY_TRAINING_COMMAND),
+        guidance=TINY_GUIDANCE,
+        precision=_TRAINED_FP32,
+    )
+
+
+def wan_tiny_4step() -> ModelCard:
+    return _tiny(
+        "wan-tiny-4step",
+        "wan-tiny distilled to 4 Euler steps without guidance (reflow on the teacher's guided rollouts); "
+        "served only at 4 steps with the euler sampler.",
+        _tiny_shipped_components("wan-tiny-4step/transformer.safetensors"),
+        {"text_encode": LoopSpec(loop_id="text_encode"),
+         "diffusion_denoise": LoopSpec(loop_id="diffusion_denoise", default_steps=4,
+                                       sampler=SamplerSpec(name="euler", flow_shift=3.0)),
+         "vae_decode": LoopSpec(loop_id="vae_decode")},
+        RecipeSpec(method="step_distill", parents=["wan-tiny"], data_contract="procedural shapes v1 "
+                   "(teacher rollouts: wan-tiny, 25 unipc steps, guided)", assumes_loop="diffusion_denoise",
+                   assumes_steps=4, assumes_sampler="euler", assumes_precision="fp32", consistency_required="C1",
+                   training_command=TINY_TRAINING_COMMAND),
+        guidance=1.0,  # guidance is distilled in: one conditional forward per step
+        precision=_TRAINED_FP32,
+    )
+
+
+def wan_tiny_seeded() -> ModelCard:
+    return _tiny(
+        "wan-tiny-seeded",
+        "The wan-tiny architecture with untrained weights drawn from a seed (no files): a baseline.",
+        {
             "text_encoder": ComponentSpec(component_id="text_encoder", kind="text_encoder", config=TINY_TEXT),
             "transformer": ComponentSpec(component_id="transformer", kind="dit", config=TINY_DIT,
                                          key_map="wan_dit_diffusers_v1"),
             "vae": ComponentSpec(component_id="vae", kind="vae", config=TINY_VAE),
         },
-        loops=_loops(default_steps=8, flow_shift=3.0),
-        recipe=RecipeSpec(method="seeded", data_contract="none: weights drawn from a seeded generator"),
-        checkpoint=CheckpointManifest(root=None, seed=0, required_for=_T2V_TASKS),
-        limits=Limits(max_frames=65, max_height=512, max_width=512, default_frames=33,
-                      default_height=128, default_width=128, default_guidance=5.0),
-        max_text_tokens=64,
+        _loops(default_steps=8, flow_shift=3.0),
+        RecipeSpec(method="seeded", data_contract="none: weights drawn from a seeded generator"),
+        guidance=5.0,
     )
 
 
@@ -102,6 +173,8 @@ def _wan_real(model_id: str, dit: dict, desc: str) -> ModelCard:
 def builtin_cards() -> dict[str, ModelCard]:
     cards = [
         wan_tiny(),
+        wan_tiny_4step(),
+        wan_tiny_seeded(),
         _wan_real("wan2.1-t2v-1.3b", WAN_1_3B_DIT, "Wan2.1 text-to-video 1.3B (diffusers-format directory)"),
         _wan_real("wan2.1-t2v-14b", WAN_14B_DIT, "Wan2.1 text-to-video 14B (diffusers-format directory)"),
     ]

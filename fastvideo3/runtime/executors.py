@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fastvideo3.card.spec import ModelCard
-from fastvideo3.errors import ErrorInfo, FastVideoError, InvalidRequest, NumericFault
+from fastvideo3.errors import ErrorInfo, FastVideoError, InvalidRequest, NumericFault, ResourceExhausted, Unavailable
 from fastvideo3.loop import cfg as cfg_policy
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.loop.samplers import SamplerHistory, sampler_step
@@ -25,6 +25,8 @@ FETCH_DEADLINE_S = 30.0
 
 
 def _fail(unit: WorkUnit, exc: BaseException) -> StepResult:
+    if isinstance(exc, torch.OutOfMemoryError):  # request-local: the next request may fit
+        exc = ResourceExhausted(f"device out of memory: {exc}", field="memory", request_id=unit.request_id)
     info = ErrorInfo.of(exc)
     if isinstance(exc, FastVideoError) and exc.step is None and unit.step is not None:
         info = ErrorInfo(info.code, info.message, info.field, info.limit, unit.step, info.retry_after_s, info.details)
@@ -51,6 +53,7 @@ class _Base:
         self.precision = precision or (card.precision.default_cuda if self.device.startswith("cuda") else card.precision.default_cpu)
         self.dtype = precision_dtype(self.precision)
         self.counters: dict[str, float] = {"units": 0, "batches": 0, "failed_units": 0, "busy_seconds": 0.0}
+        self.fetch_deadline_s = FETCH_DEADLINE_S  # bound on pulling one input from another pool
         self._lock = threading.RLock()
 
     def execute(self, batch: list[WorkUnit]) -> list[StepResult]:
@@ -151,14 +154,19 @@ class DenoiserExecutor(_Base):
         self.regions: dict[str, Region] = {}
         self.counters.update({"forwards": 0, "rows": 0, "max_batch_rows": 0})
         self.fault_hook = None  # test hook: fn(unit, latent) -> latent, to inject numeric faults
+        #: read-only step observers (behavior capture for rollouts, parity taps):
+        #: fn(unit, latent_in, model_output, latent_out), called after each successful step.
+        #: They must not mutate the tensors; with none installed the step body is unchanged.
+        self.observers: list = []
 
     # -- region lifecycle --------------------------------------------------------------
     def _region(self, unit: WorkUnit) -> Region:
         reg = self.regions.get(unit.request_id)
         p = unit.params
         if reg is None:
-            if p["step"] != 0:
-                raise FastVideoError(f"no resident latent for request at step {p['step']}", step=p["step"])
+            if p["step"] != 0:  # the replica lost it (restarted): the scheduler resumes from a snapshot
+                raise Unavailable(f"no resident latent for request at step {p['step']}", step=p["step"],
+                                  field="request_id", details={"lost_region": True})
             shape = [1, *p["latent_shape"]]
             gen = torch.Generator(device="cpu").manual_seed(int(p["seed"]))
             latent = torch.randn(shape, generator=gen, dtype=torch.float32).to(self.device)
@@ -168,13 +176,42 @@ class DenoiserExecutor(_Base):
             raise FastVideoError(f"step {p['step']} issued but the resident latent is at step {reg.step}", step=p["step"])
         for name, d in unit.inputs.items():
             if name not in reg.embeds:  # fetched once per request, reused across steps
-                reg.embeds[name] = self.transport.fetch(_ref(d), deadline_s=FETCH_DEADLINE_S).to(self.device, self.dtype)
+                fetched = self.transport.fetch(_ref(d), deadline_s=self.fetch_deadline_s)
+                reg.embeds[name] = fetched.to(self.device, self.dtype)
         return reg
 
     def release(self, request_id: str) -> None:
         with self._lock:
             self.regions.pop(request_id, None)
         super().release(request_id)
+
+    # -- snapshot / restore (fastvideo3.runtime.resident) ----------------------------------
+    @property
+    def identity(self):
+        """The runtime identity snapshots are bound to (weights, precision, libraries, device)."""
+        if getattr(self, "_identity", None) is None:
+            from fastvideo3.runtime.resident import pool_identity
+            self._identity = pool_identity(self.weights_digest, self.precision, self.device)
+        return self._identity
+
+    def snapshot(self, request_id: str) -> bytes:
+        """The request's latent + sampler history, bound to this pool's fingerprint."""
+        from fastvideo3.errors import NotFound
+        from fastvideo3.runtime.resident import snapshot_regions
+        with self._lock:
+            reg = self.regions.get(request_id)
+            if reg is None:
+                raise NotFound("no resident region for this request", field="request_id")
+            return snapshot_regions(self.identity, reg.latent, reg.history, reg.step)
+
+    def restore(self, request_id: str, blob: bytes) -> int:
+        """Replace the request's region with a snapshot (same fingerprint only); returns its step.
+        Embeddings are fetched again by the next step (its unit names them)."""
+        from fastvideo3.runtime.resident import restore_regions
+        latent, history, step = restore_regions(self.identity, blob, self.device)
+        with self._lock:
+            self.regions[request_id] = Region(latent=latent, history=history, step=step)
+        return step
 
     def describe(self) -> dict:
         d = super().describe()
@@ -270,6 +307,8 @@ class DenoiserExecutor(_Base):
                     new = self.fault_hook(unit, new)
                 if not bool(torch.isfinite(new).all()):
                     raise NumericFault("latents became non-finite", step=int(p["step"]), request_id=unit.request_id)
+                for observe in self.observers:
+                    observe(unit, reg.latent, noise, new)
                 reg.latent = new
                 reg.step += 1
                 res = StepResult(unit.unit_id, unit.request_id,
@@ -296,7 +335,7 @@ class DecoderExecutor(_Base):
         out = []
         for unit in batch:
             try:
-                latent = self.transport.fetch(_ref(unit.inputs["latents"]), deadline_s=FETCH_DEADLINE_S)
+                latent = self.transport.fetch(_ref(unit.inputs["latents"]), deadline_s=self.fetch_deadline_s)
                 frames = self.vae.decode(latent)[0].contiguous()  # [F, H, W, 3] float32 in [0, 1]
                 ref = self.transport.publish(unit.request_id, "frames", frames)
                 res = StepResult(unit.unit_id, unit.request_id, outputs={"frames": ref.to_dict()},

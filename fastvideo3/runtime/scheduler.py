@@ -14,6 +14,7 @@ class with remote executors that forward batches to role pools over gRPC.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -63,6 +64,8 @@ class RequestRun:
     placement: dict[str, int] = field(default_factory=dict)
     #: inline artifacts returned by pools (e.g. the encoded video), by loop id
     artifacts: dict[str, bytes] = field(default_factory=dict)
+    #: rebuilt from a checkpoint by a restarted scheduler (no client stream until one re-attaches)
+    resumed: bool = False
     _seq: Any = field(default_factory=lambda: itertools.count())
     done_event: threading.Event = field(default_factory=threading.Event)
 
@@ -95,6 +98,8 @@ class CoreScheduler:
         max_queued: int = 256,
         on_event: Callable[[Event], None] | None = None,
         checkpoint: Callable[[RequestRun], None] | None = None,
+        admit_hook: Callable[[RequestRun], None] | None = None,
+        recover: Callable[[RequestRun, WorkUnit, StepResult], bool] | None = None,
         parallel_dispatch: bool = False,
         dispatch_workers: int = 4,
         pricer: Any = None,
@@ -111,6 +116,11 @@ class CoreScheduler:
         self.max_queued = max_queued
         self.on_event = on_event
         self.checkpoint = checkpoint
+        # durability hooks (fastvideo3.runtime.checkpointer): ``admit_hook`` registers a request
+        # before it is queued (raising refuses it); ``recover`` may move a request whose pool was
+        # lost to another replica instead of failing it (True = it continues)
+        self.admit_hook = admit_hook
+        self.recover = recover
         self.pricer = pricer
         self.admission = admission
         if telemetry is None:
@@ -145,6 +155,12 @@ class CoreScheduler:
                                         limit=str(self.max_queued), retry_after_s=1.0)
             self.runs.pop(request.request_id, None)
             run = RequestRun(request=request, card=card, program=tuple(program or PROGRAM_T2V), ctx=dict(ctx or {}))
+            if self.admit_hook is not None:
+                try:
+                    self.admit_hook(run)
+                except FastVideoError:
+                    self.counters["refused"] += 1
+                    raise
             self.runs[request.request_id] = run
             self.counters["admitted"] += 1
             self.telemetry.submitted(request.request_id, card.model_id, request.slo_class, parent=trace_parent,
@@ -172,6 +188,19 @@ class CoreScheduler:
             run = self.runs.get(request_id)
             if run is not None and run.status in TERMINAL:
                 del self.runs[request_id]
+
+    def adopt(self, run: RequestRun) -> None:
+        """Take over a run rebuilt from a checkpoint (a restarted scheduler resuming it). It is
+        queued ahead of everything else and admitted again; its loop continues where it was."""
+        with self._lock:
+            old = self.runs.get(run.request_id)
+            if old is not None and old.status not in TERMINAL:
+                raise InvalidRequest("a request with this id is still running", field="request_id")
+            run.status = "QUEUED"
+            self.runs[run.request_id] = run
+            self.runs.move_to_end(run.request_id, last=False)
+            self.telemetry.submitted(run.request_id, run.card.model_id, run.request.slo_class, created_s=run.created)
+            self._emit(run, "accepted", {"model": run.card.model_id, "resumed": True})
 
     # -- the tick ----------------------------------------------------------------------
     def tick(self) -> bool:
@@ -332,7 +361,8 @@ class CoreScheduler:
             replicas = self.executors.get(u.role) or []
             if not replicas:
                 continue  # no pool serves this role: the batch fails with UNAVAILABLE
-            idx = min(range(len(replicas)),
+            healthy = [i for i in range(len(replicas)) if getattr(replicas[i], "healthy", True) is not False]
+            idx = min(healthy or range(len(replicas)),
                       key=lambda i: (self.inflight.get(id(replicas[i]), 0) + load.get((u.role, i), 0), i))
             r.placement[u.role] = idx
             load[(u.role, idx)] = load.get((u.role, idx), 0) + 1
@@ -342,6 +372,10 @@ class CoreScheduler:
     def _run_batch(self, batch, executor) -> list[StepResult]:
         if executor is None:
             err = ErrorInfo.of(Unavailable(f"no pool serves role {batch[0][0].role!r}", field="role"))
+            return [StepResult(u.unit_id, u.request_id, ok=False, error=err) for u, _ in batch]
+        if getattr(executor, "healthy", True) is False:  # routed around: fail fast, never hang on it
+            err = ErrorInfo.of(Unavailable(f"{batch[0][0].role} replica {getattr(executor, 'target', '')} is not "
+                                           "serving", field="role", details={"dispatch_failed": True}))
             return [StepResult(u.unit_id, u.request_id, ok=False, error=err) for u, _ in batch]
         key = id(executor)
         self.inflight[key] = self.inflight.get(key, 0) + len(batch)
@@ -359,7 +393,10 @@ class CoreScheduler:
         except Exception as e:  # noqa: BLE001 - a lost pool fails its batch, not the scheduler
             if self.pricer is not None:
                 self.pricer.forget([u.unit_id for u in units])
-            return [StepResult(u.unit_id, u.request_id, ok=False, error=ErrorInfo.of(e)) for u, _ in batch]
+            err = ErrorInfo.of(e)
+            if err.code == "UNAVAILABLE":  # the pool itself failed (not one unit): recoverable
+                err = dataclasses.replace(err, details={**err.details, "dispatch_failed": True})
+            return [StepResult(u.unit_id, u.request_id, ok=False, error=err) for u, _ in batch]
         finally:
             self.inflight[key] -= len(batch)
 
@@ -383,6 +420,8 @@ class CoreScheduler:
         run.phase_seconds[loop_id] = run.phase_seconds.get(loop_id, 0.0) + elapsed
         if res.ok and res.inline:
             run.artifacts[loop_id] = res.inline
+        if not res.ok and self.recover is not None and self.recover(run, unit, res):
+            return  # moved to another replica; it continues from its last snapshot
         try:
             run.driver.apply(res)
         except FastVideoError as e:

@@ -148,3 +148,12 @@ class ShapesDataset:
 def all_fields() -> list[PromptFields]:
     """Every prompt of the contract (colors x shapes x motions x backgrounds)."""
     return [PromptFields(c, s, m, b) for c in COLORS for s in SHAPES for m in MOTIONS for b in BACKGROUNDS]
+
+
+def eval_prompts() -> list[str]:
+    """The fixed adherence prompt set: every color x motion pair once (20 prompts), with the
+    shape and background rotating so each appears about equally often."""
+    out = []
+    for i, (c, m) in enumerate((c, m) for c in COLORS for m in MOTIONS):
+        out.append(PromptFields(c, SHAPES[i % len(SHAPES)], m, list(BACKGROUNDS)[(i // 2) % len(BACKGROUNDS)]).caption())
+    return out

@@ -38,6 +38,15 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 4 * CHUNK_BYTES),
     ("grpc.max_send_message_length", 4 * CHUNK_BYTES),
 ]
+#: how readers dial owners: ``fn(address, options) -> grpc.Channel``. Plaintext by default; a
+#: process serving with TLS and/or a token sets its own (services/common/auth.py) at startup.
+_channel_factory = None
+
+
+def set_channel_factory(factory) -> None:
+    """Dial owners with ``factory(address, options)`` (process-wide setting, not per request)."""
+    global _channel_factory
+    _channel_factory = factory
 
 
 class GrpcBytesTransport(TransportBase):
@@ -60,6 +69,7 @@ class GrpcBytesTransport(TransportBase):
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
         self._server: grpc.Server | None = None
+        self.serve_hook = None  # test hook: fn(request_id) called before a buffer is served
         self.address = advertise
         if listen is not None:
             self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=server_workers),
@@ -105,6 +115,8 @@ class GrpcBytesTransport(TransportBase):
         if entry is None:
             context.abort(grpc.StatusCode.NOT_FOUND, why)
         try:
+            if self.serve_hook is not None:
+                self.serve_hook(entry.request_id)
             yield from self._chunks(entry)
             self._count("served")
             self._count("served_bytes", entry.ref.nbytes)
@@ -168,7 +180,8 @@ class GrpcBytesTransport(TransportBase):
         with self._channels_lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+                channel = (_channel_factory(address, _CHANNEL_OPTIONS) if _channel_factory is not None
+                           else grpc.insecure_channel(address, options=_CHANNEL_OPTIONS))
                 self._channels[address] = channel
             return channel
 

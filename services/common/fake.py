@@ -62,7 +62,13 @@ class FakeExecutor:
             res.outputs = {n: fake_ref(owner, rid, n, [1, self.card.max_text_tokens, FAKE_TEXT_DIM])
                            for n in p.get("prompts", {})}
         elif unit.kind == "diffusion_step":
-            self.regions[rid] = int(p.get("step", 0)) + 1
+            step = int(p.get("step", 0))
+            if step and self.regions.get(rid) != step:  # like the real denoiser: state lost -> resume
+                from fastvideo3.errors import ErrorInfo, Unavailable
+                return StepResult(unit.unit_id, rid, ok=False, error=ErrorInfo.of(Unavailable(
+                    f"no resident region for request at step {step}", step=step, field="request_id",
+                    details={"lost_region": True})))
+            self.regions[rid] = step + 1
             res.metrics = {"latent_norm": 1.0, "finite": 1.0}
             if p.get("final"):
                 res.outputs = {"latents": fake_ref(owner, rid, "latents", [1, *p["latent_shape"]])}
@@ -79,6 +85,30 @@ class FakeExecutor:
     def release(self, request_id: str) -> None:
         with self._lock:
             self.regions.pop(request_id, None)
+
+    # -- snapshot / restore: the step counter is the whole resident state -----------------
+    @property
+    def identity(self):
+        from fastvideo3.runtime.resident import pool_identity
+        return pool_identity(self.weights_digest, self.precision, "cpu")
+
+    def snapshot(self, request_id: str) -> bytes:
+        import torch
+
+        from fastvideo3.errors import NotFound
+        from fastvideo3.runtime.resident import snapshot_tensors
+        with self._lock:
+            if request_id not in self.regions:
+                raise NotFound("no resident region for this request", field="request_id")
+            step = self.regions[request_id]
+        return snapshot_tensors(self.identity, [("step", torch.tensor([step], dtype=torch.int64))])
+
+    def restore(self, request_id: str, blob: bytes) -> int:
+        from fastvideo3.runtime.resident import restore_tensors
+        step = int(restore_tensors(self.identity, blob)["step"][0])
+        with self._lock:
+            self.regions[request_id] = step
+        return step
 
     def describe(self) -> dict:
         with self._lock:

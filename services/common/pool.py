@@ -46,6 +46,17 @@ class PoolConfig:
     no_batching: bool = False
     exit_with_parent: bool = False
     log_level: str = "INFO"
+    fetch_timeout_s: float = 30.0
+    fake_load_seconds: float = 0.0
+    inject_fault: tuple[str, ...] = ()
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    auth_token_file: str | None = None
+
+    def security(self):
+        from services.common.auth import from_args
+        return from_args(self.__dict__)
 
 
 def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
@@ -73,16 +84,22 @@ def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
         p.add_argument("--no-batching", action="store_true", help="run each unit of a batch as its own forward")
     p.add_argument("--exit-with-parent", action="store_true", help="stop when the launching process exits")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--fetch-timeout", type=float, default=30.0, dest="fetch_timeout_s",
+                   help="deadline of one pull of an input from another pool")
+    p.add_argument("--fake-load-seconds", type=float, default=0.0, help="simulated load time in --fake (tests)")
+    p.add_argument("--inject-fault", action="append", default=[],
+                   help="test only: KIND:REQUEST_ID@N (see services/common/faults.py)")
+    from services.common.auth import add_args
+    add_args(p)
     a = vars(p.parse_args(argv))
+    a["inject_fault"] = tuple(a["inject_fault"])
     return PoolConfig(role=role, **a)
 
 
 def fingerprint(weights_digest: str, precision: str, device: str) -> str:
-    try:
-        from fastvideo3.export.identity import RuntimeIdentity, default_libraries, detect_device_arch
-        ident = RuntimeIdentity(weights_digest=weights_digest or "none", precision=precision,
-                                libraries=default_libraries(), device_arch=detect_device_arch(device))
-        return "fnv1a64:" + ident.fingerprint_hex
+    try:  # the identity snapshots are bound to (fastvideo3.runtime.resident)
+        from fastvideo3.runtime.resident import pool_fingerprint, pool_identity
+        return pool_fingerprint(pool_identity(weights_digest, precision, device))
     except Exception:  # noqa: BLE001 - discovery data only; never fail a pool over it
         return ""
 
@@ -172,10 +189,50 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
         return pool_pb2.PoolDescription(**self.description())
 
     def Snapshot(self, request, context):  # noqa: N802
-        context.abort(grpc_status("UNIMPLEMENTED"), "snapshots are not served by this pool yet")
+        """A request's resident regions, bound to this pool's runtime fingerprint."""
+        import hashlib
+
+        from fastvideo3.errors import FastVideoError, InvalidRequest
+        from services.common.errors import abort
+        try:
+            with self.host.work():
+                if not request.request_id:
+                    raise InvalidRequest("must not be empty", field="request_id")
+                if not hasattr(self.executor, "snapshot"):
+                    context.abort(grpc_status("UNIMPLEMENTED"), f"a {self.cfg.role} pool keeps no resident state")
+                blob = self.executor.snapshot(request.request_id)
+                self.counters["snapshots"] = self.counters.get("snapshots", 0) + 1
+                from fastvideo3.export.regions import Snapshot
+                names = [r.name for r in Snapshot.from_bytes(blob).regions]
+                return pool_pb2.SnapshotResponse(request_id=request.request_id, blob=blob,
+                                                 runtime_fingerprint=self.fingerprint, regions=names,
+                                                 checksum="sha256:" + hashlib.sha256(blob).hexdigest())
+        except FastVideoError as e:
+            abort(context, e)
 
     def Restore(self, request, context):  # noqa: N802
-        context.abort(grpc_status("UNIMPLEMENTED"), "snapshots are not served by this pool yet")
+        """Load a snapshot; FAILED_PRECONDITION unless it was written under this fingerprint."""
+        import hashlib
+
+        from fastvideo3.errors import DataLoss, FastVideoError, InvalidRequest
+        from fastvideo3.export.errors import FingerprintMismatch
+        from services.common.errors import abort
+        try:
+            with self.host.work():
+                if not request.request_id:
+                    raise InvalidRequest("must not be empty", field="request_id")
+                if not hasattr(self.executor, "restore"):
+                    context.abort(grpc_status("UNIMPLEMENTED"), f"a {self.cfg.role} pool keeps no resident state")
+                if request.runtime_fingerprint and request.runtime_fingerprint != self.fingerprint:
+                    raise FingerprintMismatch(f"snapshot from runtime {request.runtime_fingerprint}",
+                                              field="runtime_fingerprint", limit=self.fingerprint)
+                if request.checksum and request.checksum != "sha256:" + hashlib.sha256(request.blob).hexdigest():
+                    raise DataLoss("snapshot checksum mismatch", field="checksum")
+                self.executor.restore(request.request_id, request.blob)
+                self.counters["restores"] = self.counters.get("restores", 0) + 1
+                return pool_pb2.RestoreResponse(request_id=request.request_id)
+        except FastVideoError as e:
+            abort(context, e)
 
     # -- Describe -----------------------------------------------------------------------
     def description(self) -> dict:
@@ -232,7 +289,9 @@ def run_pool(role: str, build: BuildFn, argv: list[str] | None = None) -> int:
     """The process main of a role pool (see module docstring). Returns the exit status."""
     cfg = parse_args(role, argv)
     setup_logging(cfg.log_level)
-    host = ServiceHost([SERVICE], cfg.host, cfg.port)
+    security = cfg.security()
+    security.install()
+    host = ServiceHost([SERVICE], cfg.host, cfg.port, security=security)
     replica_id = cfg.replica_id or f"{role}@{cfg.host}:{cfg.port}"
     servicer = RolePoolServicer(cfg, host, replica_id)
     pool_pb2_grpc.add_RolePoolServicer_to_server(servicer, host.server)
@@ -280,9 +339,17 @@ def _load(cfg: PoolConfig, build: BuildFn, replica_id: str, host: ServiceHost, p
                              handler_sink=host.late_handlers)
     try:
         if cfg.fake:
+            if cfg.fake_load_seconds > 0:  # simulated weight loading (health stays NOT_SERVING)
+                host.stop_event.wait(cfg.fake_load_seconds)
             executor = FakeExecutor(cfg.role, card, transport, cfg.fake_step_seconds)
         else:
             executor = build(cfg, card, transport)
+        if hasattr(executor, "fetch_deadline_s"):
+            executor.fetch_deadline_s = cfg.fetch_timeout_s
+        if cfg.inject_fault:
+            from services.common import faults
+            faults.install(executor, transport, faults.parse(cfg.inject_fault))
+            log.warning("test faults armed: %s", ", ".join(cfg.inject_fault))
     except BaseException:
         transport.close()
         raise

@@ -52,11 +52,20 @@ class _LateHandlers(grpc.GenericRpcHandler):
 
 
 class ServiceHost:
-    def __init__(self, services: list[str], host: str, port: int, *, max_workers: int = 16):
+    def __init__(self, services: list[str], host: str, port: int, *, max_workers: int = 16, security=None,
+                 max_receive_bytes: int | None = None):
+        """``security`` (services.common.auth.Security): TLS and token auth, off when None.
+        ``max_receive_bytes`` lowers the largest request message accepted (a front door needs
+        far less than pools, whose replies carry encoded videos)."""
         self.services = list(services)
         self.host, self.port = host, port
+        self.security = security
+        options = list(CHANNEL_OPTIONS)
+        if max_receive_bytes:
+            options = [o for o in options if o[0] != "grpc.max_receive_message_length"]
+            options.append(("grpc.max_receive_message_length", int(max_receive_bytes)))
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
-                                  options=CHANNEL_OPTIONS)
+                                  options=options, interceptors=security.interceptors() if security else None)
         self.health = health.HealthServicer(experimental_non_blocking=True)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._late = _LateHandlers()
@@ -77,7 +86,8 @@ class ServiceHost:
     def start(self) -> int:
         names = [*self.services, health.SERVICE_NAME, reflection.SERVICE_NAME]
         reflection.enable_server_reflection(names, self.server)
-        bound = self.server.add_insecure_port(f"{self.host}:{self.port}")
+        address = f"{self.host}:{self.port}"
+        bound = self.security.bind(self.server, address) if self.security else self.server.add_insecure_port(address)
         if bound == 0:
             raise Unavailable(f"cannot listen on {self.host}:{self.port}", field="port")
         self.port = bound

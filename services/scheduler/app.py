@@ -42,14 +42,23 @@ class _Gate(scheduler_pb2_grpc.SchedulerServicer):
         return self._get(context).Describe(request, context)
 
 
-def _monitor(replicas: dict[str, list], stop: threading.Event, interval_s: float = 2.0) -> None:
-    while not stop.wait(interval_s):
-        for reps in replicas.values():
-            for rep in reps:
-                was = rep.healthy
-                if rep.check_health(timeout=min(1.0, interval_s)) != was:
-                    log.warning("%s pool %s is now %s", rep.role, rep.target,
-                                "SERVING" if rep.healthy else "NOT SERVING")
+def _monitor(replicas: dict[str, list], stop: threading.Event, interval_s: float = 1.0,
+             timeout_s: float = 1.0) -> list[threading.Thread]:
+    """One health-check loop per replica (a hung replica never delays the checks of the others).
+    A replica that stops answering is routed around and its in-flight calls are cancelled
+    (RemoteExecutor.check_health); it is used again once it reports SERVING."""
+
+    def watch(rep) -> None:
+        while not stop.wait(interval_s):
+            was = rep.healthy
+            if rep.check_health(timeout=timeout_s) != was:
+                log.warning("%s pool %s is now %s", rep.role, rep.target, "SERVING" if rep.healthy else "NOT SERVING")
+
+    threads = [threading.Thread(target=watch, args=(rep,), name=f"health-{rep.target}", daemon=True)
+               for reps in replicas.values() for rep in reps]
+    for t in threads:
+        t.start()
+    return threads
 
 
 def connect(cfg: SchedulerConfig, card_id: str, stop: threading.Event):
@@ -57,7 +66,10 @@ def connect(cfg: SchedulerConfig, card_id: str, stop: threading.Event):
     from fastvideo3.errors import FailedPrecondition
     from services.scheduler.remote import RemoteExecutor
     from services.scheduler.topology import caps_of, choose_edges, output_transport
-    replicas = {role: [RemoteExecutor(role, t, rpc_timeout_s=cfg.rpc_timeout_s, control_timeout_s=cfg.control_timeout_s)
+    security = cfg.security()
+    replicas = {role: [RemoteExecutor(role, t, rpc_timeout_s=cfg.rpc_timeout_s, control_timeout_s=cfg.control_timeout_s,
+                                      security=security if security.enabled else None,
+                                      unhealthy_after=cfg.unhealthy_after)
                        for t in targets] for role, targets in cfg.pools.items()}
     for reps in replicas.values():
         for rep in reps:
@@ -84,7 +96,7 @@ def run_scheduler(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
     setup_logging(cfg.log_level)
     from services.scheduler.service import SERVICE
-    host = ServiceHost([SERVICE], cfg.host, cfg.port)
+    host = ServiceHost([SERVICE], cfg.host, cfg.port, security=cfg.security(), max_receive_bytes=cfg.max_request_bytes)
     gate = _Gate()
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(gate, host.server)
     port = host.start()
@@ -107,7 +119,7 @@ def run_scheduler(argv: list[str] | None = None) -> int:
         return 2 if isinstance(e, FastVideoError) and e.code in ("INVALID_ARGUMENT", "NOT_FOUND") else 1
     gate.target = servicer
     monitor_stop = threading.Event()
-    threading.Thread(target=_monitor, args=(replicas, monitor_stop), name="pool-health", daemon=True).start()
+    _monitor(replicas, monitor_stop, cfg.health_interval_s, cfg.health_timeout_s)
     if cfg.metrics_port is not None:
         from fastvideo3.telemetry.metrics import start_metrics_server
         metrics = runtime.sched.telemetry.metrics
@@ -142,15 +154,31 @@ def _build(cfg: SchedulerConfig, host: ServiceHost):
     info = json.loads(replicas["denoiser"][0].last_description.description_json or b"{}")
     precision = (info.get("executor") or {}).get("precision") or card.precision.default_cpu
     pricer, admission, telemetry = _economy(cfg)
+    checkpointer = _checkpointer(cfg)
     runtime = FleetRuntime(replicas, batching=cfg.batching, max_batch=max_batch, max_running=cfg.max_running,
                            max_queued=cfg.max_queued, retain_finished=cfg.retain_finished, pricer=pricer,
-                           admission=admission, telemetry=telemetry)
+                           admission=admission, telemetry=telemetry, checkpointer=checkpointer)
+    resumed = checkpointer.resume(card)  # requests a previous scheduler left in flight
+    if resumed:
+        log.info("resumed %d in-flight request(s) from %s: %s", len(resumed), checkpointer.store.address,
+                 ", ".join(resumed))
     deployment = build_card(cfg, card, replicas, edges, ["", SERVICE], cost_model=pricer.cost_model)
     config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()}
     servicer = SchedulerServicer(host, runtime, card, precision=precision, replicas=replicas, edges=edges,
                                  deployment_card=deployment, config=config)
     runtime.start()
     return servicer, runtime, replicas
+
+
+def _checkpointer(cfg: SchedulerConfig):
+    """The state store (checked now: a scheduler that cannot reach it does not start) and the
+    checkpointer over it."""
+    from fastvideo3.runtime.checkpointer import Checkpointer
+    from fastvideo3.state import StoreConfig, make_store
+    store = make_store(cfg.state_store, StoreConfig(namespace=cfg.state_namespace or cfg.engine_id,
+                                                    ttl_after_end_s=cfg.state_ttl_s, timeout_s=cfg.state_timeout_s))
+    store.ping()
+    return Checkpointer(store, every=cfg.checkpoint_every, retry_s=max(0.5, cfg.state_timeout_s))
 
 
 def _economy(cfg: SchedulerConfig):

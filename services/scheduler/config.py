@@ -56,8 +56,27 @@ class SchedulerConfig:
     batch_budget_s: float = 120.0        # the same, batch class
     trace_file: str | None = None        # JSON-lines span export (fastvideo3 slo report reads it)
     otlp_endpoint: str | None = None     # OTLP span export; off by default
+    # durability (fastvideo3.runtime.checkpointer): where request state is checkpointed
+    state_store: str = "memory://"       # or redis://host:port/db: survives a scheduler restart
+    state_namespace: str | None = None   # key prefix (default: the engine id): one per deployment
+    state_ttl_s: float = 3600.0          # keys of an ended request expire after this
+    state_timeout_s: float = 2.0         # bound on one store operation
+    checkpoint_every: int = 1            # denoise steps between checkpoints (+ snapshots); 0 = off
+    # pool health: checked every interval with a deadline; lost after N unanswered checks
+    health_interval_s: float = 1.0
+    health_timeout_s: float = 1.0
+    unhealthy_after: int = 2
+    max_request_bytes: int = 4 << 20     # largest Generate message accepted
+    tls_cert: str | None = None          # security (services/common/auth.py): off by default
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    auth_token_file: str | None = None
     exit_with_parent: bool = False
     log_level: str = "INFO"
+
+    def security(self):
+        from services.common.auth import from_args
+        return from_args(self.__dict__)
 
     def edge_backend(self, producer: str, consumer: str) -> str:
         return self.edge_transport.get(f"{producer}->{consumer}", self.transport)
@@ -112,6 +131,19 @@ def parse_args(argv: list[str] | None = None) -> SchedulerConfig:
     p.add_argument("--batch-budget-s", type=float, default=None)
     p.add_argument("--trace-file", default=None, help="append spans as JSON lines to this file")
     p.add_argument("--otlp-endpoint", default=None, help="export spans over OTLP (host:4317)")
+    p.add_argument("--state-store", default=None, help="memory:// (default) or redis://host:port/db")
+    p.add_argument("--state-namespace", default=None, help="state key prefix (default: the engine id)")
+    p.add_argument("--state-ttl", type=float, default=None, dest="state_ttl_s",
+                   help="seconds an ended request's state stays readable")
+    p.add_argument("--state-timeout", type=float, default=None, dest="state_timeout_s")
+    p.add_argument("--checkpoint-every", type=int, default=None,
+                   help="checkpoint (and snapshot) each request every N denoise steps; 0 = off")
+    p.add_argument("--health-interval", type=float, default=None, dest="health_interval_s")
+    p.add_argument("--health-timeout", type=float, default=None, dest="health_timeout_s")
+    p.add_argument("--unhealthy-after", type=int, default=None, help="unanswered health checks before a pool is lost")
+    p.add_argument("--max-request-bytes", type=int, default=None)
+    from services.common.auth import add_args
+    add_args(p)
     p.add_argument("--exit-with-parent", action="store_true")
     p.add_argument("--log-level", default=None)
     a = p.parse_args(argv)
@@ -174,8 +206,27 @@ def build_config(a: argparse.Namespace) -> SchedulerConfig:
         batch_budget_s=float(pick(a.batch_budget_s, "batch_budget_s", 120.0, sched)),
         trace_file=pick(a.trace_file, "trace_file", None, sched),
         otlp_endpoint=pick(a.otlp_endpoint, "otlp_endpoint", None, sched),
+        state_store=pick(a.state_store, "state_store", "memory://", sched),
+        state_namespace=pick(a.state_namespace, "state_namespace", None, sched),
+        state_ttl_s=float(pick(a.state_ttl_s, "state_ttl_s", 3600.0, sched)),
+        state_timeout_s=float(pick(a.state_timeout_s, "state_timeout_s", 2.0, sched)),
+        checkpoint_every=int(pick(a.checkpoint_every, "checkpoint_every", 1, sched)),
+        health_interval_s=float(pick(a.health_interval_s, "health_interval_s", 1.0, sched)),
+        health_timeout_s=float(pick(a.health_timeout_s, "health_timeout_s", 1.0, sched)),
+        unhealthy_after=int(pick(a.unhealthy_after, "unhealthy_after", 2, sched)),
+        max_request_bytes=int(pick(a.max_request_bytes, "max_request_bytes", 4 << 20, sched)),
+        tls_cert=pick(a.tls_cert, "tls_cert", None, sched), tls_key=pick(a.tls_key, "tls_key", None, sched),
+        tls_ca=pick(a.tls_ca, "tls_ca", None, sched),
+        auth_token_file=pick(a.auth_token_file, "auth_token_file", None, sched),
         exit_with_parent=a.exit_with_parent, log_level=pick(a.log_level, "log_level", "INFO"),
     )
+    for name in ("state_ttl_s", "state_timeout_s", "health_interval_s", "health_timeout_s"):
+        if getattr(cfg, name) <= 0:
+            raise InvalidRequest(f"must be > 0, got {getattr(cfg, name)}", field=name, limit="> 0")
+    if cfg.checkpoint_every < 0:
+        raise InvalidRequest(f"must be >= 0, got {cfg.checkpoint_every}", field="checkpoint_every", limit=">= 0")
+    if cfg.unhealthy_after < 1 or cfg.max_request_bytes < 1024:
+        raise InvalidRequest("out of range", field="unhealthy_after/max_request_bytes", limit=">= 1 / >= 1024")
     for name in ("memory_budget_bytes", "interactive_budget_s", "batch_budget_s"):
         if getattr(cfg, name) <= 0:
             raise InvalidRequest(f"must be > 0, got {getattr(cfg, name)}", field=name, limit="> 0")

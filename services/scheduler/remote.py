@@ -5,11 +5,18 @@ executors. Every RPC has a deadline: Execute gets ``rpc_timeout_s`` capped by th
 deadline of the batch; Release, Describe and health checks get ``control_timeout_s``. A failed
 RPC raises the typed error its status names (a lost pool is ``Unavailable``), which the core
 scheduler turns into failed results for that batch only.
+
+Health: ``healthy`` follows the replica's grpc.health.v1 status (the scheduler's monitor calls
+:meth:`check_health` with a deadline). A replica that stops *answering* (dead, or alive but
+hung) gets its in-flight Execute calls cancelled at once, so their batches fail with
+``Unavailable`` — resumable elsewhere from a snapshot — instead of waiting out the RPC timeout.
+A replica that answers NOT_SERVING (draining) keeps its in-flight calls and gets no new work.
 """
 from __future__ import annotations
 
 import itertools
 import json
+import threading
 import time
 from typing import Any
 
@@ -28,7 +35,8 @@ _batch_ids = itertools.count(1)
 
 
 class RemoteExecutor:
-    def __init__(self, role: str, target: str, *, rpc_timeout_s: float = 300.0, control_timeout_s: float = 10.0):
+    def __init__(self, role: str, target: str, *, rpc_timeout_s: float = 300.0, control_timeout_s: float = 10.0,
+                 security=None, unhealthy_after: int = 1):
         self.role = role
         self.target = target
         self.rpc_timeout_s = rpc_timeout_s
@@ -37,8 +45,14 @@ class RemoteExecutor:
         self.replica_id = target
         self.healthy = False
         self.last_description: pool_pb2.PoolDescription | None = None
-        self.counters = {"rpcs": 0, "rpc_errors": 0, "units": 0, "rpc_seconds": 0.0}
-        self.channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self.fingerprint = ""  # the replica's runtime fingerprint (from Describe)
+        self.unhealthy_after = max(1, int(unhealthy_after))  # failed checks in a row before "lost"
+        self._misses = 0
+        self._calls: set = set()  # in-flight Execute futures, cancelled when the replica is lost
+        self._calls_lock = threading.Lock()
+        self.counters = {"rpcs": 0, "rpc_errors": 0, "units": 0, "rpc_seconds": 0.0, "aborted_calls": 0}
+        self.channel = (security.channel(target, CHANNEL_OPTIONS) if security is not None
+                        else grpc.insecure_channel(target, options=CHANNEL_OPTIONS))
         self.stub = pool_pb2_grpc.RolePoolStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
 
@@ -56,13 +70,52 @@ class RemoteExecutor:
         self.counters["rpcs"] += 1
         self.counters["units"] += len(batch)
         try:
-            resp = self.stub.Execute(req, timeout=timeout)
-        except grpc.RpcError as err:
+            resp = self._call(self.stub.Execute, req, timeout)
+        except Exception:
             self.counters["rpc_errors"] += 1
-            raise error_from_rpc(err) from None
+            raise
         finally:
             self.counters["rpc_seconds"] += time.perf_counter() - t0
         return [convert.result_from_wire(r) for r in resp.results]
+
+    def _call(self, method, req, timeout: float):
+        """A unary call that :meth:`abort_inflight` can cancel; raises the typed error."""
+        call = method.future(req, timeout=timeout)
+        with self._calls_lock:
+            self._calls.add(call)
+        try:
+            return call.result()
+        except grpc.FutureCancelledError:
+            raise Unavailable(f"{self.role} replica {self.target} stopped answering health checks",
+                              field="replica") from None
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.CANCELLED:
+                raise Unavailable(f"{self.role} replica {self.target} stopped answering health checks",
+                                  field="replica") from None
+            raise error_from_rpc(err) from None
+        finally:
+            with self._calls_lock:
+                self._calls.discard(call)
+
+    def abort_inflight(self) -> int:
+        """Cancel every in-flight Execute (the replica is lost); returns how many."""
+        with self._calls_lock:
+            calls = list(self._calls)
+        for call in calls:
+            call.cancel()
+        self.counters["aborted_calls"] += len(calls)
+        return len(calls)
+
+    # -- resident snapshots (RolePool Snapshot / Restore) ------------------------------------
+    def snapshot(self, request_id: str) -> bytes:
+        resp = self._call(self.stub.Snapshot, pool_pb2.SnapshotRequest(request_id=request_id), self.control_timeout_s)
+        return bytes(resp.blob)
+
+    def restore(self, request_id: str, blob: bytes) -> None:
+        import hashlib
+        req = pool_pb2.RestoreRequest(request_id=request_id, blob=blob,
+                                      checksum="sha256:" + hashlib.sha256(blob).hexdigest())
+        self._call(self.stub.Restore, req, self.control_timeout_s)
 
     def release(self, request_id: str) -> None:
         try:
@@ -77,6 +130,7 @@ class RemoteExecutor:
             raise error_from_rpc(err) from None
         self.last_description = d
         self.replica_id = d.replica_id or self.target
+        self.fingerprint = d.runtime_fingerprint
         return d
 
     def describe(self) -> dict[str, Any]:
@@ -89,11 +143,17 @@ class RemoteExecutor:
 
     # -- health ------------------------------------------------------------------------------
     def check_health(self, timeout: float | None = None) -> bool:
+        """One health check with a deadline. No answer ``unhealthy_after`` times in a row means
+        the replica is lost: it is marked unhealthy and its in-flight calls are cancelled."""
         try:
             r = self.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout or self.control_timeout_s)
+            self._misses = 0
             self.healthy = r.status == health_pb2.HealthCheckResponse.SERVING
         except grpc.RpcError:
-            self.healthy = False
+            self._misses += 1
+            if self._misses >= self.unhealthy_after:
+                self.healthy = False
+                self.abort_inflight()
         return self.healthy
 
     def wait_serving(self, timeout_s: float, stop=None) -> None:

@@ -1,0 +1,324 @@
+"""Durable requests: checkpoints to the StateStore, recovery from a lost replica, resume.
+
+One :class:`Checkpointer` serves one :class:`~fastvideo3.runtime.scheduler.CoreScheduler`
+through the scheduler's hooks:
+
+* ``register`` (admission): the request is put in the store *before* it is queued; a store
+  that cannot be reached refuses the request with ``UNAVAILABLE`` at once (for ``retry_s``
+  after a failure it is not even tried: admissions fail fast instead of queueing on a timeout).
+* ``checkpoint`` (after each applied result): every ``every`` denoise steps, and at the end of
+  each other loop, the request's :class:`~fastvideo3.runtime.resume.RunRecord` is written —
+  for the denoise loop together with a snapshot of the pool-resident regions taken at that same
+  step boundary (no other step of the request is in flight then). The latest record is also
+  kept in memory: it is what a lost replica's requests resume from. While the store is down,
+  writes are skipped (the request keeps running; its durability is degraded, never its result).
+* ``recover`` (a failed result): a request whose pool was lost (the dispatch failed with
+  ``UNAVAILABLE``, or the replica answered that it no longer holds the request's region) is
+  moved to a healthy replica: its snapshot is restored there and its loop rewinds to the
+  snapshot's step; without a snapshot the current loop starts again (loops are deterministic).
+  At most ``max_recoveries`` times per request; otherwise it fails with ``UNAVAILABLE``.
+* ``finish`` (terminal): the artifact index is recorded and the request ended in the store
+  (its keys then expire after the store's ``ttl_after_end_s``); a cancelled request's keys are
+  deleted at once. Ends that fail while the store is down are retried by ``flush``, so after
+  an outage no request stays in flight in the store.
+* ``resume`` (scheduler start): every request the store lists in flight is rebuilt from its
+  latest record, its snapshot restored onto a replica, and adopted by the scheduler.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from typing import Any
+
+from fastvideo3.errors import ErrorInfo, FastVideoError, Unavailable
+from fastvideo3.runtime.resume import RunRecord, rebuild_run, record_of, request_meta
+
+log = logging.getLogger("fastvideo3.checkpointer")
+
+DENOISE = "diffusion_denoise"
+SNAPSHOT_ROLES = {DENOISE: "denoiser"}  # loops whose pool keeps resident state between steps
+
+
+def _healthy(ex: Any) -> bool:
+    return getattr(ex, "healthy", True) is not False
+
+
+class Checkpointer:
+    def __init__(self, store, *, every: int = 1, retry_s: float = 1.0, max_recoveries: int = 3):
+        self.store = store
+        self.every = max(0, int(every))
+        self.retry_s = retry_s
+        self.max_recoveries = max_recoveries
+        self.sched = None
+        self.latest: dict[str, RunRecord] = {}  # request -> its latest record (with snapshot)
+        self.recoveries: dict[str, int] = {}
+        self.pending_ends: dict[str, str] = {}  # request -> terminal status not yet in the store
+        self._down_until = 0.0
+        self._lock = threading.Lock()
+        self.counters: dict[str, float] = {
+            "checkpoints": 0, "snapshots": 0, "snapshot_bytes": 0, "checkpoint_skipped_store_down": 0,
+            "checkpoint_errors": 0, "store_errors": 0, "recovered": 0, "recovery_failed": 0, "resumed": 0,
+            "resume_failed": 0, "ends_deferred": 0,
+        }
+
+    def attach(self, sched) -> "Checkpointer":
+        self.sched = sched
+        return self
+
+    @property
+    def executors(self) -> dict[str, list]:
+        return self.sched.executors if self.sched is not None else {}
+
+    # -- the store, with fail-fast while it is down -------------------------------------------
+    def _store_down(self) -> bool:
+        return time.monotonic() < self._down_until
+
+    def _store_failed(self, exc: Exception) -> None:
+        self.counters["store_errors"] += 1
+        self._down_until = time.monotonic() + self.retry_s
+        log.warning("state store unavailable: %s", exc)
+
+    def register(self, run) -> None:
+        """Put ``run`` in the store before it is queued; raise Unavailable if the store is down."""
+        if self._store_down():
+            raise Unavailable(f"state store at {self.store.address} is unavailable: not admitting requests",
+                              retry_after_s=self.retry_s, field="state_store")
+        try:
+            self.store.put_request(run.request_id, request_meta(run))
+        except Unavailable as e:
+            self._store_failed(e)
+            raise Unavailable(f"state store unavailable: {e.message}", retry_after_s=self.retry_s,
+                              field="state_store") from None
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def checkpoint(self, run) -> None:
+        """Called after each applied result (scheduler lock held)."""
+        d = run.driver
+        if self.every <= 0 or d is None:
+            return
+        loop = run.loop_id
+        snapshot, role, fingerprint = b"", "", ""
+        if loop == DENOISE and not d.state.done:
+            if d.state.step % self.every:
+                return
+            role = SNAPSHOT_ROLES[loop]
+            snapshot, fingerprint = self._snapshot(run, role)
+            if not snapshot:
+                return  # keep the previous record rather than one that cannot be resumed exactly
+        record = record_of(run, snapshot=snapshot, snapshot_role=role, snapshot_fingerprint=fingerprint)
+        self.latest[run.request_id] = record
+        self.counters["checkpoints"] += 1
+        self._write(record)
+
+    def _snapshot(self, run, role: str) -> tuple[bytes, str]:
+        idx = run.placement.get(role)
+        replicas = self.executors.get(role) or []
+        if idx is None or idx >= len(replicas) or not hasattr(replicas[idx], "snapshot"):
+            return b"", ""
+        ex = replicas[idx]
+        try:
+            blob = ex.snapshot(run.request_id)
+        except FastVideoError as e:
+            self.counters["checkpoint_errors"] += 1
+            log.warning("snapshot of %s on %s failed: %s", run.request_id, role, e.one_line())
+            return b"", ""
+        self.counters["snapshots"] += 1
+        self.counters["snapshot_bytes"] += len(blob)
+        return blob, str(getattr(ex, "fingerprint", "") or "")
+
+    def _write(self, record: RunRecord) -> None:
+        if self._store_down():
+            self.counters["checkpoint_skipped_store_down"] += 1
+            return
+        try:
+            self.store.checkpoint(record.request_id, record.step, record.to_bytes())
+        except Unavailable as e:
+            self._store_failed(e)
+        except FastVideoError as e:
+            self.counters["checkpoint_errors"] += 1
+            log.warning("checkpoint of %s refused: %s", record.request_id, e.one_line())
+
+    # -- recovery from a lost replica ---------------------------------------------------------
+    def recover(self, run, unit, res) -> bool:
+        """Move ``run`` off a lost replica; True if it continues (scheduler lock held)."""
+        err: ErrorInfo | None = res.error
+        if err is None or err.code != "UNAVAILABLE":
+            return False
+        lost_pool = bool(err.details.get("dispatch_failed"))
+        lost_region = bool(err.details.get("lost_region"))
+        if not (lost_pool or lost_region):
+            return False  # e.g. a transfer from a peer failed: that is the request's failure
+        rid, role = run.request_id, unit.role
+        replicas = self.executors.get(role) or []
+        failed = run.placement.get(role)
+        if lost_pool and failed is not None and failed < len(replicas) and hasattr(replicas[failed], "healthy"):
+            replicas[failed].healthy = False  # the health monitor turns it back on once it serves
+        if self.recoveries.get(rid, 0) >= self.max_recoveries:
+            self.counters["recovery_failed"] += 1
+            return False
+        order = [i for i in range(len(replicas)) if _healthy(replicas[i])]
+        if lost_pool:  # somewhere else first
+            order.sort(key=lambda i: (i == failed, self.sched.inflight.get(id(replicas[i]), 0)))
+        if not order:
+            self.counters["recovery_failed"] += 1
+            return False
+        rec = self.latest.get(rid)
+        usable = (rec is not None and rec.snapshot and rec.snapshot_role == role
+                  and rec.loop_index == run.loop_index and rec.loop_id == run.loop_id)
+        target = self._restore_somewhere(rid, rec, replicas, order) if usable else None
+        if target is None:  # no snapshot (or no replica took it): start the loop again
+            target = order[0]
+            try:
+                replicas[target].release(rid)  # a stale region there would refuse step 0
+            except FastVideoError:
+                pass
+            run.driver = None
+            from_step = 0
+        else:
+            self._rewind(run, rec)
+            from_step = rec.step
+        run.placement[role] = target
+        self.recoveries[rid] = self.recoveries.get(rid, 0) + 1
+        self.counters["recovered"] += 1
+        log.warning("request %s resumes on %s replica %d from step %d (%s)", rid, role, target, from_step,
+                    err.message)
+        self.sched._emit(run, "resumed", {"role": role, "replica": target, "step": from_step,
+                                          "reason": err.message})
+        return True
+
+    def _restore_somewhere(self, rid: str, rec: RunRecord, replicas: list, order: list[int]) -> int | None:
+        for i in order:
+            ex = replicas[i]
+            if not hasattr(ex, "restore"):
+                continue
+            try:
+                ex.restore(rid, rec.snapshot)
+                return i
+            except FastVideoError as e:
+                log.warning("restore of %s on replica %d refused: %s", rid, i, e.one_line())
+        return None
+
+    @staticmethod
+    def _rewind(run, rec: RunRecord) -> None:
+        from fastvideo3.loop import LOOPS, STATES, LoopDriver
+        run.driver = LoopDriver(LOOPS[rec.loop_id](), STATES[rec.loop_id].from_json(rec.loop_state))
+
+    # -- terminal -----------------------------------------------------------------------------
+    def finish(self, run) -> None:
+        """Record the artifact index and end the request in the store (outside the scheduler lock)."""
+        rid, status = run.request_id, run.status
+        with self._lock:
+            self.latest.pop(rid, None)
+            self.recoveries.pop(rid, None)
+        if status == "SUCCEEDED" and not self._store_down():
+            fmt = run.ctx.get("encode") or "mp4"
+            for loop_id, data in (run.artifacts or {}).items():
+                meta = {"name": f"video.{fmt}", "loop": loop_id, "bytes": len(data),
+                        "checksum": "sha256:" + hashlib.sha256(data).hexdigest()}
+                try:
+                    self.store.put_artifact(rid, meta["name"], meta)
+                except Unavailable as e:
+                    self._store_failed(e)
+                    break
+                except FastVideoError:
+                    break
+        self._end(rid, status)
+
+    def _end(self, rid: str, status: str) -> bool:
+        if not self._store_down():
+            try:
+                if status == "CANCELLED":  # nothing of a cancelled request remains; its id is free
+                    self.store.delete_request(rid)
+                else:
+                    self.store.end_request(rid, status)
+                with self._lock:
+                    self.pending_ends.pop(rid, None)
+                return True
+            except Unavailable as e:
+                self._store_failed(e)
+        with self._lock:
+            if rid not in self.pending_ends:
+                self.counters["ends_deferred"] += 1
+            self.pending_ends[rid] = status
+        return False
+
+    def flush(self) -> int:
+        """Retry ends deferred by a store outage; returns how many are still pending."""
+        with self._lock:
+            pending = dict(self.pending_ends)
+        if pending and not self._store_down():
+            for rid, status in pending.items():
+                if not self._end(rid, status):
+                    break
+        return len(self.pending_ends)
+
+    def forget(self, run) -> None:
+        """The request was registered but not queued (e.g. the queue was full): drop it."""
+        try:
+            self.store.delete_request(run.request_id)
+        except FastVideoError:
+            pass
+
+    # -- resume after a scheduler restart -----------------------------------------------------
+    def resume(self, card) -> list[str]:
+        """Adopt every request the store lists in flight; returns their ids. Call before ticking."""
+        from fastvideo3.request.schema import ResolvedRequest
+        from fastvideo3.runtime.scheduler import RequestRun
+        adopted = []
+        for rid in self.store.list_inflight():
+            try:
+                meta = self.store.get_request(rid) or {}
+                ck = self.store.load_checkpoint(rid)
+                if meta.get("card_id") != card.model_id:
+                    raise Unavailable(f"request is for card {meta.get('card_id')!r}, not {card.model_id!r}")
+                if ck is None:  # admitted but never checkpointed: start it again, from nothing
+                    run = RequestRun(request=ResolvedRequest.from_dict(meta["request"]), card=card,
+                                     program=tuple(meta["program"]), ctx=dict(meta.get("ctx") or {}),
+                                     created=float(meta.get("created") or time.time()))
+                    self.sched.release(rid)
+                else:
+                    rec = RunRecord.from_bytes(ck.loop_state)
+                    run = rebuild_run(rec, card)
+                    self._resume_resident(run, rec)
+            except Exception as e:  # noqa: BLE001 - one bad record must not stop the others
+                self.counters["resume_failed"] += 1
+                log.error("cannot resume %s: %s", rid, e)
+                self._end(rid, "FAILED")
+                continue
+            run.resumed = True
+            self.sched.adopt(run)
+            self.counters["resumed"] += 1
+            adopted.append(rid)
+            log.info("resumed %s at loop %s step %d", rid, run.loop_id, run.progress()[0])
+        return adopted
+
+    def _resume_resident(self, run, rec: RunRecord) -> None:
+        """Put the pools back at the record's step boundary (they may have gone further, or died)."""
+        if DENOISE not in run.program or run.loop_index > run.program.index(DENOISE):
+            return
+        at_denoise = run.loop_id == DENOISE and run.driver is not None
+        if at_denoise and run.driver.state.done:
+            return  # the final latents are published on the denoiser: decoding reads them there
+        mid_denoise = at_denoise
+        if mid_denoise and rec.snapshot:
+            role = SNAPSHOT_ROLES[DENOISE]
+            replicas = self.executors.get(role) or []
+            want = run.placement.get(role)
+            order = [i for i in range(len(replicas)) if _healthy(replicas[i])]
+            order.sort(key=lambda i: i != want)
+            target = self._restore_somewhere(run.request_id, rec, replicas, order)
+            if target is not None:
+                run.placement[role] = target
+                self.latest[run.request_id] = rec
+                return
+        # no exact state to go back to: the denoise loop starts over (deterministic from the seed)
+        for ex in self.executors.get("denoiser") or []:
+            try:
+                ex.release(run.request_id)
+            except FastVideoError:
+                pass
+        run.placement.pop("denoiser", None)
+        if mid_denoise:
+            run.driver = None
