@@ -165,6 +165,10 @@ def build_config(a: argparse.Namespace) -> SchedulerConfig:
         tcfg = {"default": tcfg}
     pools: dict[str, tuple[str, ...]] = {}
     for role, addrs in (data.get("pools") or {}).items():
+        if isinstance(addrs, dict):  # the Helm chart's form: {address, replicas, card, ...}
+            if "address" not in addrs:
+                raise InvalidRequest(f"pools.{role} has no address", field=f"pools.{role}.address")
+            addrs = addrs["address"]
         addrs = [addrs] if isinstance(addrs, str) else list(addrs)
         pools[role] = _pool_spec(f"{role}={','.join(addrs)}")[1]
     for spec in a.pools:  # flags win, per role

@@ -9,7 +9,13 @@
   ``finished`` finds nothing of its request left in any pool. Artifact bytes are dropped from
   the retained record once copied into the stream;
 * ``cancel`` takes effect at the request's next step boundary;
-* old finished requests are forgotten beyond ``retain_finished``.
+* old finished requests are forgotten beyond ``retain_finished``;
+* with a :class:`~fastvideo3.runtime.checkpointer.Checkpointer`, requests are registered in the
+  state store before they queue, checkpointed at step boundaries, moved off lost replicas, and
+  ended in the store when they finish. A request a restarted scheduler resumed runs without a
+  client until one **re-attaches**: a Generate with the same request id (and the same
+  parameters) gets an ``accepted`` event and then the request's remaining events — or, if it
+  already ended, its result (artifact and ``finished``), kept until then.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import time
 from collections import deque
 from typing import Any
 
+from fastvideo3.errors import InvalidRequest
 from fastvideo3.runtime.scheduler import TERMINAL, CoreScheduler, Event, RequestRun
 
 log = logging.getLogger("fastvideo3.scheduler")
@@ -37,12 +44,15 @@ class Stream:
 class FleetRuntime:
     def __init__(self, executors: dict[str, list[Any]], *, batching: bool = True, max_batch: int = 16,
                  max_running: int = 64, max_queued: int = 256, retain_finished: int = 1000,
-                 pricer=None, admission=None, telemetry=None):
+                 pricer=None, admission=None, telemetry=None, checkpointer=None):
         replicas = sum(len(v) for v in executors.values())
+        cp = checkpointer
         self.sched = CoreScheduler(executors, max_batch=max_batch if batching else 1, max_running=max_running,
                                    max_queued=max_queued, on_event=self._on_event, parallel_dispatch=True,
                                    dispatch_workers=max(4, replicas), pricer=pricer, admission=admission,
-                                   telemetry=telemetry)
+                                   telemetry=telemetry, checkpoint=cp.checkpoint if cp else None,
+                                   admit_hook=cp.register if cp else None, recover=cp.recover if cp else None)
+        self.checkpointer = cp.attach(self.sched) if cp else None
         self.batching = batching
         self.retain_finished = retain_finished
         self.streams: dict[str, Stream] = {}
@@ -59,6 +69,9 @@ class FleetRuntime:
 
     # -- requests ---------------------------------------------------------------------------
     def submit(self, request, card, *, program: tuple[str, ...], ctx: dict, trace_parent=None) -> Stream:
+        resumed = self.sched.get(request.request_id)
+        if resumed is not None and resumed.resumed:
+            return self._reattach(resumed, request)
         stream = Stream(request.request_id)
         with self._lock:
             previous = self.streams.get(request.request_id)
@@ -73,6 +86,26 @@ class FleetRuntime:
                     self.streams.pop(request.request_id, None)
             raise
         self._wake.set()
+        return stream
+
+    def _reattach(self, run: RequestRun, request) -> Stream:
+        """A client takes over a request the scheduler resumed after a restart (see module doc)."""
+        if run.request != request:
+            raise InvalidRequest("a resumed request with this id has other parameters", field="request_id")
+        stream = Stream(run.request_id)
+        with self.sched._lock:  # no event of the run is emitted while the stream is wired in
+            with self._lock:
+                old = self.streams.get(run.request_id)
+                if old is not None and not old.closed:
+                    raise InvalidRequest("a client is already attached to this request", field="request_id")
+                self.streams[run.request_id] = stream
+            run.resumed = False  # the client owns it now: a disconnect cancels it, as for any stream
+            stream.events.put(Event(run.request_id, 0, "accepted", {"model": run.card.model_id, "resumed": True}))
+            if run.status in TERMINAL:  # it ended before anyone re-attached: replay its result
+                for ev in run.events:
+                    if ev.kind in ("artifact", "error", "finished"):
+                        stream.events.put(Event(ev.request_id, ev.seq, ev.kind, dict(ev.data)))
+        log.info("client re-attached to resumed request %s (%s)", run.request_id, run.status)
         return stream
 
     def cancel(self, request_id: str) -> bool:
@@ -119,6 +152,8 @@ class FleetRuntime:
                 log.exception("scheduler tick failed")
                 worked = False
             self._after_tick()
+            if self.checkpointer is not None and self.checkpointer.pending_ends:
+                self.checkpointer.flush()  # ends deferred by a state-store outage
             if not worked:
                 self._wake.wait(0.05 if self.sched.active() else 1.0)
                 self._wake.clear()
@@ -128,10 +163,14 @@ class FleetRuntime:
             done, self._to_release = self._to_release, []
         for rid, finished, stream in done:
             self.sched.release(rid)  # every replica of every role frees the request
+            run = self.sched.get(rid)
+            if self.checkpointer is not None and run is not None:
+                self.checkpointer.finish(run)  # artifact index + end (or delete) in the state store
             if stream is not None and not stream.closed:
                 stream.events.put(finished)
-            run = self.sched.get(rid)
-            if run is not None:
+            if run is not None and run.resumed and stream is None:
+                pass  # no client yet: keep its result for the one that re-attaches
+            elif run is not None:
                 run.artifacts = {}
                 for ev in run.events:  # the stream got its own copy; drop bytes from the record
                     if ev.kind == "artifact":
@@ -155,6 +194,9 @@ class FleetRuntime:
         if cancel_active:  # the cancelled ones are terminal now (or the tick thread was stuck)
             for run in list(self.sched.runs.values()):
                 self.sched.release(run.request_id)
+        if self.checkpointer is not None:
+            self.checkpointer.flush()
+            self.checkpointer.store.close()
         self.sched.close()
 
     def counters(self) -> dict[str, float]:
