@@ -120,6 +120,12 @@ class Internal(FastVideoError):
     code = "INTERNAL"
 
 
+class Unauthenticated(FastVideoError):
+    """The call carried no valid credentials (token auth is on)."""
+
+    code = "UNAUTHENTICATED"
+
+
 _BY_CODE: dict[str, type[FastVideoError]] = {
     cls.code: cls
     for cls in (
@@ -133,6 +139,7 @@ _BY_CODE: dict[str, type[FastVideoError]] = {
         DeadlineExceeded,
         NumericFault,
         Internal,
+        Unauthenticated,
     )
 }
 

@@ -81,7 +81,9 @@ class LocalFleet:
                  transport: str = "auto", device: str | None = None, precision: str | None = None,
                  fake: bool = False, scheduler_args: list[str] | None = None,
                  pool_args: dict[str, list[str]] | None = None, log_dir: str | Path | None = None,
-                 python: str = sys.executable, stop_timeout_s: float = 30.0):
+                 python: str = sys.executable, stop_timeout_s: float = 30.0, security=None):
+        """``security`` (services.common.auth.Security): TLS / token flags given to every process,
+        and used by the launcher's own health watchers."""
         self.card, self.host = card, host
         self.replicas = {r: 1 for r in roles}
         self.replicas.update(replicas or {})
@@ -95,6 +97,7 @@ class LocalFleet:
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="fastvideo3-fleet-"))
         self.python = python
         self.stop_timeout_s = stop_timeout_s
+        self.security = security
         self.pools: dict[str, list[FleetProcess]] = {}
         self.schedulers: list[FleetProcess] = []
         self.standalone: list[FleetProcess] = []  # pools no scheduler routes to (spawn_pool)
@@ -125,6 +128,8 @@ class LocalFleet:
             argv += ["--precision", self.precision]
         if self.fake:
             argv.append("--fake")
+        if self.security is not None:
+            argv += self.security.argv()
         argv += self.pool_args.get(role, [])
         return FleetProcess(f"{role}-{index}", role, port, argv, self.log_dir / f"{role}-{index}.log")
 
@@ -136,6 +141,8 @@ class LocalFleet:
             argv += ["--pools", f"{role}={','.join(p.target for p in procs)}"]
         if self.transport != "auto":
             argv += ["--transport", self.transport]
+        if self.security is not None:
+            argv += self.security.argv()
         argv += extra
         return FleetProcess(name, "scheduler", port, argv, self.log_dir / f"{name}.log")
 
@@ -168,6 +175,26 @@ class LocalFleet:
         self.wait_serving(timeout_s, [fp])
         return fp
 
+    def kill(self, fp: FleetProcess, sig: int = signal.SIGKILL, timeout_s: float = 30.0) -> int | None:
+        """Send ``sig`` (default SIGKILL: a crash) and wait for the process to exit."""
+        if fp.proc is None or fp.proc.poll() is not None:
+            return fp.proc.returncode if fp.proc is not None else None
+        fp.proc.send_signal(sig)
+        fp.proc.wait(timeout=timeout_s)
+        fp.serving.clear()
+        return fp.proc.returncode
+
+    def restart(self, fp: FleetProcess, timeout_s: float = 120.0) -> FleetProcess:
+        """Start an exited process again with the same arguments (same port); wait until SERVING."""
+        if fp.proc is not None and fp.proc.poll() is None:
+            raise FleetError(f"{fp.name} is still running")
+        fp._stop.set()  # the old watcher, if still looping
+        fp._stop, fp.signalled = threading.Event(), False
+        fp.serving.clear()
+        self._spawn(fp)
+        self.wait_serving(timeout_s, [fp])
+        return fp
+
     def processes(self) -> list[FleetProcess]:
         return [p for procs in self.pools.values() for p in procs] + self.standalone + self.schedulers
 
@@ -179,7 +206,7 @@ class LocalFleet:
 
     # -- health -----------------------------------------------------------------------------
     def _watch(self, fp: FleetProcess) -> None:
-        channel = grpc.insecure_channel(fp.target)
+        channel = self.security.channel(fp.target) if self.security is not None else grpc.insecure_channel(fp.target)
         self._channels.append(channel)
         stub = health_pb2_grpc.HealthStub(channel)
         backoff = 0.05

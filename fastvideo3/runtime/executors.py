@@ -28,7 +28,7 @@ def _fail(unit: WorkUnit, exc: BaseException) -> StepResult:
     if isinstance(exc, torch.OutOfMemoryError):  # request-local: the next request may fit
         exc = ResourceExhausted(f"device out of memory: {exc}", field="memory", request_id=unit.request_id)
     info = ErrorInfo.of(exc)
-    if isinstance(exc, FastVideoError) and exc.step is None and unit.step is not None:
+    if info.step is None and unit.step is not None:  # every step failure names its step
         info = ErrorInfo(info.code, info.message, info.field, info.limit, unit.step, info.retry_after_s, info.details)
     return StepResult(unit.unit_id, unit.request_id, ok=False, error=info)
 
@@ -171,13 +171,14 @@ class DenoiserExecutor(_Base):
             gen = torch.Generator(device="cpu").manual_seed(int(p["seed"]))
             latent = torch.randn(shape, generator=gen, dtype=torch.float32).to(self.device)
             reg = Region(latent=latent, history=SamplerHistory(order=int(p.get("solver_order", 2))))
-            self.regions[unit.request_id] = reg
         if reg.step != p["step"]:
             raise FastVideoError(f"step {p['step']} issued but the resident latent is at step {reg.step}", step=p["step"])
         for name, d in unit.inputs.items():
             if name not in reg.embeds:  # fetched once per request, reused across steps
                 fetched = self.transport.fetch(_ref(d), deadline_s=self.fetch_deadline_s)
                 reg.embeds[name] = fetched.to(self.device, self.dtype)
+        # resident only once its inputs arrived: a refused or failed first step leaves nothing behind
+        self.regions[unit.request_id] = reg
         return reg
 
     def release(self, request_id: str) -> None:

@@ -258,6 +258,9 @@ class CoreScheduler:
 
     def _admit(self, run: RequestRun) -> bool:
         """Reserve the request's compute and memory; start it when everything fits."""
+        if self.admission is not None and self.admission.is_in_flight(run.request_id):
+            self._start(run)  # reserved while every running slot was taken
+            return True
         if self.admission is not None:
             from fastvideo3.runtime.admission import Admitted, Refused
             res = self.pricer.reservation(run.card, run.request, run.program) if self.pricer else None
@@ -291,7 +294,10 @@ class CoreScheduler:
                     self.admission.release(ev.request_id)
                 continue
             if isinstance(ev, Admitted):
-                self._start(run)
+                if sum(r.status == "RUNNING" for r in self.runs.values()) >= self.max_running:
+                    run.admission_waiting = False  # reserved; it starts when a running slot frees
+                else:
+                    self._start(run)
                 changed = True
             elif isinstance(ev, Refused):
                 self._terminate(run, "FAILED", ev.error)
@@ -370,16 +376,22 @@ class CoreScheduler:
         return chosen
 
     def _run_batch(self, batch, executor) -> list[StepResult]:
+        units = [u for u, _ in batch]
+        err = None
         if executor is None:
             err = ErrorInfo.of(Unavailable(f"no pool serves role {batch[0][0].role!r}", field="role"))
-            return [StepResult(u.unit_id, u.request_id, ok=False, error=err) for u, _ in batch]
-        if getattr(executor, "healthy", True) is False:  # routed around: fail fast, never hang on it
+        elif getattr(executor, "healthy", True) is False:  # routed around: fail fast, never hang on it
             err = ErrorInfo.of(Unavailable(f"{batch[0][0].role} replica {getattr(executor, 'target', '')} is not "
                                            "serving", field="role", details={"dispatch_failed": True}))
-            return [StepResult(u.unit_id, u.request_id, ok=False, error=err) for u, _ in batch]
+        if err is not None:
+            results = [StepResult(u.unit_id, u.request_id, ok=False, error=err) for u in units]
+            with self.telemetry.dispatch(units) as d:  # closes the units' spans
+                d.done(results)
+            if self.pricer is not None:
+                self.pricer.forget([u.unit_id for u in units])
+            return results
         key = id(executor)
         self.inflight[key] = self.inflight.get(key, 0) + len(batch)
-        units = [u for u, _ in batch]
         try:
             with self.telemetry.dispatch(units) as d:
                 results = executor.execute(units)

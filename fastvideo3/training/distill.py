@@ -57,9 +57,10 @@ class PairSet:
             raise ValueError("no rollout record carries noise and a final latent (capture='endpoints')")
         self.noise = torch.cat([r.noise for r in recs]).to(device)
         self.x0 = torch.cat([r.final_latent for r in recs]).to(device, torch.float32)
-        with torch.no_grad():
-            self.text = torch.cat([text_encoder.encode([r.prompt]) for r in recs]).to(device)
         self.prompts = [r.prompt for r in recs]
+        with torch.no_grad():
+            self.text = torch.cat([text_encoder.encode(self.prompts[i : i + 128])
+                                   for i in range(0, len(recs), 128)]).to(device)
 
     def __len__(self) -> int:
         return len(self.prompts)

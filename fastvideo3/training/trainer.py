@@ -33,7 +33,7 @@ class DiTTrainConfig:
     cond_dropout: float = 0.1
     flow_shift: float = 3.0
     ema_decay: float = 0.999
-    reuse: int = 2  # optimizer steps per encoded batch (fresh noise and sigma each time)
+    reuse: int = 3  # optimizer steps per encoded batch (fresh noise and sigma each time)
     seed: int = 2
     time_budget_s: float | None = None  # the lr schedule runs on elapsed/budget when set
     log_every: int = 50

@@ -108,6 +108,7 @@ class Error(_message.Message):
         DEADLINE_EXCEEDED: _ClassVar[Error.Code]
         ABORTED: _ClassVar[Error.Code]
         INTERNAL: _ClassVar[Error.Code]
+        UNAUTHENTICATED: _ClassVar[Error.Code]
     UNSPECIFIED: Error.Code
     INVALID_ARGUMENT: Error.Code
     FAILED_PRECONDITION: Error.Code
@@ -119,6 +120,7 @@ class Error(_message.Message):
     DEADLINE_EXCEEDED: Error.Code
     ABORTED: Error.Code
     INTERNAL: Error.Code
+    UNAUTHENTICATED: Error.Code
     class DetailsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]

@@ -144,7 +144,9 @@ class TokenAuth(grpc.ServerInterceptor):
 
 def _deny(handler, message: str):
     def refuse(request, context):
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        from fastvideo3.errors import Unauthenticated
+        from services.common.errors import abort
+        abort(context, Unauthenticated(message, field="authorization"))
 
     kw = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
     if handler.request_streaming and handler.response_streaming:

@@ -26,6 +26,7 @@ STATUS_BY_CODE: dict[str, grpc.StatusCode] = {
     "DEADLINE_EXCEEDED": grpc.StatusCode.DEADLINE_EXCEEDED,      # request or transfer deadline passed
     "ABORTED": grpc.StatusCode.ABORTED,                          # request-fatal numeric fault
     "INTERNAL": grpc.StatusCode.INTERNAL,                        # a bug
+    "UNAUTHENTICATED": grpc.StatusCode.UNAUTHENTICATED,          # token auth on, no valid token
 }
 
 __all__ = ["STATUS_BY_CODE", "abort", "error_from_rpc", "status_of", "trailer_of"]

@@ -48,7 +48,9 @@ class RemoteExecutor:
         self.fingerprint = ""  # the replica's runtime fingerprint (from Describe)
         self.unhealthy_after = max(1, int(unhealthy_after))  # failed checks in a row before "lost"
         self._misses = 0
+        self.health_changed_unix = time.time()  # when ``healthy`` last flipped
         self._calls: set = set()  # in-flight Execute futures, cancelled when the replica is lost
+        self._pending_release: set[str] = set()  # releases a non-answering replica still owes
         self._calls_lock = threading.Lock()
         self.counters = {"rpcs": 0, "rpc_errors": 0, "units": 0, "rpc_seconds": 0.0, "aborted_calls": 0}
         self.channel = (security.channel(target, CHANNEL_OPTIONS) if security is not None
@@ -118,10 +120,27 @@ class RemoteExecutor:
         self._call(self.stub.Restore, req, self.control_timeout_s)
 
     def release(self, request_id: str) -> None:
+        """Free the request on the replica. While it does not answer, the release is kept and
+        sent once it serves again (a hung replica must not hold the scheduler, nor leak)."""
+        if not self.healthy:
+            with self._calls_lock:
+                self._pending_release.add(request_id)
+            return
         try:
-            self.stub.Release(pool_pb2.ReleaseRequest(request_id=request_id), timeout=self.control_timeout_s)
-        except grpc.RpcError as err:
-            raise error_from_rpc(err) from None
+            self._call(self.stub.Release, pool_pb2.ReleaseRequest(request_id=request_id), self.control_timeout_s)
+        except Unavailable:
+            with self._calls_lock:
+                self._pending_release.add(request_id)
+            raise
+
+    def _flush_releases(self) -> None:
+        with self._calls_lock:
+            pending, self._pending_release = self._pending_release, set()
+        for rid in pending:
+            try:
+                self.release(rid)
+            except Exception:  # noqa: BLE001 - kept for the next time it serves
+                pass
 
     def describe_raw(self, timeout: float | None = None) -> pool_pb2.PoolDescription:
         try:
@@ -133,8 +152,8 @@ class RemoteExecutor:
         self.fingerprint = d.runtime_fingerprint
         return d
 
-    def describe(self) -> dict[str, Any]:
-        d = self.describe_raw()
+    def describe(self, timeout: float | None = None) -> dict[str, Any]:
+        d = self.describe_raw(timeout)
         return {"role": d.role, "replica_id": d.replica_id, "target": self.target, "card_ids": list(d.card_ids),
                 "runtime_fingerprint": d.runtime_fingerprint, "resident_buffers": d.resident_buffers,
                 "resident_bytes": d.resident_bytes, "cache_stats": dict(d.cache_stats),
@@ -148,10 +167,16 @@ class RemoteExecutor:
         try:
             r = self.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout or self.control_timeout_s)
             self._misses = 0
-            self.healthy = r.status == health_pb2.HealthCheckResponse.SERVING
+            was, self.healthy = self.healthy, r.status == health_pb2.HealthCheckResponse.SERVING
+            if self.healthy != was:
+                self.health_changed_unix = time.time()
+            if self.healthy and not was and self._pending_release:
+                self._flush_releases()
         except grpc.RpcError:
             self._misses += 1
             if self._misses >= self.unhealthy_after:
+                if self.healthy:
+                    self.health_changed_unix = time.time()
                 self.healthy = False
                 self.abort_inflight()
         return self.healthy

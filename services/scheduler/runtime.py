@@ -205,4 +205,7 @@ class FleetRuntime:
         c["streams_open"] = len(self.streams)
         c["queued_requests"] = sum(r.status == "QUEUED" for r in self.sched.runs.values())
         c["running_requests"] = sum(r.status == "RUNNING" for r in self.sched.runs.values())
+        if self.checkpointer is not None:
+            c.update({f"state.{k}": v for k, v in self.checkpointer.counters.items()})
+            c["state.pending_ends"] = len(self.checkpointer.pending_ends)
         return c

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 import fastvideo3
-from fastvideo3.errors import FailedPrecondition, FastVideoError, InvalidRequest, NotFound
+from fastvideo3.errors import FailedPrecondition, FastVideoError, InvalidRequest, NotFound, Unavailable
 from fastvideo3.models.reward.scorers import check_scorer_names
 from fastvideo3.request.schema import GenerateRequest, resolve
 from fastvideo3.runtime.scheduler import PROGRAM_T2V
@@ -167,16 +167,27 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def Describe(self, request, context):  # noqa: N802
         counters = self.runtime.counters()
         pools, live = [], {}
-        for role, reps in self.replicas.items():
-            for rep in reps:
-                pools.append(scheduler_pb2.PoolStatus(role=role, replica_id=rep.replica_id, address=rep.target,
-                                                      healthy=rep.healthy,
-                                                      in_flight_units=int(self.runtime.sched.inflight.get(id(rep), 0))))
-                try:
-                    live[rep.replica_id] = rep.describe()
-                except FastVideoError as e:
-                    live[rep.replica_id] = {"role": role, "error": e.one_line()}
-                live[rep.replica_id]["remote_counters"] = dict(rep.counters)
+        every = [(role, rep) for role, reps in self.replicas.items() for rep in reps]
+
+        def ask(rep) -> dict:
+            # a replica that stopped answering is not asked; the others answer within 1 s, together
+            if not rep.healthy:
+                raise Unavailable("not serving (failed health checks)")
+            return rep.describe(timeout=min(1.0, rep.control_timeout_s))
+
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max_workers=max(1, len(every)), thread_name_prefix="describe") as ex:
+            answers = [ex.submit(ask, rep) for _, rep in every]
+        for (role, rep), fut in zip(every, answers):
+            pools.append(scheduler_pb2.PoolStatus(role=role, replica_id=rep.replica_id, address=rep.target,
+                                                  healthy=rep.healthy,
+                                                  in_flight_units=int(self.runtime.sched.inflight.get(id(rep), 0))))
+            try:
+                live[rep.replica_id] = fut.result()
+            except FastVideoError as e:
+                live[rep.replica_id] = {"role": role, "target": rep.target, "error": e.one_line()}
+            live[rep.replica_id]["remote_counters"] = dict(rep.counters)
+            live[rep.replica_id]["health_changed_unix"] = rep.health_changed_unix
         sched = self.runtime.sched
         desc = {"transport_edges": self.edges, "batching": self.runtime.batching, "config": self.config,
                 "pools": live, "scheduler": counters,

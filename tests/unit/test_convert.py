@@ -72,7 +72,7 @@ def test_error_info_round_trips_for_every_code():
 
 def test_the_table_maps_every_core_error_class_to_its_status():
     classes = [E.InvalidRequest, E.FailedPrecondition, E.RecipeMismatch, E.CardError, E.NotFound, E.ResourceExhausted,
-               E.Cancelled, E.Unavailable, E.DataLoss, E.DeadlineExceeded, E.NumericFault, E.Internal]
+               E.Cancelled, E.Unavailable, E.DataLoss, E.DeadlineExceeded, E.NumericFault, E.Internal, E.Unauthenticated]
     for cls in classes:
         assert status_of(cls("x")) == grpc.StatusCode[cls.code], cls
         assert common_pb2.Error.Code.Value(cls.code) > 0

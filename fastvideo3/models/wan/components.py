@@ -37,11 +37,13 @@ WEIGHTS_DIR = Path(__file__).resolve().parents[2] / "weights"
 
 
 def shipped_path(card: ModelCard, component: str) -> Path:
-    """The safetensors file of a ``source: shipped`` component: ``fastvideo3/weights/<subfolder>``."""
+    """The safetensors file of a ``source: shipped`` component: ``<weights>/<subfolder>``, where
+    ``<weights>`` is the package's ``fastvideo3/weights`` unless ``checkpoint.root`` names another
+    directory in the same layout (a training run's output)."""
     spec = card.components[component]
     if not spec.subfolder:
         raise CardError(f"shipped component {component} names no file", field=f"components.{component}.subfolder")
-    p = WEIGHTS_DIR / spec.subfolder
+    p = Path(card.checkpoint.root or WEIGHTS_DIR) / spec.subfolder
     if not p.is_file():
         raise CardError(f"shipped weights {spec.subfolder} are missing from the package",
                         field=f"components.{component}.subfolder")

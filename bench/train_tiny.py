@@ -1,0 +1,262 @@
+"""Train the tiny recipe end to end: VAE -> DiT + text encoder -> guidance probe -> 4-step student.
+
+    python bench/train_tiny.py --device cuda --out OUT            # the shipped run (one GPU)
+    python bench/train_tiny.py --smoke --out /tmp/smoke           # minutes on a CPU, tiny sizes
+
+Every stage is bounded by a wall-clock budget (``--*-seconds``), so the run ends on time on any
+machine; the step counts reached are recorded. The weights are written in the shipped layout
+under ``--weights-dir`` (default: the package's ``fastvideo3/weights``) and copied to ``--out``
+with ``train_log.json`` (config, timings, loss curves, latent statistics, probe results) and
+``train_loss.png`` when matplotlib is importable. The trained cards (``wan-tiny``,
+``wan-tiny-4step``) read those files; the VAE's latent statistics and the picked guidance go
+into ``fastvideo3/card/registry.py`` (TINY_VAE_STATS, TINY_GUIDANCE) from the log.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from fastvideo3.card import registry  # noqa: E402
+from fastvideo3.models.reward.adherence import AdherenceScorer  # noqa: E402
+from fastvideo3.models.wan.components import WEIGHTS_DIR, TextEncoder, load_dit  # noqa: E402
+from fastvideo3.runtime.engine import Engine  # noqa: E402
+from fastvideo3.training.checkpoint import save_shipped  # noqa: E402
+from fastvideo3.training.data import ShapesDataset, eval_prompts  # noqa: E402
+from fastvideo3.training.distill import DistillConfig, PairSet, distill_student  # noqa: E402
+from fastvideo3.training.rollout import Rollout  # noqa: E402
+from fastvideo3.training.trainer import DiTTrainConfig, JointTrainer, train_dit  # noqa: E402
+from fastvideo3.training.vae import (  # noqa: E402
+    LatentCodec, VAETrainConfig, build_vae, latent_stats, roundtrip_check, train_vae,
+)
+
+FILES = {"text_encoder": "wan-tiny/text_encoder.safetensors", "transformer": "wan-tiny/transformer.safetensors",
+         "vae": "wan-tiny/vae.safetensors", "student": "wan-tiny-4step/transformer.safetensors"}
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", required=True, help="logs, plot and a copy of the weights go here")
+    p.add_argument("--weights-dir", default=str(WEIGHTS_DIR), help="where the shipped weight files are written")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes and budgets: a pipeline check on a CPU")
+    p.add_argument("--frames", type=int, default=33)
+    p.add_argument("--size", type=int, default=128)
+    p.add_argument("--vae-seconds", type=float, default=60)
+    p.add_argument("--vae-batch", type=int, default=16)
+    p.add_argument("--vae-frames", type=int, default=17)
+    p.add_argument("--dit-seconds", type=float, default=140)
+    p.add_argument("--dit-batch", type=int, default=128)
+    p.add_argument("--probe-guidance", default="1,3,5", help="guidance values the probe compares")
+    p.add_argument("--teacher-steps", type=int, default=25, help="teacher steps of the distillation rollouts")
+    p.add_argument("--rollout-seconds", type=float, default=35)
+    p.add_argument("--rollout-wave", type=int, default=128)
+    p.add_argument("--max-pairs", type=int, default=4096)
+    p.add_argument("--distill-seconds", type=float, default=40)
+    p.add_argument("--distill-batch", type=int, default=96)
+    p.add_argument("--probe-prompts", type=int, default=20, help="how many of the eval prompts the probes use")
+    p.add_argument("--final-probe", action="store_true", help="probe both trained cards at the end")
+    a = p.parse_args(argv)
+    if a.smoke:
+        a.frames, a.size, a.vae_frames, a.vae_batch, a.dit_batch = 5, 32, 5, 2, 4
+        a.vae_seconds, a.dit_seconds, a.rollout_seconds, a.distill_seconds = 8, 10, 5, 5
+        a.rollout_wave, a.max_pairs, a.distill_batch, a.teacher_steps, a.probe_prompts = 4, 8, 4, 4, 4
+    return a
+
+
+class Logger:
+    def __init__(self, path: Path):
+        self.f = open(path, "a")
+        self.t0 = time.perf_counter()
+
+    def __call__(self, msg: str) -> None:
+        line = f"[{time.perf_counter() - self.t0:7.1f}s] {msg}"
+        print(line, flush=True)
+        self.f.write(line + "\n")
+        self.f.flush()
+
+
+def trained_card(stats: dict, guidance: float, weights_dir: Path):
+    """The wan-tiny cards as this run produced them (its weights, latent statistics, guidance)."""
+    def patch(card):
+        vae = card.components["vae"]
+        comps = dict(card.components)
+        comps["vae"] = vae.model_copy(update={"config": {**vae.config, **stats}})
+        return card.model_copy(update={
+            "components": comps, "limits": card.limits.model_copy(update={"default_guidance": guidance}),
+            "checkpoint": card.checkpoint.model_copy(update={"root": str(weights_dir.resolve())})})
+    return patch(registry.wan_tiny()), patch(registry.wan_tiny_4step())
+
+
+def probe(card, prompts, seeds, device, log, steps, guidance=None, size=128, frames=33):
+    """Adherence of a card on prompts x seeds, through a rollout with decode and the scorer."""
+    scorer = AdherenceScorer()
+    with Engine(card, device=device, max_batch=64) as engine:
+        engine.scheduler.max_running = 256
+        ps = [p for p in prompts for _ in seeds]
+        ss = [s for _ in prompts for s in seeds]
+        kw = dict(num_inference_steps=steps, num_frames=frames, height=size, width=size)
+        if guidance is not None:
+            kw["guidance_scale"] = guidance
+        recs = Rollout(engine, capture="norms", wave=len(ps)).run(ps, ss, decode=True, scorer=scorer.score, **kw)
+        rows = engine.denoiser.counters["rows"]
+    res = {"adherence": sum(r.scores["adherent"] for r in recs) / len(recs),
+           "color": sum(r.scores["color_ok"] for r in recs) / len(recs),
+           "direction": sum(r.scores["direction_ok"] for r in recs) / len(recs),
+           "clips": len(recs), "dit_rows_per_clip": rows / len(recs)}
+    log(f"probe {card.model_id} steps={steps} guidance={guidance}: {res}")
+    return res
+
+
+def main(argv=None) -> int:
+    a = parse(argv)
+    out, wdir = Path(a.out), Path(a.weights_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    log = Logger(out / "log.txt")
+    dev = a.device
+    if dev.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+    torch.manual_seed(0)
+    record: dict = {"command": " ".join(["python", "bench/train_tiny.py", *(argv or sys.argv[1:])]),
+                    "args": vars(a), "device": torch.cuda.get_device_name() if dev.startswith("cuda") else platform.processor() or "cpu",
+                    "torch": torch.__version__, "stages": {}}
+    t_start = time.perf_counter()
+    seeded = registry.wan_tiny_seeded()
+
+    def save_record() -> None:  # after every stage, so a run stopped early still leaves its log
+        record["total_seconds"] = round(time.perf_counter() - t_start, 1)
+        (out / "train_log.json").write_text(json.dumps(record, indent=1, default=str))
+
+    # -- stage 1: the VAE ------------------------------------------------------------------
+    vae = build_vae(registry.TINY_VAE)
+    vcfg = VAETrainConfig(steps=10**9, batch_size=a.vae_batch, frames=a.vae_frames, height=a.size, width=a.size,
+                          time_budget_s=a.vae_seconds)
+    vres = train_vae(vae, vcfg, dev, log)
+    mean, std = latent_stats(vae, ShapesDataset(seed=7, frames=a.frames, height=a.size, width=a.size),
+                             clips=64 if not a.smoke else 4, batch_size=8 if not a.smoke else 2, device=dev)
+    stats = {"latents_mean": mean, "latents_std": std}
+    vae.register_to_config(**stats)
+    save_shipped(vae, wdir / FILES["vae"])
+    check = roundtrip_check(vae, ShapesDataset(seed=7, frames=a.frames, height=a.size, width=a.size),
+                            clips=4 if a.smoke else 16, device=dev)
+    record["card_update"] = {"TINY_VAE_STATS": stats}
+    record["stages"]["vae"] = {"steps": vres.steps, "seconds": round(vres.seconds, 1), "losses": vres.losses,
+                               "config": vcfg.__dict__, "latent_stats": stats, "roundtrip": check}
+    log(f"vae: {vres.steps} steps in {vres.seconds:.0f}s; latent std {min(std):.3f}..{max(std):.3f}; "
+        f"round trip {check}")
+    save_record()
+
+    # -- stage 2: DiT + text encoder (flow matching) ----------------------------------------
+    dit, _ = load_dit(seeded, dev)
+    text = TextEncoder(seeded, dev)
+    dcfg = DiTTrainConfig(steps=10**9, batch_size=a.dit_batch, time_budget_s=a.dit_seconds)
+    trainer = JointTrainer(dit, text, dcfg, dev)
+    dlog = train_dit(trainer, LatentCodec(vae, dev), ShapesDataset(seed=11, frames=a.frames, height=a.size, width=a.size), log)
+    save_shipped(trainer.ema_dit.shadow, wdir / FILES["transformer"], torch.float16)
+    save_shipped(trainer.ema_text.shadow, wdir / FILES["text_encoder"])
+    record["stages"]["dit"] = {"steps": dlog.steps, "seconds": round(dlog.seconds, 1), "samples": dlog.samples,
+                               "losses": dlog.losses, "config": dcfg.__dict__}
+    log(f"dit: {dlog.steps} steps, {dlog.samples} clips in {dlog.seconds:.0f}s")
+    save_record()
+    del trainer, dit, text
+    if dev.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+    # -- stage 3: guidance probe on the shipped teacher -------------------------------------
+    prompts = eval_prompts()[: a.probe_prompts]
+    gvals = [float(g) for g in a.probe_guidance.split(",")]
+    teacher_card, student_card = trained_card(stats, gvals[0], wdir)
+    probes = {g: probe(teacher_card, prompts, [101], dev, log, a.teacher_steps, g, a.size, a.frames) for g in gvals}
+    best = max(gvals, key=lambda g: (probes[g]["adherence"], -g))
+    record["stages"]["guidance_probe"] = {"steps": a.teacher_steps, "results": {str(g): r for g, r in probes.items()},
+                                          "picked": best}
+    teacher_card, student_card = trained_card(stats, best, wdir)
+    log(f"guidance picked: {best}")
+    save_record()
+
+    # -- stage 4: teacher rollouts (the serving loop + capture) and the 4-step student -------
+    t0 = time.perf_counter()
+    data = ShapesDataset(seed=23)
+    records = []
+    with Engine(teacher_card, device=dev, max_batch=a.rollout_wave) as engine:
+        engine.scheduler.max_running = a.rollout_wave
+        rollout = Rollout(engine, capture="endpoints", wave=a.rollout_wave)
+        i = 0
+        while len(records) < a.max_pairs and time.perf_counter() - t0 < a.rollout_seconds:
+            caps = [data.scene(i + k).caption for k in range(a.rollout_wave)]
+            seeds = [1_000_000 + i + k for k in range(a.rollout_wave)]
+            records += rollout.run(caps, seeds, num_inference_steps=a.teacher_steps, guidance_scale=best,
+                                   num_frames=a.frames, height=a.size, width=a.size)
+            i += a.rollout_wave
+        text = engine.encoder.encoder
+        pairs = PairSet(records, text, dev)
+    record["stages"]["rollouts"] = {"pairs": len(pairs), "seconds": round(time.perf_counter() - t0, 1),
+                                    "teacher_steps": a.teacher_steps, "guidance": best,
+                                    "example": records[0].to_dict()}
+    log(f"rollouts: {len(pairs)} teacher pairs in {time.perf_counter() - t0:.0f}s")
+    student, _ = load_dit(teacher_card, dev)
+    scfg = DistillConfig(steps=10**9, batch_size=a.distill_batch, time_budget_s=a.distill_seconds)
+    ema_student, slog = distill_student(student, pairs, scfg, dev, log)
+    save_shipped(ema_student, wdir / FILES["student"], torch.float16)
+    record["stages"]["distill"] = {"steps": slog.steps, "seconds": round(slog.seconds, 1), "pairs": slog.pairs,
+                                   "losses": slog.losses, "config": scfg.__dict__}
+    log(f"distill: {slog.steps} steps in {slog.seconds:.0f}s")
+    save_record()
+    del pairs, records
+
+    if a.final_probe:
+        record["stages"]["final_probe"] = {
+            "wan-tiny@50": probe(teacher_card, prompts, [202], dev, log, 50, None, a.size, a.frames),
+            "wan-tiny-4step@4": probe(student_card, prompts, [202], dev, log, 4, None, a.size, a.frames),
+        }
+    record["card_update"] = {"TINY_VAE_STATS": stats, "TINY_GUIDANCE": best}
+    save_record()
+    for name, rel in FILES.items():
+        dst = out / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if (wdir / rel).resolve() != dst.resolve():
+            shutil.copyfile(wdir / rel, dst)
+    plot_losses(record, out / "train_loss.png", log)
+    log(f"done in {record['total_seconds']}s")
+    return 0
+
+
+def plot_losses(record: dict, path: Path, log=print) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib is not importable: no loss plot")
+        return
+    stages = [("vae", "VAE (rec + KL)"), ("dit", "DiT + text encoder (flow matching)"), ("distill", "4-step student (reflow)")]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
+    for ax, (key, title) in zip(axes, stages):
+        pts = record["stages"].get(key, {}).get("losses", [])
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts])
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("training loss")
+    fig.suptitle(f"tiny recipe on {record['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    log(f"wrote {path.name}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
