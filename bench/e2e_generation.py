@@ -44,6 +44,8 @@ if str(REPO) not in sys.path:  # run from a source checkout without installing t
 
 import torch  # noqa: E402
 
+from serving import portable, record_unit_failures  # noqa: E402 - the sibling script in bench/
+
 PROMPT = "A cat walks along the beach at sunset while gentle waves roll onto the sand."
 NEGATIVE = "Low quality, blurry, static, worst quality, overexposed, distorted."
 ERROR_STEPS = (1, 5, 10, 20, 30, 40, 50)  # 1-based steps whose latents are compared
@@ -331,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     a.precision = a.precision or ("bf16" if a.device.startswith("cuda") else "fp32")
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[a.precision]
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 parts as diffusers' defaults run them
-    result: dict = {"command": " ".join(["python bench/e2e_generation.py", *(argv if argv is not None else sys.argv[1:])]),
+    result: dict = {"command": "python bench/e2e_generation.py " + portable(argv if argv is not None else sys.argv[1:]),
                     "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(a.device),
                     "model": model_info(a.model), "precision": a.precision}
 
@@ -373,7 +375,16 @@ def main(argv: list[str] | None = None) -> int:
     result["diffusers"] = side_report(ref)
     save()
     print("diffusers", json.dumps(result["diffusers"]), flush=True)
-    ours = run_ours(engine, a, frames, deadline, our_timer)
+    failures: list = []
+    record_unit_failures(failures)
+    try:
+        ours = run_ours(engine, a, frames, deadline, our_timer)
+    except Exception as e:  # noqa: BLE001 - keep diffusers' numbers and the failing units' tracebacks
+        result["ours_error"] = {"error": f"{type(e).__name__}: {e}"[:2000], "unit_failures": failures}
+        save()
+        for f in failures[:1]:
+            print(f"first failing unit ({f['kind']}, step {f['step']}):\n{f['traceback']}", flush=True)
+        raise
     result["ours"] = side_report(ours)
     result["error_vs_diffusers"] = compare(ours, ref)
     if ours["steps_done"] == ref["steps_done"] == a.steps:

@@ -23,7 +23,7 @@ min() { if (($1 < $2)); then echo "$1"; else echo "$2"; fi; }
 max() { if (($1 > $2)); then echo "$1"; else echo "$2"; fi; }
 install() {  # install <target> <wheels...>
   local target=$1; shift
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$target" "$@"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" "$@"
 }
 
 shopt -s nullglob
@@ -53,7 +53,7 @@ echo "build done at ${SECONDS}s"
 limit=$(max 40 "$(min 130 $(($(left) - 90)))")
 timeout $((limit + 20)) python3 bench/serving.py --card "$MODEL" --device cuda --mode auto --time-limit "$limit" \
   --log-dir "$WORK/fleet-logs" --out "$OUT/serving_h200.json" >"$OUT/serving.log" 2>&1
-echo "serving rc=$? at ${SECONDS}s"; tail -n 8 "$OUT/serving.log"
+echo "serving rc=$? at ${SECONDS}s"; tail -n 30 "$OUT/serving.log"
 tail -n 60 "$WORK"/fleet-logs/*.log >"$OUT/fleet_logs.txt" 2>/dev/null
 
 # end to end: 81 frames when the warm-up forwards predict it fits in what is left, else 33
@@ -61,4 +61,4 @@ limit=$(max 30 $(($(left) - 10)))
 timeout $((limit + 8)) python3 bench/e2e_generation.py --model "$MODEL" --device cuda --frames 81 \
   --fallback-frames 33 --time-limit "$limit" --out "$OUT/e2e_generation_h200.json" 2>&1 \
   | grep -v "Loading" >"$OUT/e2e.log"
-echo "e2e rc=${PIPESTATUS[0]} at ${SECONDS}s"; tail -n 9 "$OUT/e2e.log"
+echo "e2e rc=${PIPESTATUS[0]} at ${SECONDS}s"; tail -n 40 "$OUT/e2e.log"

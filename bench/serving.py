@@ -39,6 +39,27 @@ GOAL_SPEEDUP = 4.0
 NEGATIVE = "blurry, low quality, static"
 
 
+def portable(args: list[str]) -> str:
+    """A command line with absolute paths cut to their last part (no machine's layout in results)."""
+    return " ".join(f"DIR/{Path(x).name}" if x.startswith("/") else x for x in args)
+
+
+def record_unit_failures(store: list) -> None:
+    """Keep the traceback of every WorkUnit an in-process executor fails: the StepResult carries
+    only the message, which is not enough to find a fault seen on one machine only."""
+    import traceback
+    from fastvideo3.runtime import executors
+    fail = executors._fail
+
+    def traced(unit, exc):
+        if len(store) < 5:
+            store.append({"kind": unit.kind, "step": unit.step, "error": f"{type(exc).__name__}: {exc}"[:500],
+                          "traceback": traceback.format_exc()[-4000:]})
+        return fail(unit, exc)
+
+    executors._fail = traced
+
+
 def pct(values: list[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100)."""
     s = sorted(values)
@@ -80,6 +101,8 @@ def run_inproc(a, deadline: float, save) -> dict:
                                                                                     if "dit_path" in v else {})}
                            for k, v in engine.describe()["pools"].items()}}
     kw = request_kw(a)
+    failures: list = []
+    record_unit_failures(failures)
     try:
         t0 = time.perf_counter()
         engine.generate("warm-up", seed=999, **kw)
@@ -91,7 +114,11 @@ def run_inproc(a, deadline: float, save) -> dict:
             out[name] = _inproc_burst(engine, a, kw, deadline, name)
             out[name]["scheduler"] = {"batching": batching, "max_running": max_running}
             save(out)
+    except Exception as e:  # noqa: BLE001 - recorded with the failing units' tracebacks
+        out["error"] = f"{type(e).__name__}: {e}"[:3000]
     finally:
+        if failures:
+            out["unit_failures"] = failures
         engine.close()
     return out
 
@@ -142,7 +169,7 @@ def run_fleet(a, deadline: float, save, log_dir: Path) -> dict:
     fleet = LocalFleet(a.card, roles=("encoder", "denoiser", "decoder"), device=a.device,
                        scheduler_args=common, log_dir=log_dir)
     out: dict = {"variant": "fleet (fleet.launcher.LocalFleet: one process per pool + scheduler processes, gRPC, "
-                            "transport auto)", "log_dir": str(log_dir)}
+                            "transport auto)"}
     try:
         t0 = time.perf_counter()
         # a fleet that cannot start must leave time for the in-process fallback
@@ -152,7 +179,7 @@ def run_fleet(a, deadline: float, save, log_dir: Path) -> dict:
         alone = ["--no-batching", "--max-running", "1"]
         modes["request_at_a_time"] = (fleet.add_scheduler(common + alone, name="scheduler-request-at-a-time"),
                                       common + alone)
-        out["processes"] = {fp.name: fp.argv[1:] for fp in fleet.processes()}
+        out["processes"] = {fp.name: "python " + portable(fp.argv[1:]) for fp in fleet.processes()}
         t0 = time.perf_counter()
         with FleetClient(fleet.target, timeout_s=max(5.0, deadline - time.time())) as c:
             c.generate("warm-up", seed=999, output_format="npy", **request_kw(a))
@@ -273,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     a.frames = a.frames or (9 if cpu else 17)
     a.width, a.height = (int(x) for x in (a.size or ("64x64" if cpu else "256x256")).lower().split("x"))
     result: dict = {
-        "command": " ".join(["python bench/serving.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": "python bench/serving.py " + portable(argv if argv is not None else sys.argv[1:]),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(a.device),
         "workload": {"card": Path(a.card).name if Path(a.card).exists() else a.card, "requests": a.requests,
                      "frames": a.frames, "size": f"{a.width}x{a.height}", "steps": a.steps,
@@ -294,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         run = run_fleet(a, deadline, save, log_dir)
         if "error" in run and a.mode == "auto" and time.time() < deadline - 30:
             result["fleet_attempt"] = run
+            save()
             run = {}
     if not run:
         run = run_inproc(a, deadline, save)
@@ -317,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{d.get('mean_units_per_batch', 0):>9.2f}")
     if "error" in run:
         print("ERROR:", run["error"][:1000])
+    for f in run.get("unit_failures", [])[:1]:
+        print(f"first failing unit ({f['kind']}, step {f['step']}):\n{f['traceback']}")
     print("speedup:", result.get("speedup"), "goal", GOAL_SPEEDUP)
     return 0 if "speedup" in result else 1
 

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from fastvideo3.card import registry  # noqa: E402
 from fastvideo3.models.reward.adherence import AdherenceScorer  # noqa: E402
-from fastvideo3.models.wan.components import WEIGHTS_DIR, TextEncoder, load_dit  # noqa: E402
+from fastvideo3.models.wan.components import WEIGHTS_DIR, TextEncoder, load_dit, load_shipped  # noqa: E402
 from fastvideo3.runtime.engine import Engine  # noqa: E402
 from fastvideo3.training.checkpoint import save_shipped  # noqa: E402
 from fastvideo3.training.data import ShapesDataset, eval_prompts  # noqa: E402
@@ -64,6 +64,11 @@ def parse(argv=None):
     p.add_argument("--distill-seconds", type=float, default=40)
     p.add_argument("--distill-batch", type=int, default=96)
     p.add_argument("--probe-prompts", type=int, default=20, help="how many of the eval prompts the probes use")
+    p.add_argument("--stages", default="vae,dit,probe,distill", help="stages to run; the others come from --init-from")
+    p.add_argument("--init-from", default=None,
+                   help="a previous run's --out directory: skipped stages take its weights, statistics and "
+                        "guidance, and a DiT stage continues from its DiT and text encoder")
+    p.add_argument("--guidance", type=float, default=None, help="guidance when the probe stage is skipped")
     p.add_argument("--final-probe", action="store_true", help="probe both trained cards at the end")
     a = p.parse_args(argv)
     if a.smoke:
@@ -138,8 +143,80 @@ def main(argv=None) -> int:
         record["total_seconds"] = round(time.perf_counter() - t_start, 1)
         (out / "train_log.json").write_text(json.dumps(record, indent=1, default=str))
 
-    # -- stage 1: the VAE ------------------------------------------------------------------
+    stages = set(a.stages.split(","))
+    init = Path(a.init_from) if a.init_from else None
+    prev = json.loads((init / "train_log.json").read_text()) if init else {}
+    if init:
+        record["init_from"] = {"dir": str(init), "command": prev.get("command"), "stages": {
+            k: {f: v.get(f) for f in ("steps", "seconds", "samples", "pairs")} for k, v in prev.get("stages", {}).items()}}
+
+    def take(component: str) -> None:  # a skipped stage's weights, from the previous run
+        if init is None:
+            raise SystemExit(f"--stages without the stage that makes {component} needs --init-from")
+        dst = wdir / FILES[component]
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if (init / FILES[component]).resolve() != dst.resolve():
+            shutil.copyfile(init / FILES[component], dst)
+
     vae = build_vae(registry.TINY_VAE)
+    if "vae" not in stages:
+        take("vae")
+        stats = prev["card_update"]["TINY_VAE_STATS"]
+        vae.register_to_config(**stats)
+        load_shipped(vae, wdir / FILES["vae"])
+        vae.to(dev).eval().requires_grad_(False)
+        record["card_update"] = {"TINY_VAE_STATS": stats}
+    else:
+        stats = train_vae_stage(a, vae, wdir, record, dev, log)
+    save_record()
+
+    # -- stage 2: DiT + text encoder (flow matching) ----------------------------------------
+    if "dit" in stages:
+        train_dit_stage(a, vae, seeded, wdir, init, record, dev, log)
+    else:
+        take("transformer")
+        take("text_encoder")
+    save_record()
+
+    # -- stage 3: guidance probe on the shipped teacher -------------------------------------
+    prompts = eval_prompts()[: a.probe_prompts]
+    if "probe" in stages:
+        gvals = [float(g) for g in a.probe_guidance.split(",")]
+        teacher_card, _ = trained_card(stats, gvals[0], wdir)
+        probes = {g: probe(teacher_card, prompts, [101], dev, log, a.teacher_steps, g, a.size, a.frames) for g in gvals}
+        best = max(gvals, key=lambda g: (probes[g]["adherence"], -g))
+        record["stages"]["guidance_probe"] = {"steps": a.teacher_steps, "picked": best,
+                                              "results": {str(g): r for g, r in probes.items()}}
+        log(f"guidance picked: {best}")
+    else:
+        best = a.guidance if a.guidance is not None else prev["card_update"]["TINY_GUIDANCE"]
+    teacher_card, student_card = trained_card(stats, best, wdir)
+    record["card_update"]["TINY_GUIDANCE"] = best
+    save_record()
+
+    # -- stage 4: teacher rollouts (the serving loop + capture) and the 4-step student -------
+    if "distill" in stages:
+        distill_stage(a, teacher_card, best, wdir, record, dev, log)
+    else:
+        take("student")
+    save_record()
+    if a.final_probe:
+        record["stages"]["final_probe"] = {
+            "wan-tiny@50": probe(teacher_card, prompts, [202], dev, log, 50, None, a.size, a.frames),
+            "wan-tiny-4step@4": probe(student_card, prompts, [202], dev, log, 4, None, a.size, a.frames),
+        }
+    save_record()
+    for name, rel in FILES.items():
+        dst = out / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if (wdir / rel).resolve() != dst.resolve():
+            shutil.copyfile(wdir / rel, dst)
+    plot_losses(record, out / "train_loss.png", log)
+    log(f"done in {record['total_seconds']}s")
+    return 0
+
+
+def train_vae_stage(a, vae, wdir: Path, record: dict, dev: str, log) -> dict:
     vcfg = VAETrainConfig(steps=10**9, batch_size=a.vae_batch, frames=a.vae_frames, height=a.size, width=a.size,
                           time_budget_s=a.vae_seconds)
     vres = train_vae(vae, vcfg, dev, log)
@@ -155,37 +232,28 @@ def main(argv=None) -> int:
                                "config": vcfg.__dict__, "latent_stats": stats, "roundtrip": check}
     log(f"vae: {vres.steps} steps in {vres.seconds:.0f}s; latent std {min(std):.3f}..{max(std):.3f}; "
         f"round trip {check}")
-    save_record()
+    return stats
 
-    # -- stage 2: DiT + text encoder (flow matching) ----------------------------------------
+
+def train_dit_stage(a, vae, seeded, wdir: Path, init: Path | None, record: dict, dev: str, log) -> None:
     dit, _ = load_dit(seeded, dev)
     text = TextEncoder(seeded, dev)
+    if init is not None and (init / FILES["transformer"]).exists():  # continue from the previous run's EMA
+        load_shipped(dit, init / FILES["transformer"])
+        load_shipped(text.model, init / FILES["text_encoder"])
     dcfg = DiTTrainConfig(steps=10**9, batch_size=a.dit_batch, time_budget_s=a.dit_seconds)
     trainer = JointTrainer(dit, text, dcfg, dev)
-    dlog = train_dit(trainer, LatentCodec(vae, dev), ShapesDataset(seed=11, frames=a.frames, height=a.size, width=a.size), log)
+    dlog = train_dit(trainer, LatentCodec(vae, dev), ShapesDataset(seed=11 + (init is not None), frames=a.frames,
+                                                                   height=a.size, width=a.size), log)
     save_shipped(trainer.ema_dit.shadow, wdir / FILES["transformer"], torch.float16)
     save_shipped(trainer.ema_text.shadow, wdir / FILES["text_encoder"])
     record["stages"]["dit"] = {"steps": dlog.steps, "seconds": round(dlog.seconds, 1), "samples": dlog.samples,
-                               "losses": dlog.losses, "config": dcfg.__dict__}
+                               "losses": dlog.losses, "config": dcfg.__dict__,
+                               "continued": init is not None and (init / FILES["transformer"]).exists()}
     log(f"dit: {dlog.steps} steps, {dlog.samples} clips in {dlog.seconds:.0f}s")
-    save_record()
-    del trainer, dit, text
-    if dev.startswith("cuda"):
-        torch.cuda.empty_cache()
 
-    # -- stage 3: guidance probe on the shipped teacher -------------------------------------
-    prompts = eval_prompts()[: a.probe_prompts]
-    gvals = [float(g) for g in a.probe_guidance.split(",")]
-    teacher_card, student_card = trained_card(stats, gvals[0], wdir)
-    probes = {g: probe(teacher_card, prompts, [101], dev, log, a.teacher_steps, g, a.size, a.frames) for g in gvals}
-    best = max(gvals, key=lambda g: (probes[g]["adherence"], -g))
-    record["stages"]["guidance_probe"] = {"steps": a.teacher_steps, "results": {str(g): r for g, r in probes.items()},
-                                          "picked": best}
-    teacher_card, student_card = trained_card(stats, best, wdir)
-    log(f"guidance picked: {best}")
-    save_record()
 
-    # -- stage 4: teacher rollouts (the serving loop + capture) and the 4-step student -------
+def distill_stage(a, teacher_card, guidance: float, wdir: Path, record: dict, dev: str, log) -> None:
     t0 = time.perf_counter()
     data = ShapesDataset(seed=23)
     records = []
@@ -196,13 +264,12 @@ def main(argv=None) -> int:
         while len(records) < a.max_pairs and time.perf_counter() - t0 < a.rollout_seconds:
             caps = [data.scene(i + k).caption for k in range(a.rollout_wave)]
             seeds = [1_000_000 + i + k for k in range(a.rollout_wave)]
-            records += rollout.run(caps, seeds, num_inference_steps=a.teacher_steps, guidance_scale=best,
+            records += rollout.run(caps, seeds, num_inference_steps=a.teacher_steps, guidance_scale=guidance,
                                    num_frames=a.frames, height=a.size, width=a.size)
             i += a.rollout_wave
-        text = engine.encoder.encoder
-        pairs = PairSet(records, text, dev)
+        pairs = PairSet(records, engine.encoder.encoder, dev)
     record["stages"]["rollouts"] = {"pairs": len(pairs), "seconds": round(time.perf_counter() - t0, 1),
-                                    "teacher_steps": a.teacher_steps, "guidance": best,
+                                    "teacher_steps": a.teacher_steps, "guidance": guidance,
                                     "example": records[0].to_dict()}
     log(f"rollouts: {len(pairs)} teacher pairs in {time.perf_counter() - t0:.0f}s")
     student, _ = load_dit(teacher_card, dev)
@@ -212,24 +279,6 @@ def main(argv=None) -> int:
     record["stages"]["distill"] = {"steps": slog.steps, "seconds": round(slog.seconds, 1), "pairs": slog.pairs,
                                    "losses": slog.losses, "config": scfg.__dict__}
     log(f"distill: {slog.steps} steps in {slog.seconds:.0f}s")
-    save_record()
-    del pairs, records
-
-    if a.final_probe:
-        record["stages"]["final_probe"] = {
-            "wan-tiny@50": probe(teacher_card, prompts, [202], dev, log, 50, None, a.size, a.frames),
-            "wan-tiny-4step@4": probe(student_card, prompts, [202], dev, log, 4, None, a.size, a.frames),
-        }
-    record["card_update"] = {"TINY_VAE_STATS": stats, "TINY_GUIDANCE": best}
-    save_record()
-    for name, rel in FILES.items():
-        dst = out / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if (wdir / rel).resolve() != dst.resolve():
-            shutil.copyfile(wdir / rel, dst)
-    plot_losses(record, out / "train_loss.png", log)
-    log(f"done in {record['total_seconds']}s")
-    return 0
 
 
 def plot_losses(record: dict, path: Path, log=print) -> None:
@@ -238,7 +287,8 @@ def plot_losses(record: dict, path: Path, log=print) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        log("matplotlib is not importable: no loss plot")
+        plot_losses_pil(record, path)
+        log(f"wrote {path.name} (PIL)")
         return
     stages = [("vae", "VAE (rec + KL)"), ("dit", "DiT + text encoder (flow matching)"), ("distill", "4-step student (reflow)")]
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
@@ -255,6 +305,34 @@ def plot_losses(record: dict, path: Path, log=print) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     log(f"wrote {path.name}")
+
+
+def plot_losses_pil(record: dict, path: Path) -> None:
+    """The same three panels with PIL only (log-scale loss against step)."""
+    import math
+
+    from PIL import Image, ImageDraw
+    stages = [("vae", "VAE"), ("dit", "DiT + text encoder"), ("distill", "4-step student")]
+    w, h, pad = 360, 260, 40
+    img = Image.new("RGB", (w * 3, h + 30), "white")
+    d = ImageDraw.Draw(img)
+    d.text((10, 5), f"tiny recipe training loss (log scale) on {record['device']}", fill="black")
+    for i, (key, title) in enumerate(stages):
+        pts = [(p[0], p[1]) for p in record["stages"].get(key, {}).get("losses", []) if p[1] > 0]
+        x0, y0 = i * w + pad, 30
+        d.rectangle([x0, y0, x0 + w - 2 * pad, y0 + h - pad], outline="black")
+        d.text((x0 + 4, y0 + 4), title, fill="black")
+        if len(pts) < 2:
+            continue
+        xs, ys = [p[0] for p in pts], [math.log10(p[1]) for p in pts]
+        lo, hi = min(ys), max(ys) + 1e-9
+        def xy(px, py):
+            return (x0 + (px - xs[0]) / max(1, xs[-1] - xs[0]) * (w - 2 * pad),
+                    y0 + h - pad - (py - lo) / (hi - lo) * (h - pad - 20))
+        d.line([xy(a, b) for a, b in zip(xs, ys)], fill=(30, 90, 200), width=2)
+        d.text((x0, y0 + h - pad + 2), f"step {xs[0]}..{xs[-1]}", fill="black")
+        d.text((x0 + w - 2 * pad - 120, y0 + 4), f"{10**hi:.3g} .. {10**lo:.3g}", fill="black")
+    img.save(path)
 
 
 if __name__ == "__main__":

@@ -22,12 +22,12 @@ from fastvideo3.card.spec import (
 from fastvideo3.errors import CardError, NotFound
 
 TINY_DIT = dict(
-    patch_size=[1, 2, 2], num_attention_heads=4, attention_head_dim=32, in_channels=16, out_channels=16,
-    text_dim=64, freq_dim=64, ffn_dim=512, num_layers=4, cross_attn_norm=True,
+    patch_size=[1, 4, 4], num_attention_heads=2, attention_head_dim=32, in_channels=16, out_channels=16,
+    text_dim=64, freq_dim=64, ffn_dim=256, num_layers=4, cross_attn_norm=True,
     qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=64,
 )
-TINY_VAE = dict(base_dim=6, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1,
-                temperal_downsample=[False, True, True])
+#: the tiny recipe's VAE: a patch autoencoder with the Wan VAE's latent layout (models/wan/patch_vae.py)
+TINY_VAE = dict(arch="patch", z_dim=16, enc_dim=64, dec_dim=96)
 TINY_TEXT = dict(vocab_size=384, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
                  relative_attention_num_buckets=32, relative_attention_max_distance=64,
                  dropout_rate=0.0, tokenizer="bytes")
@@ -71,8 +71,9 @@ def _tiny(model_id: str, description: str, components: dict[str, ComponentSpec],
         recipe=recipe,
         precision=precision or PrecisionContract(),
         checkpoint=CheckpointManifest(root=None, seed=0, required_for=_T2V_TASKS),
-        limits=Limits(max_frames=65, max_height=512, max_width=512, default_frames=33,
-                      default_height=128, default_width=128, default_guidance=guidance),
+        # sizes are multiples of 32: the VAE's 8x times the DiT's 4x4 latent patch
+        limits=Limits(max_frames=65, min_size=32, max_height=512, max_width=512, size_multiple=32,
+                      default_frames=33, default_height=128, default_width=128, default_guidance=guidance),
         max_text_tokens=64,
     )
 

@@ -135,10 +135,10 @@ def _unipc_predict(hist: SamplerHistory, x: torch.Tensor, step: int, sig: torch.
     x_t_ = s_t / s_0 * x - alpha_t * h_phi_1 * m0
     if d1s:
         if order == 2:
-            rhos = torch.ones(1, dtype=x.dtype) * 0.5
+            rhos = torch.ones(1, dtype=x.dtype, device=x.device) * 0.5
         else:
             r = torch.stack([torch.pow(rks_t, i - 1) for i in range(1, order + 1)])
-            rhos = torch.linalg.solve(r[:-1, :-1], torch.stack(b)[:-1]).to(x.dtype)
+            rhos = torch.linalg.solve(r[:-1, :-1], torch.stack(b)[:-1]).to(x.device, x.dtype)
         res = torch.einsum("k,bkc...->bc...", rhos, torch.stack(d1s, dim=1))
         return (x_t_ - alpha_t * b_h * res).to(x.dtype)
     return x_t_.to(x.dtype)
@@ -163,10 +163,10 @@ def _unipc_correct(hist: SamplerHistory, model_t: torch.Tensor, x_t: torch.Tenso
     rks_t = torch.stack(rks)
     h_phi_1, b_h, b = _coeffs(order, -h)
     if order == 1:
-        rhos = torch.ones(1, dtype=x.dtype) * 0.5
+        rhos = torch.ones(1, dtype=x.dtype, device=x.device) * 0.5
     else:
         r = torch.stack([torch.pow(rks_t, i - 1) for i in range(1, order + 1)])
-        rhos = torch.linalg.solve(r, torch.stack(b)).to(x.dtype)
+        rhos = torch.linalg.solve(r, torch.stack(b)).to(x.device, x.dtype)
     x_t_ = s_t / s_0 * x - alpha_t * h_phi_1 * m0
     corr = torch.einsum("k,bkc...->bc...", rhos[:-1], torch.stack(d1s, dim=1)) if d1s else 0
     return (x_t_ - alpha_t * b_h * (corr + rhos[-1] * (model_t - m0))).to(x.dtype)

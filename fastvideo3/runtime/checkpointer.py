@@ -209,6 +209,8 @@ class Checkpointer:
     def finish(self, run) -> None:
         """Record the artifact index and end the request in the store (outside the scheduler lock)."""
         rid, status = run.request_id, run.status
+        if status not in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            return  # the id was already reused by a newer request: that one owns the store record
         with self._lock:
             self.latest.pop(rid, None)
             self.recoveries.pop(rid, None)

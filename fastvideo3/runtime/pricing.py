@@ -73,15 +73,17 @@ class Pricer:
         return pred
 
     def reservation(self, card, request, program: tuple[str, ...]) -> Reservation:
-        """What a request holds while it runs: one unit in flight at a time (the most expensive
-        of its loops), the largest peak, and the denoiser's resident latent + history."""
+        """What a request holds while it runs. Compute: one denoise step in flight at a time (the
+        unit that repeats and bounds iteration latency; encode and decode run once, on their own
+        pools). Memory: the largest resident and peak bytes of any of its loops."""
         kinds = {"text_encode": "encoder_chunk", "diffusion_denoise": "diffusion_step",
                  "vae_decode": "vae_tile", "reward_score": "reward_batch"}
-        preds = [self.predict(kinds[loop], f"admission|{kinds[loop]}", card, request,
-                              prompts=1 if request.cfg_policy == "none" else 2)
-                 for loop in program if loop in kinds]
-        return Reservation(max(p.gpu_seconds for p in preds), max(p.resident_bytes for p in preds),
-                           max(p.peak_bytes for p in preds))
+        preds = {kinds[loop]: self.predict(kinds[loop], f"admission|{kinds[loop]}", card, request,
+                                           prompts=1 if request.cfg_policy == "none" else 2)
+                 for loop in program if loop in kinds}
+        step = preds.get("diffusion_step") or max(preds.values(), key=lambda p: p.gpu_seconds)
+        return Reservation(step.gpu_seconds, max(p.resident_bytes for p in preds.values()),
+                           max(p.peak_bytes for p in preds.values()))
 
     def observe_batch(self, unit_ids: list[str], batch_seconds: float) -> None:
         """Split a batch's measured time across its units (by prior) and calibrate."""

@@ -75,13 +75,15 @@ def _sdf(shape: str, px: torch.Tensor, py: torch.Tensor, r: torch.Tensor) -> tor
     return -torch.sqrt(x * x + y * y) * torch.sign(y)
 
 
-def render(scenes: list[Scene], frames: int, height: int, width: int, device: str | torch.device = "cpu") -> torch.Tensor:
-    """Draw scenes as a video batch ``[B, 3, F, H, W]`` in [-1, 1] (the VAE's input range)."""
+def render(scenes: list[Scene], frames: int, height: int, width: int, device: str | torch.device = "cpu",
+           span: float = 1.0) -> torch.Tensor:
+    """Draw scenes as a video batch ``[B, 3, F, H, W]`` in [-1, 1] (the VAE's input range).
+    ``span`` is the fraction of each scene's motion the clip covers (1: all of it)."""
     out = torch.empty(len(scenes), 3, frames, height, width, device=device)
     side = float(min(height, width))
     ys = (torch.arange(height, device=device, dtype=torch.float32) + 0.5) / side
     xs = (torch.arange(width, device=device, dtype=torch.float32) + 0.5) / side
-    t = torch.linspace(0.0, 1.0, frames, device=device).view(1, frames, 1, 1)
+    t = torch.linspace(0.0, span, frames, device=device).view(1, frames, 1, 1)
 
     def col(values) -> torch.Tensor:  # per-scene scalars as [n, 1, 1, 1]
         return torch.tensor(values, dtype=torch.float32, device=device).view(-1, 1, 1, 1)
@@ -114,10 +116,13 @@ def to_frames(video: torch.Tensor) -> torch.Tensor:
 class ShapesDataset:
     """Infinite, seeded clips and captions. ``scene(i)`` is deterministic in ``(seed, i)``."""
 
-    def __init__(self, seed: int = 0, frames: int = 33, height: int = 128, width: int = 128):
+    def __init__(self, seed: int = 0, frames: int = 33, height: int = 128, width: int = 128,
+                 motion_frames: int | None = None):
         if (frames - 1) % 4:
             raise ValueError("frames must be 4k+1 (the VAE's causal temporal layout)")
         self.seed, self.frames, self.height, self.width = seed, frames, height, width
+        # a scene's motion spans motion_frames frames; a shorter clip shows its first part at the same speed
+        self.span = (frames - 1) / ((motion_frames or frames) - 1) if frames > 1 else 1.0
 
     def rng(self, index: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, index])
@@ -135,7 +140,7 @@ class ShapesDataset:
         return self.render(scenes, device), [s.caption for s in scenes]
 
     def render(self, scenes: list[Scene], device: str | torch.device = "cpu") -> torch.Tensor:
-        return render(scenes, self.frames, self.height, self.width, device)
+        return render(scenes, self.frames, self.height, self.width, device, self.span)
 
     def __iter__(self):
         i = 0

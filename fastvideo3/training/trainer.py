@@ -25,14 +25,14 @@ from fastvideo3.training.flow import SigmaSampler, flow_matching_loss
 class DiTTrainConfig:
     steps: int = 4000
     batch_size: int = 32
-    lr: float = 6e-4
-    text_lr: float = 3e-4
-    warmup: int = 200
+    lr: float = 1e-3
+    text_lr: float = 5e-4
+    warmup: int = 100
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.01
     cond_dropout: float = 0.1
     flow_shift: float = 3.0
-    ema_decay: float = 0.999
+    ema_decay: float = 0.995
     reuse: int = 3  # optimizer steps per encoded batch (fresh noise and sigma each time)
     seed: int = 2
     time_budget_s: float | None = None  # the lr schedule runs on elapsed/budget when set

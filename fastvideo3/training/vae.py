@@ -1,6 +1,8 @@
-"""Stage 1 of the tiny recipe: a tiny Wan VAE (``AutoencoderKLWan``) trained on the procedural clips.
+"""Stage 1 of the tiny recipe: the tiny VAE trained on the procedural clips.
 
-The objective is a KL-regularised autoencoder: L1 + L2 reconstruction, weighted up on the shape
+The card's VAE config picks the module (:func:`fastvideo3.models.wan.components.build_vae`): the
+recipe uses the patch autoencoder with the Wan latent layout, which trains in minutes on a CPU;
+any module with the ``AutoencoderKLWan`` encode/decode API trains the same way. The objective is a KL-regularised autoencoder: L1 + L2 reconstruction, weighted up on the shape
 (it covers a few percent of the pixels and carries everything the prompt asks for), plus a
 small KL term so the latent space stays smooth for the DiT. After training, per-channel latent
 statistics are measured and written into the VAE config (``latents_mean`` / ``latents_std``),
@@ -28,6 +30,7 @@ class VAETrainConfig:
     lr: float = 1e-3
     kl_weight: float = 2e-4
     shape_weight: float = 4.0  # extra reconstruction weight on shape pixels
+    motion_frames: int = 33  # clips show the serving clip's per-frame speed
     crop: int | None = 64  # train on crops around the shape (full-scale scenes, 1/4 of the pixels)
     seed: int = 1
     time_budget_s: float | None = None  # stop early when this wall time is spent
@@ -42,8 +45,8 @@ class VAETrainResult:
 
 
 def build_vae(config: dict):
-    from diffusers import AutoencoderKLWan
-    return AutoencoderKLWan(**config)
+    from fastvideo3.models.wan.components import build_vae as build
+    return build(config)
 
 
 def shape_mask(x: torch.Tensor) -> torch.Tensor:
@@ -55,7 +58,7 @@ def shape_mask(x: torch.Tensor) -> torch.Tensor:
 def vae_loss(vae, x: torch.Tensor, cfg: VAETrainConfig, generator: torch.Generator | None = None):
     post = vae.encode(x).latent_dist
     z = post.mean + post.std * torch.randn(post.mean.shape, generator=generator, device=x.device)
-    rec = vae.decode(z).sample
+    rec = vae.decode_raw(z) if hasattr(vae, "decode_raw") else vae.decode(z).sample
     w = 1.0 + cfg.shape_weight * shape_mask(x)
     err = rec - x
     rec_loss = (w * (err.abs() + err.square())).mean()
@@ -64,7 +67,8 @@ def vae_loss(vae, x: torch.Tensor, cfg: VAETrainConfig, generator: torch.Generat
 
 
 def train_vae(vae, cfg: VAETrainConfig, device: str = "cpu", log=print) -> VAETrainResult:
-    data = ShapesDataset(seed=cfg.seed, frames=cfg.frames, height=cfg.height, width=cfg.width)
+    data = ShapesDataset(seed=cfg.seed, frames=cfg.frames, height=cfg.height, width=cfg.width,
+                         motion_frames=cfg.motion_frames)
     vae.to(device).train().requires_grad_(True)
     opt = torch.optim.AdamW(vae.parameters(), lr=cfg.lr, weight_decay=0.0)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
@@ -106,8 +110,8 @@ def crops(data: ShapesDataset, step: int, cfg: VAETrainConfig, device) -> torch.
     for sc, clip in zip(scenes, x):
         dx, dy = MOTIONS[sc.motion]
         side = min(data.height, data.width)
-        cx = (sc.start[0] + 0.5 * dx * sc.travel) * side
-        cy = (sc.start[1] + 0.5 * dy * sc.travel) * side
+        cx = (sc.start[0] + 0.5 * data.span * dx * sc.travel) * side
+        cy = (sc.start[1] + 0.5 * data.span * dy * sc.travel) * side
         x0 = int(min(max(cx - c / 2 + rng.uniform(-c / 4, c / 4), 0), data.width - c))
         y0 = int(min(max(cy - c / 2 + rng.uniform(-c / 4, c / 4), 0), data.height - c))
         out.append(clip[:, :, y0 : y0 + c, x0 : x0 + c])

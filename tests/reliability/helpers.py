@@ -88,22 +88,26 @@ def run_all(jobs: list[tuple[str, str, dict]], **common) -> list[Outcome]:
 # -- resource balance -------------------------------------------------------------------------
 
 def pool_accounts(target: str) -> dict[str, int]:
-    """Resident buffers (+ regions) and transport registrations created / released by a pool."""
+    """Resident buffers (+ regions), held cache entries, and transport registrations created /
+    released by a pool."""
     d = pool_describe(target)
     info = json.loads(d.description_json or b"{}")
     t = (info.get("executor") or {}).get("transport") or {}
     return {"resident": int(d.resident_buffers), "created": int(t.get("buffers_created", 0)),
-            "released": int(t.get("buffers_released", 0)), "regions": int(info.get("resident_regions", 0))}
+            "released": int(t.get("buffers_released", 0)), "regions": int(info.get("resident_regions", 0)),
+            "cache_handles": int(d.cache_stats.get("feature_cache.referenced_entries", 0))}
 
 
 def assert_pools_balanced(targets: list[str], timeout_s: float = 20.0) -> None:
-    """Every pool holds nothing and has released every buffer it registered."""
+    """Every pool holds nothing (buffers, regions, cache handles) and has released every buffer it
+    registered."""
     last: dict = {}
 
     def check():
         nonlocal last
         last = {t: pool_accounts(t) for t in targets}
-        return all(not a["resident"] and not a["regions"] and a["created"] == a["released"] for a in last.values())
+        return all(not a["resident"] and not a["regions"] and not a["cache_handles"] and a["created"] == a["released"]
+                   for a in last.values())
 
     try:
         wait_until(check, timeout_s, "pools to release everything")

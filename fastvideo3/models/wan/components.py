@@ -232,15 +232,25 @@ def _keep_fp32(model: WanDiT) -> None:
 
 
 # ---------------------------------------------------------------------------------- VAE
+def build_vae(config: dict):
+    """A VAE module from a card config: ``arch: patch`` is the tiny recipe's
+    :class:`~fastvideo3.models.wan.patch_vae.PatchVAE`; anything else is ``AutoencoderKLWan``."""
+    cfg = {k: v for k, v in config.items() if k != "arch"}
+    if config.get("arch") == "patch":
+        from fastvideo3.models.wan.patch_vae import PatchVAE
+        return PatchVAE(**cfg)
+    from diffusers import AutoencoderKLWan
+    return AutoencoderKLWan(**cfg)
+
+
 class VideoDecoder:
     """latents -> frames float32 [F, H, W, 3] in [0, 1] (the reference's de-normalisation)."""
 
     def __init__(self, card: ModelCard, device: str = "cpu", dtype: torch.dtype = torch.float32):
-        from diffusers import AutoencoderKLWan
         spec = card.components["vae"]
         if spec.source in ("seeded", "shipped"):
             torch.manual_seed(_seed_for(card, "vae"))
-            self.model = AutoencoderKLWan(**spec.config)
+            self.model = build_vae(spec.config)
             if spec.source == "shipped":
                 path = shipped_path(card, "vae")
                 load_shipped(self.model, path)
@@ -248,6 +258,7 @@ class VideoDecoder:
             else:
                 self.digest = _seeded_digest(card, "vae")
         else:
+            from diffusers import AutoencoderKLWan
             folder = _root(card, spec.subfolder or "vae")
             self.model = AutoencoderKLWan.from_pretrained(str(folder), local_files_only=True, dtype=dtype)
             self.digest = weights_digest(safetensors_files(folder))
