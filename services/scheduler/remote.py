@@ -32,6 +32,9 @@ from services.common import convert
 from services.common.server import CHANNEL_OPTIONS
 
 _batch_ids = itertools.count(1)
+#: a replica relaunched on its address is reached within ~2 s (gRPC's default backoff grows to 2 min)
+RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
+                     ("grpc.max_reconnect_backoff_ms", 2000)]
 
 
 class RemoteExecutor:
@@ -53,8 +56,9 @@ class RemoteExecutor:
         self._pending_release: set[str] = set()  # releases a non-answering replica still owes
         self._calls_lock = threading.Lock()
         self.counters = {"rpcs": 0, "rpc_errors": 0, "units": 0, "rpc_seconds": 0.0, "aborted_calls": 0}
-        self.channel = (security.channel(target, CHANNEL_OPTIONS) if security is not None
-                        else grpc.insecure_channel(target, options=CHANNEL_OPTIONS))
+        options = CHANNEL_OPTIONS + RECONNECT_OPTIONS
+        self.channel = (security.channel(target, options) if security is not None
+                        else grpc.insecure_channel(target, options=options))
         self.stub = pool_pb2_grpc.RolePoolStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
 
@@ -71,6 +75,8 @@ class RemoteExecutor:
         t0 = time.perf_counter()
         self.counters["rpcs"] += 1
         self.counters["units"] += len(batch)
+        # the scheduler's own traffic: WorkUnits out, StepResults in (references, not tensors)
+        self.counters["bytes_sent"] = self.counters.get("bytes_sent", 0) + req.ByteSize()
         try:
             resp = self._call(self.stub.Execute, req, timeout)
         except Exception:
@@ -78,6 +84,9 @@ class RemoteExecutor:
             raise
         finally:
             self.counters["rpc_seconds"] += time.perf_counter() - t0
+        inline = sum(len(r.inline_data) for r in resp.results)  # encoded media: the artifact itself
+        self.counters["bytes_received"] = self.counters.get("bytes_received", 0) + resp.ByteSize() - inline
+        self.counters["artifact_bytes"] = self.counters.get("artifact_bytes", 0) + inline
         return [convert.result_from_wire(r) for r in resp.results]
 
     def _call(self, method, req, timeout: float):
