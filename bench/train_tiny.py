@@ -50,7 +50,7 @@ def parse(argv=None):
     p.add_argument("--weights-dir", default=str(WEIGHTS_DIR), help="where the shipped weight files are written")
     p.add_argument("--smoke", action="store_true", help="tiny sizes and budgets: a pipeline check on a CPU")
     p.add_argument("--frames", type=int, default=33)
-    p.add_argument("--size", type=int, default=128)
+    p.add_argument("--size", type=int, default=64)
     p.add_argument("--vae-seconds", type=float, default=60)
     p.add_argument("--vae-batch", type=int, default=16)
     p.add_argument("--vae-frames", type=int, default=17)

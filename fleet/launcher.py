@@ -9,7 +9,9 @@ Each child gets ``--exit-with-parent`` (so none outlives a killed launcher) and 
 (so a terminal's Ctrl-C reaches the launcher, which stops the scheduler first, then the pools,
 each with SIGTERM and a drain; SIGKILL only after ``stop_timeout_s``). A watcher thread per
 process follows its grpc.health.v1 status (``Watch``) and records every transition in
-:attr:`LocalFleet.health_history`, which health tests read.
+:attr:`LocalFleet.health_history`, which health tests read. Fault tests use
+:meth:`LocalFleet.kill` (SIGKILL: a crash) and :meth:`LocalFleet.restart` (same arguments, same
+port); ``security`` gives every process TLS / token flags (services/common/auth.py).
 """
 from __future__ import annotations
 

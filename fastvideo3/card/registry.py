@@ -22,8 +22,8 @@ from fastvideo3.card.spec import (
 from fastvideo3.errors import CardError, NotFound
 
 TINY_DIT = dict(
-    patch_size=[1, 4, 4], num_attention_heads=2, attention_head_dim=32, in_channels=16, out_channels=16,
-    text_dim=64, freq_dim=64, ffn_dim=256, num_layers=4, cross_attn_norm=True,
+    patch_size=[1, 4, 4], num_attention_heads=3, attention_head_dim=32, in_channels=16, out_channels=16,
+    text_dim=64, freq_dim=64, ffn_dim=384, num_layers=4, cross_attn_norm=True,
     qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=64,
 )
 #: the tiny recipe's VAE: a patch autoencoder with the Wan VAE's latent layout (models/wan/patch_vae.py)

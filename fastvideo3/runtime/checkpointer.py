@@ -54,7 +54,8 @@ class Checkpointer:
         self.sched = None
         self.latest: dict[str, RunRecord] = {}  # request -> its latest record (with snapshot)
         self.recoveries: dict[str, int] = {}
-        self.pending_ends: dict[str, str] = {}  # request -> terminal status not yet in the store
+        # request -> terminal status not yet written (REFUSED: an admission whose write may have landed)
+        self.pending_ends: dict[str, str] = {}
         self._down_until = 0.0
         self._lock = threading.Lock()
         self.counters: dict[str, float] = {
@@ -89,8 +90,14 @@ class Checkpointer:
             self.store.put_request(run.request_id, request_meta(run))
         except Unavailable as e:
             self._store_failed(e)
+            # a write that timed out here may still reach a store that was only slow: delete it
+            # once the store answers, so no refused request is ever left in flight there
+            with self._lock:
+                self.pending_ends[run.request_id] = "REFUSED"
             raise Unavailable(f"state store unavailable: {e.message}", retry_after_s=self.retry_s,
                               field="state_store") from None
+        with self._lock:
+            self.pending_ends.pop(run.request_id, None)  # registered now: an older cleanup must not touch it
 
     # -- checkpoints ------------------------------------------------------------------------
     def checkpoint(self, run) -> None:
@@ -231,7 +238,7 @@ class Checkpointer:
     def _end(self, rid: str, status: str) -> bool:
         if not self._store_down():
             try:
-                if status == "CANCELLED":  # nothing of a cancelled request remains; its id is free
+                if status in ("CANCELLED", "REFUSED"):  # nothing of it remains; its id is free
                     self.store.delete_request(rid)
                 else:
                     self.store.end_request(rid, status)

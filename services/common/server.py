@@ -139,6 +139,8 @@ class ServiceHost:
     def install_signals(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop_event.set())
+        import faulthandler
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack to the log
 
     def request_stop(self) -> None:
         self.stop_event.set()

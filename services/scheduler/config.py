@@ -61,7 +61,9 @@ class SchedulerConfig:
     state_namespace: str | None = None   # key prefix (default: the engine id): one per deployment
     state_ttl_s: float = 3600.0          # keys of an ended request expire after this
     state_timeout_s: float = 2.0         # bound on one store operation
-    checkpoint_every: int = 1            # denoise steps between checkpoints (+ snapshots); 0 = off
+    # denoise steps between checkpoints (each carries a snapshot of the request's latent and
+    # sampler history, copied to the host): a resume redoes at most this many steps; 0 = off
+    checkpoint_every: int = 4
     # pool health: checked every interval with a deadline; lost after N unanswered checks
     health_interval_s: float = 1.0
     health_timeout_s: float = 1.0
@@ -214,7 +216,7 @@ def build_config(a: argparse.Namespace) -> SchedulerConfig:
         state_namespace=pick(a.state_namespace, "state_namespace", None, sched),
         state_ttl_s=float(pick(a.state_ttl_s, "state_ttl_s", 3600.0, sched)),
         state_timeout_s=float(pick(a.state_timeout_s, "state_timeout_s", 2.0, sched)),
-        checkpoint_every=int(pick(a.checkpoint_every, "checkpoint_every", 1, sched)),
+        checkpoint_every=int(pick(a.checkpoint_every, "checkpoint_every", 4, sched)),
         health_interval_s=float(pick(a.health_interval_s, "health_interval_s", 1.0, sched)),
         health_timeout_s=float(pick(a.health_timeout_s, "health_timeout_s", 1.0, sched)),
         unhealthy_after=int(pick(a.unhealthy_after, "unhealthy_after", 2, sched)),

@@ -169,8 +169,7 @@ async def test_abort_cancels_once_and_completion_needs_no_cancel():
 def test_canary_and_worker_config():
     payload = canary_payload("wan-tiny")
     assert is_probe(payload) and payload["model"] == "wan-tiny"
-    # wan-tiny's sizes are multiples of 32 (the VAE's 8x times the DiT's 4x4 latent patch)
-    assert canary_request(CARD.model()) == dict(num_frames=1, height=32, width=32, num_inference_steps=1, seed=0,
+    assert canary_request(CARD.model()) == dict(num_frames=1, height=16, width=16, num_inference_steps=1, seed=0,
                                                  guidance_scale=1.0, slo_class="batch")
     args = parse_args(["--scheduler", "127.0.0.1:1", "--discovery-backend", "file", "--event-plane", "zmq"])
     cfg = args.worker_config("wan-tiny")

@@ -44,7 +44,8 @@ def real_fleet(real_redis, tmp_path_factory):
         denoiser_args += ["--inject-fault", f]
     encoder_args = [a for f in ENCODER_FAULTS for a in ("--inject-fault", f)]
     sched_args = ["--state-store", real_redis.url, "--state-namespace", REAL_NAMESPACE, "--state-ttl", "120",
-                  "--no-batching", "--edge-transport", "encoder->denoiser=grpc", "--health-interval", "0.5",
+                  "--checkpoint-every", "1", "--no-batching", "--edge-transport", "encoder->denoiser=grpc",
+                  "--health-interval", "0.5",
                   "--health-timeout", "0.5", *BUDGETS]
     fleet = LocalFleet(REAL_CARD, roles=("encoder", "denoiser", "decoder"), replicas={"denoiser": 2},
                        scheduler_args=sched_args, pool_args={"denoiser": denoiser_args, "encoder": encoder_args},

@@ -68,6 +68,19 @@ def stream(target: str, prompt: str, *, on_event=None, timeout_s: float = 120.0,
     return out
 
 
+def once_at_step(step: int, action, phase: str = "denoise"):
+    """An ``on_event`` hook that runs ``action()`` the first time each request reports ``step``
+    (a request moved to another replica may report a step again)."""
+    done: set[str] = set()
+
+    def hook(out: Outcome, ev: FleetEvent) -> None:
+        if (ev.kind == "progress" and ev.data["phase"] == phase and ev.data["step"] == step
+                and out.request_id not in done):
+            done.add(out.request_id)
+            action()
+    return hook
+
+
 def run_all(jobs: list[tuple[str, str, dict]], **common) -> list[Outcome]:
     """Run ``(target, prompt, kwargs)`` jobs concurrently; outcomes in job order."""
     results: list[Outcome | None] = [None] * len(jobs)

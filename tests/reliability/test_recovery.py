@@ -33,7 +33,8 @@ from services.common import convert
 from tests.fleet_fixture import pool_describe, pool_stub, wait_until
 from tests.reliability.conftest import REAL_CARD, pool_targets
 from tests.reliability.helpers import (
-    SMALL, pool_error, pool_units, release_everywhere, run_all, sched_counters, sched_pools, store_keys, stream,
+    SMALL, once_at_step, pool_error, pool_units, release_everywhere, run_all, sched_counters, sched_pools, store_keys,
+    stream,
 )
 
 STEPS = 24
@@ -95,12 +96,12 @@ def test_denoiser_sigkill_requests_resume_on_the_other_replica(balanced):
     killed = threading.Event()
     seen: dict[str, float] = {}
 
+    at_step_4 = once_at_step(4, both_running.wait)
+
     def progress(out, ev):
-        if ev.kind == "progress" and ev.data["phase"] == "denoise":
-            if ev.data["step"] == 4:
-                both_running.wait()
-            if killed.is_set() and out.request_id not in seen:
-                seen[out.request_id] = time.monotonic()  # first progress after the kill
+        at_step_4(out, ev)
+        if ev.kind == "progress" and ev.data["phase"] == "denoise" and killed.is_set() and out.request_id not in seen:
+            seen[out.request_id] = time.monotonic()  # first progress after the kill
 
     jobs = [(fleet.target, p, dict(seed=s, num_inference_steps=STEPS, request_id=f"crash-{i}", on_event=progress,
                                    **SMALL)) for i, (p, s) in enumerate(prompts)]
@@ -108,8 +109,7 @@ def test_denoiser_sigkill_requests_resume_on_the_other_replica(balanced):
 
     def lone_request():
         lone["out"] = stream(fleet.one, "alone", seed=5, num_inference_steps=200, request_id="crash-lone",
-                             on_event=lambda o, e: e.kind == "progress" and e.data["step"] == 4 and both_running.wait(),
-                             **SMALL)
+                             on_event=once_at_step(4, both_running.wait), **SMALL)
 
     t_lone = threading.Thread(target=lone_request, daemon=True)
     t_lone.start()

@@ -14,8 +14,9 @@ CARD = get_card("wan-tiny")
 def test_defaults_come_from_the_card():
     r = resolve(GenerateRequest(prompt="a cat"), CARD)
     assert (r.num_frames, r.height, r.width) == (33, 128, 128)
-    assert r.num_inference_steps == 8 and r.sampler == "unipc" and r.flow_shift == 3.0
-    assert r.cfg_policy == "batched" and r.guidance_scale == 5.0
+    assert r.num_inference_steps == CARD.denoise.default_steps == 50
+    assert r.sampler == "unipc" and r.flow_shift == 3.0
+    assert r.cfg_policy == "batched" and r.guidance_scale == CARD.limits.default_guidance
 
 
 @pytest.mark.parametrize(
