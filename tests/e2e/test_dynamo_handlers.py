@@ -169,8 +169,10 @@ async def test_abort_cancels_once_and_completion_needs_no_cancel():
 def test_canary_and_worker_config():
     payload = canary_payload("wan-tiny")
     assert is_probe(payload) and payload["model"] == "wan-tiny"
-    assert canary_request(CARD.model()) == dict(num_frames=1, height=16, width=16, num_inference_steps=1, seed=0,
-                                                 guidance_scale=1.0, slo_class="batch")
+    lim = CARD.model().limits  # the smallest valid request the card allows
+    side = max(lim.min_height, lim.size_multiple)
+    assert canary_request(CARD.model()) == dict(num_frames=1, height=side, width=max(lim.min_width, lim.size_multiple),
+                                                 num_inference_steps=1, seed=0, guidance_scale=1.0, slo_class="batch")
     args = parse_args(["--scheduler", "127.0.0.1:1", "--discovery-backend", "file", "--event-plane", "zmq"])
     cfg = args.worker_config("wan-tiny")
     assert cfg.endpoint_types == "videos" and cfg.model_input == ModelInput.Text
