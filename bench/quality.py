@@ -84,7 +84,8 @@ def main(argv=None) -> int:
         print(f"{name:16s} steps={steps:>3s} adherence {res['adherence_pct']:5.1f}%  color {res['color_pct']:5.1f}%  "
               f"direction {res['direction_pct']:5.1f}%  shape {res['shape_pct']:5.1f}%  "
               f"DiT evals/clip {res['dit_evals_per_clip']:.0f}  ({res['seconds']:.0f}s)", flush=True)
-    out = Path(a.out or Path(__file__).parent / "results" / f"quality_{'cuda' if device.startswith('cuda') else 'cpu'}.json")
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    out = Path(a.out or Path(__file__).parent / "results" / f"quality_{kind}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "command": "python bench/quality.py " + " ".join(argv if argv is not None else sys.argv[1:]),

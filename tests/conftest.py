@@ -4,6 +4,9 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Tests run gRPC clients and fork subprocesses (ffmpeg, pools) in one process: gRPC's fork
+# handlers can abort a child forked while its threads are busy, so they are turned off.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import pytest  # noqa: E402
 
