@@ -133,9 +133,8 @@ def main(argv=None) -> int:
         torch.backends.cudnn.allow_tf32 = True
         torch.backends.cudnn.benchmark = True
     torch.manual_seed(0)
-    where = torch.cuda.get_device_name() if dev.startswith("cuda") else (platform.processor() or "cpu")
     record: dict = {"command": " ".join(["python", "bench/train_tiny.py", *(argv or sys.argv[1:])]),
-                    "args": vars(a), "device": where, "threads": torch.get_num_threads(),
+                    "args": vars(a), "device": torch.cuda.get_device_name() if dev.startswith("cuda") else platform.processor() or "cpu",
                     "torch": torch.__version__, "stages": {}}
     t_start = time.perf_counter()
     seeded = registry.wan_tiny_seeded()
@@ -148,9 +147,8 @@ def main(argv=None) -> int:
     init = Path(a.init_from) if a.init_from else None
     prev = json.loads((init / "train_log.json").read_text()) if init else {}
     if init:
-        keep = ("steps", "seconds", "samples", "pairs")
         record["init_from"] = {"dir": str(init), "command": prev.get("command"), "stages": {
-            k: {f: v.get(f) for f in keep} for k, v in prev.get("stages", {}).items()}}
+            k: {f: v.get(f) for f in ("steps", "seconds", "samples", "pairs")} for k, v in prev.get("stages", {}).items()}}
 
     def take(component: str) -> None:  # a skipped stage's weights, from the previous run
         if init is None:
@@ -292,8 +290,7 @@ def plot_losses(record: dict, path: Path, log=print) -> None:
         plot_losses_pil(record, path)
         log(f"wrote {path.name} (PIL)")
         return
-    stages = [("vae", "VAE (rec + KL)"), ("dit", "DiT + text encoder (flow matching)"),
-              ("distill", "4-step student (reflow)")]
+    stages = [("vae", "VAE (rec + KL)"), ("dit", "DiT + text encoder (flow matching)"), ("distill", "4-step student (reflow)")]
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
     for ax, (key, title) in zip(axes, stages):
         pts = record["stages"].get(key, {}).get("losses", [])

@@ -160,6 +160,5 @@ def eval_prompts() -> list[str]:
     shape and background rotating so each appears about equally often."""
     out = []
     for i, (c, m) in enumerate((c, m) for c in COLORS for m in MOTIONS):
-        background = list(BACKGROUNDS)[(i // 2) % len(BACKGROUNDS)]
-        out.append(PromptFields(c, SHAPES[i % len(SHAPES)], m, background).caption())
+        out.append(PromptFields(c, SHAPES[i % len(SHAPES)], m, list(BACKGROUNDS)[(i // 2) % len(BACKGROUNDS)]).caption())
     return out

@@ -2,8 +2,7 @@
 
 The card's VAE config picks the module (:func:`fastvideo3.models.wan.components.build_vae`): the
 recipe uses the patch autoencoder with the Wan latent layout, which trains in minutes on a CPU;
-any module with the ``AutoencoderKLWan`` encode/decode API trains the same way. The objective
-is a KL-regularised autoencoder: L1 + L2 reconstruction, weighted up on the shape
+any module with the ``AutoencoderKLWan`` encode/decode API trains the same way. The objective is a KL-regularised autoencoder: L1 + L2 reconstruction, weighted up on the shape
 (it covers a few percent of the pixels and carries everything the prompt asks for), plus a
 small KL term so the latent space stays smooth for the DiT. After training, per-channel latent
 statistics are measured and written into the VAE config (``latents_mean`` / ``latents_std``),

@@ -86,7 +86,7 @@ def test_denoise_loop_plans_every_step_then_finishes():
     while not isinstance(plan := loop.next(state), Done):
         steps.append(plan.params["step"])
         assert plan.kind == "diffusion_step" and plan.role == "denoiser"
-        assert plan.shape_sig.startswith("diffusion_step|wan-tiny|16x9x8x8|")  # 33 frames, 64x64
+        assert plan.shape_sig.startswith("diffusion_step|wan-tiny|16x9x16x16|")
         out = {"latents": {"buffer_id": "final"}} if plan.params["final"] else {}
         state = loop.advance(state, StepResult("u", "r1", outputs=out, metrics={"latent_norm": 1.0}))
     assert steps == [0, 1, 2, 3, 4]
