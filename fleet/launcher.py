@@ -151,9 +151,12 @@ class LocalFleet:
     def start(self, timeout_s: float = 300.0) -> "LocalFleet":
         """Spawn every pool and the scheduler, then wait until all are SERVING."""
         try:
-            for role, n in self.replicas.items():
-                self.pools[role] = [self._spawn(self._pool_process(role, i)) for i in range(n)]
+            # the scheduler first: it listens NOT_SERVING until every pool it needs is SERVING
+            self.pools = {role: [self._pool_process(role, i) for i in range(n)] for role, n in self.replicas.items()}
             self.schedulers.append(self._spawn(self._scheduler_process(self.port, self.scheduler_args, "scheduler")))
+            for procs in self.pools.values():
+                for fp in procs:
+                    self._spawn(fp)
             self.wait_serving(timeout_s)
         except BaseException:
             self.stop()
@@ -208,7 +211,12 @@ class LocalFleet:
 
     # -- health -----------------------------------------------------------------------------
     def _watch(self, fp: FleetProcess) -> None:
-        channel = self.security.channel(fp.target) if self.security is not None else grpc.insecure_channel(fp.target)
+        # reconnect quickly: with grpc's default backoff (1 s growing to minutes) a watcher that
+        # first knocks before the process listens could miss its whole NOT_SERVING phase
+        options = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
+                   ("grpc.max_reconnect_backoff_ms", 250)]
+        channel = (self.security.channel(fp.target, options=options) if self.security is not None
+                   else grpc.insecure_channel(fp.target, options=options))
         self._channels.append(channel)
         stub = health_pb2_grpc.HealthStub(channel)
         backoff = 0.05

@@ -79,6 +79,15 @@ def pool_stub(target: str) -> pool_pb2_grpc.RolePoolStub:
     return _stubs[target]
 
 
+def went_not_serving(fp) -> bool:
+    """``fp`` reported NOT_SERVING after having served: seen by the launcher's watch stream, or
+    answered to a direct Check (the watch stream may lag on a loaded machine)."""
+    seen = fp.statuses()
+    after = seen[seen.index("SERVING") + 1:] if "SERVING" in seen else []
+    from tests.reliability.helpers import health
+    return "NOT_SERVING" in after or health(fp.target) == "NOT_SERVING"
+
+
 def pool_describe(target: str, timeout_s: float = 10.0) -> pool_pb2.PoolDescription:
     """A pool replica's Describe reply (resident_buffers, cache_stats, counters, ...)."""
     return pool_stub(target).Describe(pool_pb2.DescribePoolRequest(), timeout=timeout_s)

@@ -15,15 +15,10 @@ from fastvideo3.errors import Unavailable
 from fastvideo3.runtime.workunit import WorkUnit
 from fastvideo3.v1 import pool_pb2
 from services.common import convert
-from tests.fleet_fixture import fleet_fixture, pool_describe, pool_stub, wait_until
+from tests.fleet_fixture import fleet_fixture, pool_describe, pool_stub, wait_until, went_not_serving
 
 fleet = fleet_fixture(scope="module", fake=True, roles=("encoder", "denoiser", "decoder"),
                       pool_args={"denoiser": ["--fake-step-seconds", "0.05"]})
-
-
-def _after_serving(fp) -> list[str]:
-    seen = fp.statuses()
-    return seen[seen.index("SERVING") + 1:] if "SERVING" in seen else []
 
 
 @pytest.mark.timeout(120)
@@ -52,7 +47,7 @@ def test_pool_sigterm_goes_not_serving_drains_in_flight_and_exits(fleet):
     t.start()
     wait_until(lambda: pool_describe(pool.target).counters.get("inflight_rpcs", 0) >= 1, 10, "the Execute in flight")
     pool.proc.send_signal(signal.SIGTERM)
-    wait_until(lambda: "NOT_SERVING" in _after_serving(pool), 5, "health NOT_SERVING after SIGTERM")
+    wait_until(lambda: went_not_serving(pool), 10, "health NOT_SERVING after SIGTERM")
     with pytest.raises(Exception) as refused:  # new work during the drain is refused
         stub.Execute(pool_pb2.ExecuteRequest(units=[convert.unit_to_wire(unit)]), timeout=5)
     assert isinstance(error_from_rpc(refused.value), Unavailable)
@@ -73,7 +68,7 @@ def test_scheduler_sigterm_drains_running_requests(fleet):
             events.append(ev)
             if ev.kind == "progress" and ev.data["phase"] == "denoise" and ev.data["step"] == 2:
                 sched.proc.send_signal(signal.SIGTERM)
-                wait_until(lambda: "NOT_SERVING" in _after_serving(sched), 5, "scheduler NOT_SERVING")
+                wait_until(lambda: went_not_serving(sched), 10, "scheduler NOT_SERVING")
                 with pytest.raises(Unavailable):
                     c.generate("too late", output_format="npy", num_inference_steps=1)
     assert events[-1].kind == "finished" and events[-1].data["state"] == "SUCCEEDED"
