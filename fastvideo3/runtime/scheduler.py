@@ -66,6 +66,11 @@ class RequestRun:
     artifacts: dict[str, bytes] = field(default_factory=dict)
     #: rebuilt from a checkpoint by a restarted scheduler (no client stream until one re-attaches)
     resumed: bool = False
+    #: pipelined dispatch: a unit of this request is executing on a pool (it is not planned again,
+    #: and cancel / deadline act when it returns: at the step boundary)
+    in_flight: bool = False
+    #: pipelined dispatch: a planned unit held back because its replica was busy (sent next round)
+    pending: Any = None
     _seq: Any = field(default_factory=lambda: itertools.count())
     done_event: threading.Event = field(default_factory=threading.Event)
 
@@ -102,6 +107,8 @@ class CoreScheduler:
         recover: Callable[[RequestRun, WorkUnit, StepResult], bool] | None = None,
         parallel_dispatch: bool = False,
         dispatch_workers: int = 4,
+        pipelined: bool = False,
+        wake: Callable[[], None] | None = None,
         pricer: Any = None,
         admission: Any = None,
         telemetry: Any = None,
@@ -109,7 +116,13 @@ class CoreScheduler:
         """``pricer`` (runtime.pricing.Pricer) prices every unit in predicted GPU-seconds and
         calibrates on measured batches; ``admission`` (runtime.admission.AdmissionController)
         reserves a request's compute and memory before it starts stepping; ``telemetry``
-        (telemetry.hooks.SchedulerTelemetry) records spans and metrics. All optional."""
+        (telemetry.hooks.SchedulerTelemetry) records spans and metrics. All optional.
+
+        ``pipelined`` (needs ``parallel_dispatch``): a tick does not wait for the batches it sends.
+        Each replica runs at most one batch of this scheduler at a time; a batch's results are
+        applied when it returns (then ``wake`` is called), so a slow decode on the decoder pool
+        never holds the next denoise round back, and units planned for a busy replica wait and
+        join its next, larger batch."""
         self.executors = executors
         self.max_batch = max_batch
         self.max_running = max_running
@@ -136,7 +149,10 @@ class CoreScheduler:
         self.batch_sizes: deque[int] = deque(maxlen=4096)  # recent diffusion_step batch sizes
         self._lock = threading.RLock()
         self._pool = (ThreadPoolExecutor(max_workers=dispatch_workers, thread_name_prefix="dispatch")
-                      if parallel_dispatch else None)
+                      if parallel_dispatch or pipelined else None)
+        self.pipelined = pipelined
+        self.wake = wake
+        self._busy: set[int] = set()  # id(executor) with a batch of this scheduler in flight (pipelined)
 
     # -- requests ----------------------------------------------------------------------
     def submit(self, request: ResolvedRequest, card: ModelCard, *, program: tuple[str, ...] | None = None,
@@ -210,7 +226,11 @@ class CoreScheduler:
             changed = self._boundaries()
             units: list[tuple[WorkUnit, RequestRun]] = []
             for run in list(self.runs.values()):
-                if run.status != "RUNNING":
+                if run.status != "RUNNING" or run.in_flight:
+                    continue
+                if run.pending is not None:  # planned last round, its replica was busy
+                    units.append((run.pending, run))
+                    run.pending = None
                     continue
                 try:
                     plan = self._next_plan(run)
@@ -228,6 +248,8 @@ class CoreScheduler:
                 units.append((unit, run))
         if not units:
             return changed
+        if self.pipelined:
+            return self._dispatch_pipelined(units) or changed
         self._dispatch(units)
         return True
 
@@ -235,7 +257,7 @@ class CoreScheduler:
         changed = False
         now = time.time()
         for run in list(self.runs.values()):
-            if run.status in TERMINAL:
+            if run.status in TERMINAL or run.in_flight:  # in flight: acted on at its step boundary
                 continue
             if run.cancel_requested:
                 self._terminate(run, "CANCELLED", Cancelled("cancelled by the client", request_id=run.request_id))
@@ -326,16 +348,7 @@ class CoreScheduler:
             run.loop_index += 1
 
     def _dispatch(self, units: list[tuple[WorkUnit, RequestRun]]) -> None:
-        groups: "OrderedDict[tuple, list[tuple[WorkUnit, RequestRun]]]" = OrderedDict()
-        executors: dict[tuple, Any] = {}
-        for (u, r), ex in zip(units, self._placements(units)):
-            key = (u.batch_key, id(ex))
-            groups.setdefault(key, []).append((u, r))
-            executors[key] = ex
-        jobs = []
-        for key, members in groups.items():
-            for i in range(0, len(members), self.max_batch):
-                jobs.append((members[i : i + self.max_batch], executors[key]))
+        jobs = self._jobs(units)
         t0 = time.perf_counter()
         if self._pool is not None and len(jobs) > 1:
             futures = [self._pool.submit(self._run_batch, b, ex) for b, ex in jobs]
@@ -348,6 +361,59 @@ class CoreScheduler:
                 self._record_batch(batch)
                 for (unit, run), res in zip(batch, results):
                     self._apply(run, unit, res, elapsed)
+
+    def _jobs(self, units: list[tuple[WorkUnit, RequestRun]]) -> list[tuple[list, Any]]:
+        """Units grouped by (batch key, replica), split at ``max_batch``: ``[(batch, executor)]``."""
+        groups: "OrderedDict[tuple, list[tuple[WorkUnit, RequestRun]]]" = OrderedDict()
+        executors: dict[tuple, Any] = {}
+        for (u, r), ex in zip(units, self._placements(units)):
+            key = (u.batch_key, id(ex))
+            groups.setdefault(key, []).append((u, r))
+            executors[key] = ex
+        return [(members[i : i + self.max_batch], executors[key])
+                for key, members in groups.items() for i in range(0, len(members), self.max_batch)]
+
+    def _dispatch_pipelined(self, units: list[tuple[WorkUnit, RequestRun]]) -> bool:
+        """Send each batch whose replica is free, without waiting; hold the others' units.
+        Returns True when a batch was sent."""
+        sent = False
+        with self._lock:
+            jobs = self._jobs(units)
+            for batch, ex in jobs:
+                if ex is not None and id(ex) in self._busy:
+                    for unit, run in batch:
+                        run.pending = unit
+                    continue
+                if ex is not None:
+                    self._busy.add(id(ex))
+                for _, run in batch:
+                    run.in_flight = True
+                self._pool.submit(self._run_pipelined, batch, ex)
+                sent = True
+        return sent
+
+    def _run_pipelined(self, batch, executor) -> None:
+        t0 = time.perf_counter()
+        try:
+            results = self._run_batch(batch, executor)
+        except BaseException as e:  # noqa: BLE001 - _run_batch answers errors itself; this is a bug guard
+            err = ErrorInfo.of(Internal(f"{type(e).__name__}: {e}"))
+            results = [StepResult(u.unit_id, u.request_id, ok=False, error=err) for u, _ in batch]
+        elapsed = time.perf_counter() - t0
+        try:
+            with self._lock:
+                self._record_batch(batch)
+                for (unit, run), res in zip(batch, results):
+                    run.in_flight = False
+                    self._apply(run, unit, res, elapsed)
+        finally:
+            with self._lock:
+                for _, run in batch:
+                    run.in_flight = False
+                if executor is not None:
+                    self._busy.discard(id(executor))
+            if self.wake is not None:
+                self.wake()
 
     def _placements(self, units: list[tuple[WorkUnit, RequestRun]]) -> list[Any]:
         """The replica for each unit: the request's pinned replica of that role when it has one,
@@ -461,6 +527,11 @@ class CoreScheduler:
         run.done_event.set()
 
     def _terminate(self, run: RequestRun, status: str, exc: FastVideoError) -> None:
+        if run.pending is not None:  # planned, never sent: no longer priced or traced
+            unit, run.pending = run.pending, None
+            if self.pricer is not None:
+                self.pricer.forget([unit.unit_id])
+            self.telemetry.dropped([unit], f"request {status.lower()} before dispatch")
         run.status = status
         run.error = ErrorInfo.of(exc)
         run.driver = None

@@ -149,6 +149,13 @@ class SchedulerTelemetry:
             return _NO_DISPATCH
         return _Dispatch(self, units, role)
 
+    def dropped(self, units: Sequence[Any], why: str) -> None:
+        """Units that were planned but never sent (their request ended first): end their spans."""
+        now = time.time_ns()
+        for held in self._take_units(units):
+            if held is not None:
+                held[0].finish(measured_s=None, error=why, end_ns=now)
+
     def _take_units(self, units: Sequence[Any]) -> list[tuple[TraceSpan, int] | None]:
         with self._lock:
             return [self._units.pop(u.unit_id, None) for u in units]

@@ -49,6 +49,7 @@ class FleetRuntime:
         cp = checkpointer
         self.sched = CoreScheduler(executors, max_batch=max_batch if batching else 1, max_running=max_running,
                                    max_queued=max_queued, on_event=self._on_event, parallel_dispatch=True,
+                                   pipelined=True, wake=self._wake_up,
                                    dispatch_workers=max(4, replicas), pricer=pricer, admission=admission,
                                    telemetry=telemetry, checkpoint=cp.checkpoint if cp else None,
                                    admit_hook=cp.register if cp else None, recover=cp.recover if cp else None)
@@ -66,6 +67,9 @@ class FleetRuntime:
 
     def start(self) -> None:
         self._thread.start()
+
+    def _wake_up(self) -> None:  # a batch came back: plan the next round now
+        self._wake.set()
 
     # -- requests ---------------------------------------------------------------------------
     def submit(self, request, card, *, program: tuple[str, ...], ctx: dict, trace_parent=None) -> Stream:
