@@ -1,7 +1,12 @@
 """Train the tiny recipe end to end: VAE -> DiT + text encoder -> guidance probe -> 4-step student.
 
-    python bench/train_tiny.py --device cuda --out OUT            # the shipped run (one GPU)
+    python bench/train_tiny.py --device cuda --out OUT            # every stage in one run
     python bench/train_tiny.py --smoke --out /tmp/smoke           # minutes on a CPU, tiny sizes
+    python bench/train_tiny.py --stages vae --out R0              # one stage; later runs continue
+    python bench/train_tiny.py --stages dit,probe --init-from R0 --out R1   # with --init-from
+
+The shipped weights came from such a chain on a CPU; bench/results/train_cpu.json records the
+exact commands, step counts, loss curves and probes.
 
 Every stage is bounded by a wall-clock budget (``--*-seconds``), so the run ends on time on any
 machine; the step counts reached are recorded. The weights are written in the shipped layout
@@ -50,12 +55,15 @@ def parse(argv=None):
     p.add_argument("--weights-dir", default=str(WEIGHTS_DIR), help="where the shipped weight files are written")
     p.add_argument("--smoke", action="store_true", help="tiny sizes and budgets: a pipeline check on a CPU")
     p.add_argument("--frames", type=int, default=33)
-    p.add_argument("--size", type=int, default=64)
+    p.add_argument("--size", type=int, default=128)
     p.add_argument("--vae-seconds", type=float, default=60)
     p.add_argument("--vae-batch", type=int, default=16)
     p.add_argument("--vae-frames", type=int, default=17)
     p.add_argument("--dit-seconds", type=float, default=140)
     p.add_argument("--dit-batch", type=int, default=128)
+    p.add_argument("--data-seed", type=int, default=None,
+                   help="seed of the DiT stage's clips (default 11, or 12 when continuing with --init-from)")
+    p.add_argument("--dit-lr", type=float, default=1e-3, help="peak DiT learning rate (the text encoder gets half)")
     p.add_argument("--probe-guidance", default="1,3,5", help="guidance values the probe compares")
     p.add_argument("--teacher-steps", type=int, default=25, help="teacher steps of the distillation rollouts")
     p.add_argument("--rollout-seconds", type=float, default=35)
@@ -153,6 +161,9 @@ def main(argv=None) -> int:
     def take(component: str) -> None:  # a skipped stage's weights, from the previous run
         if init is None:
             raise SystemExit(f"--stages without the stage that makes {component} needs --init-from")
+        if component == "student" and not (init / FILES[component]).exists():
+            log("no 4-step student in --init-from: run --stages distill on this run's --out to make it")
+            return
         dst = wdir / FILES[component]
         dst.parent.mkdir(parents=True, exist_ok=True)
         if (init / FILES[component]).resolve() != dst.resolve():
@@ -169,6 +180,10 @@ def main(argv=None) -> int:
     else:
         stats = train_vae_stage(a, vae, wdir, record, dev, log)
     save_record()
+    if init is None and not stages - {"vae"}:  # the VAE alone: later runs continue with --init-from
+        copy_weights(wdir, out)
+        log(f"vae done in {record['total_seconds']}s")
+        return 0
 
     # -- stage 2: DiT + text encoder (flow matching) ----------------------------------------
     if "dit" in stages:
@@ -184,7 +199,8 @@ def main(argv=None) -> int:
         gvals = [float(g) for g in a.probe_guidance.split(",")]
         teacher_card, _ = trained_card(stats, gvals[0], wdir)
         probes = {g: probe(teacher_card, prompts, [101], dev, log, a.teacher_steps, g, a.size, a.frames) for g in gvals}
-        best = max(gvals, key=lambda g: (probes[g]["adherence"], -g))
+        # ties go to the guidance nearest 3 (a usual flow-model default), then the lower one
+        best = max(gvals, key=lambda g: (probes[g]["adherence"], -abs(g - 3.0), -g))
         record["stages"]["guidance_probe"] = {"steps": a.teacher_steps, "picked": best,
                                               "results": {str(g): r for g, r in probes.items()}}
         log(f"guidance picked: {best}")
@@ -206,14 +222,19 @@ def main(argv=None) -> int:
             "wan-tiny-4step@4": probe(student_card, prompts, [202], dev, log, 4, None, a.size, a.frames),
         }
     save_record()
-    for name, rel in FILES.items():
-        dst = out / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if (wdir / rel).resolve() != dst.resolve():
-            shutil.copyfile(wdir / rel, dst)
+    copy_weights(wdir, out)
     plot_losses(record, out / "train_loss.png", log)
     log(f"done in {record['total_seconds']}s")
     return 0
+
+
+def copy_weights(wdir: Path, out: Path) -> None:
+    """The run's weight files (those that exist) into ``out``, in the shipped layout."""
+    for rel in FILES.values():
+        src, dst = wdir / rel, out / rel
+        if src.exists() and src.resolve() != dst.resolve():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
 
 
 def train_vae_stage(a, vae, wdir: Path, record: dict, dev: str, log) -> dict:
@@ -241,14 +262,16 @@ def train_dit_stage(a, vae, seeded, wdir: Path, init: Path | None, record: dict,
     if init is not None and (init / FILES["transformer"]).exists():  # continue from the previous run's EMA
         load_shipped(dit, init / FILES["transformer"])
         load_shipped(text.model, init / FILES["text_encoder"])
-    dcfg = DiTTrainConfig(steps=10**9, batch_size=a.dit_batch, time_budget_s=a.dit_seconds)
+    dcfg = DiTTrainConfig(steps=10**9, batch_size=a.dit_batch, time_budget_s=a.dit_seconds, lr=a.dit_lr,
+                          text_lr=a.dit_lr / 2)
     trainer = JointTrainer(dit, text, dcfg, dev)
-    dlog = train_dit(trainer, LatentCodec(vae, dev), ShapesDataset(seed=11 + (init is not None), frames=a.frames,
-                                                                   height=a.size, width=a.size), log)
+    seed = a.data_seed if a.data_seed is not None else 11 + (init is not None)
+    data = ShapesDataset(seed=seed, frames=a.frames, height=a.size, width=a.size)
+    dlog = train_dit(trainer, LatentCodec(vae, dev), data, log)
     save_shipped(trainer.ema_dit.shadow, wdir / FILES["transformer"], torch.float16)
     save_shipped(trainer.ema_text.shadow, wdir / FILES["text_encoder"])
     record["stages"]["dit"] = {"steps": dlog.steps, "seconds": round(dlog.seconds, 1), "samples": dlog.samples,
-                               "losses": dlog.losses, "config": dcfg.__dict__,
+                               "losses": dlog.losses, "config": dcfg.__dict__, "data_seed": seed,
                                "continued": init is not None and (init / FILES["transformer"]).exists()}
     log(f"dit: {dlog.steps} steps, {dlog.samples} clips in {dlog.seconds:.0f}s")
 

@@ -22,8 +22,8 @@ from fastvideo3.card.spec import (
 from fastvideo3.errors import CardError, NotFound
 
 TINY_DIT = dict(
-    patch_size=[1, 4, 4], num_attention_heads=3, attention_head_dim=32, in_channels=16, out_channels=16,
-    text_dim=64, freq_dim=64, ffn_dim=384, num_layers=4, cross_attn_norm=True,
+    patch_size=[1, 4, 4], num_attention_heads=9, attention_head_dim=32, in_channels=16, out_channels=16,
+    text_dim=64, freq_dim=64, ffn_dim=576, num_layers=4, cross_attn_norm=True,
     qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=64,
 )
 #: the tiny recipe's VAE: a patch autoencoder with the Wan VAE's latent layout (models/wan/patch_vae.py)
@@ -33,10 +33,17 @@ TINY_TEXT = dict(vocab_size=384, d_model=64, d_kv=16, d_ff=128, num_layers=2, nu
                  dropout_rate=0.0, tokenizer="bytes")
 #: per-channel latent statistics of the trained tiny VAE (measured by bench/train_tiny.py); the
 #: decoder de-normalises with them, so they belong to the shipped VAE's config
-TINY_VAE_STATS = dict(latents_mean=[0.0] * 16, latents_std=[1.0] * 16)
+TINY_VAE_STATS = dict(
+    latents_mean=[-0.564, -0.05388, 0.02332, 0.24649, -0.42514, -0.7023, 0.81051, 1.31144, 0.29235,
+        0.67625, -0.04795, 0.02488, -0.71571, -0.64437, -0.12039, 1.50419],
+    latents_std=[1.24603, 1.82572, 1.07532, 0.6958, 0.73215, 1.19762, 1.8137, 1.0869, 0.92468,
+        1.63938, 0.39097, 1.83864, 1.16929, 1.72197, 0.55681, 1.37951],
+)
 #: the guidance scale the trained card serves with by default (picked by the training run's probe)
-TINY_GUIDANCE = 4.0
-TINY_TRAINING_COMMAND = "python bench/train_tiny.py --device cuda --out OUT"
+TINY_GUIDANCE = 2.0
+TINY_TRAINING_COMMAND = ("python bench/train_tiny.py --device cpu --size 128: --stages vae, then --stages dit,probe "
+                         "twice, then --stages distill, each with --init-from the previous run "
+                         "(exact commands: bench/results/train_cpu.json)")
 
 WAN_1_3B_DIT = dict(
     patch_size=[1, 2, 2], num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,

@@ -40,7 +40,15 @@ def noised(x0: torch.Tensor, eps: torch.Tensor, sigma: torch.Tensor) -> torch.Te
 
 
 def flow_matching_loss(dit, x0: torch.Tensor, text: torch.Tensor, sigma: torch.Tensor, timestep: torch.Tensor,
-                       eps: torch.Tensor) -> torch.Tensor:
-    """Mean squared error of the DiT's flow prediction against ``eps - x0``."""
+                       eps: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean squared error of the DiT's flow prediction against ``eps - x0``.
+
+    ``weight`` (broadcastable to the latents) re-weights positions; each element's optimum is
+    still E[eps - x0 | x_sigma, text], so weighting changes where the model learns first, not
+    what it converges to."""
     pred = dit(noised(x0, eps, sigma), timestep, text)
-    return (pred.float() - (eps - x0).float()).square().mean()
+    err = (pred.float() - (eps - x0).float()).square()
+    if weight is None:
+        return err.mean()
+    w = weight.float().expand_as(err)
+    return (err * w).sum() / w.sum()

@@ -34,6 +34,7 @@ class DiTTrainConfig:
     flow_shift: float = 3.0
     ema_decay: float = 0.995
     reuse: int = 3  # optimizer steps per encoded batch (fresh noise and sigma each time)
+    shape_weight: float = 4.0  # extra loss weight on latent cells the moving shape touches
     seed: int = 2
     time_budget_s: float | None = None  # the lr schedule runs on elapsed/budget when set
     log_every: int = 50
@@ -77,14 +78,14 @@ class JointTrainer:
     def captions(self, captions: list[str]) -> list[str]:
         return ["" if self.rng.random() < self.cfg.cond_dropout else c for c in captions]
 
-    def loss(self, x0: torch.Tensor, captions: list[str]) -> torch.Tensor:
+    def loss(self, x0: torch.Tensor, captions: list[str], weight: torch.Tensor | None = None) -> torch.Tensor:
         text = self.text.forward(captions)
         sigma, t = self.sigmas(x0.shape[0], self.gen)
         eps = torch.randn(x0.shape, generator=self.gen, device=x0.device)
-        return flow_matching_loss(self.dit, x0, text, sigma, t, eps)
+        return flow_matching_loss(self.dit, x0, text, sigma, t, eps, weight)
 
-    def step(self, x0: torch.Tensor, captions: list[str]) -> float:
-        loss = self.loss(x0, self.captions(captions))
+    def step(self, x0: torch.Tensor, captions: list[str], weight: torch.Tensor | None = None) -> float:
+        loss = self.loss(x0, self.captions(captions), weight)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for g in self.opt.param_groups for p in g["params"]], 1.0)
@@ -92,6 +93,18 @@ class JointTrainer:
         self.ema_dit.update(self.dit)
         self.ema_text.update(self.text.model)
         return float(loss.detach())
+
+
+def latent_shape_weight(video: torch.Tensor, extra: float) -> torch.Tensor:
+    """``1 + extra`` on latent cells (and their neighbours) that the shape covers in ``video``
+    ([B, 3, 4k+1, H, W]); 1 elsewhere. Shape ``[B, 1, k+1, H/8, W/8]``."""
+    from fastvideo3.training.vae import shape_mask
+    m = shape_mask(video)  # [B, 1, F, H, W]
+    b, _, f, h, w = m.shape
+    m = torch.cat([m[:, :, :1].expand(b, 1, 3, h, w), m], dim=2)  # the VAE's causal grouping
+    m = m.reshape(b, 1, (f + 3) // 4, 4, h // 8, 8, w // 8, 8).amax(dim=(3, 5, 7))
+    m = torch.nn.functional.max_pool3d(m, (1, 3, 3), stride=1, padding=(0, 1, 1))
+    return 1.0 + extra * m
 
 
 def train_dit(trainer: JointTrainer, codec, data: ShapesDataset, log=print) -> TrainLog:
@@ -109,10 +122,11 @@ def train_dit(trainer: JointTrainer, codec, data: ShapesDataset, log=print) -> T
         video, captions = data.batch(batch_index, c.batch_size, trainer.device)
         batch_index += 1
         x0 = codec.encode(video)
+        weight = latent_shape_weight(video, c.shape_weight) if c.shape_weight else None
         for _ in range(c.reuse):
             progress = (elapsed / c.time_budget_s) if c.time_budget_s else step / c.steps
             trainer.set_progress(step, progress)
-            window.append(trainer.step(x0, captions))
+            window.append(trainer.step(x0, captions, weight))
             out.samples += c.batch_size
             if step % c.log_every == 0:
                 out.losses.append((step, sum(window) / len(window), round(time.perf_counter() - t0, 2)))
