@@ -159,7 +159,10 @@ class ServiceHost:
 
     def wait_and_drain(self, drain_timeout_s: float, on_drain: Callable[[], None] | None = None) -> bool:
         """Block until a stop is requested, then drain and stop. Returns True if fully drained."""
-        self.stop_event.wait()
+        # timed waits: a signal taken by another (e.g. gRPC) thread only runs its Python handler
+        # when the main thread executes bytecode, which an untimed wait would never let it do
+        while not self.stop_event.wait(0.2):
+            pass
         self._health_down.wait(5.0)
         log.info("draining (%d in flight)", self._inflight)
         if on_drain is not None:
