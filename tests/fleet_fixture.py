@@ -13,6 +13,7 @@ every process log is printed (pytest shows it with the failure).
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Callable
 
@@ -36,21 +37,28 @@ def fleet_fixture(scope: str = "module", **kw: Any):
 
     @pytest.fixture(scope=scope)
     def _fleet(tmp_path_factory):
-        fleet = LocalFleet(log_dir=tmp_path_factory.mktemp("fleet-logs"), **kw)
-        try:
-            fleet.start(timeout_s=START_TIMEOUT_S)
+        with running(LocalFleet(log_dir=tmp_path_factory.mktemp("fleet-logs"), **kw)) as fleet:
             yield fleet
-        except BaseException:
-            dump_logs(fleet)
-            raise
-        finally:
-            codes = fleet.stop()
-            bad = {k: v for k, v in codes.items() if v not in (0, None)}
-            if bad:
-                dump_logs(fleet)
-                print(f"fleet processes exited with {bad}")
 
     return _fleet
+
+
+@contextlib.contextmanager
+def running(fleet: LocalFleet, timeout_s: float = START_TIMEOUT_S):
+    """Start ``fleet`` and stop it after the block; logs are printed when anything fails or a
+    process exits with an error."""
+    try:
+        fleet.start(timeout_s=timeout_s)
+        yield fleet
+    except BaseException:
+        dump_logs(fleet)
+        raise
+    finally:
+        codes = fleet.stop()
+        bad = {k: v for k, v in codes.items() if v not in (0, None)}
+        if bad:
+            dump_logs(fleet)
+            print(f"fleet processes exited with {bad}")
 
 
 def dump_logs(fleet: LocalFleet, lines: int = 30) -> None:
@@ -79,12 +87,25 @@ def pool_stub(target: str) -> pool_pb2_grpc.RolePoolStub:
     return _stubs[target]
 
 
+def health(target: str, timeout_s: float = 2.0, channel: Any = None) -> str:
+    """One grpc.health.v1 Check of ``target``: "SERVING", "NOT_SERVING", ... or "ERROR:<code>"."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    ch = channel or grpc.insecure_channel(target)
+    try:
+        r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+    except grpc.RpcError as err:
+        return f"ERROR:{err.code().name}"
+    finally:
+        if channel is None:
+            ch.close()
+
+
 def went_not_serving(fp) -> bool:
     """``fp`` reported NOT_SERVING after having served: seen by the launcher's watch stream, or
     answered to a direct Check (the watch stream may lag on a loaded machine)."""
     seen = fp.statuses()
     after = seen[seen.index("SERVING") + 1:] if "SERVING" in seen else []
-    from tests.reliability.helpers import health
     return "NOT_SERVING" in after or health(fp.target) == "NOT_SERVING"
 
 

@@ -118,7 +118,7 @@ class CoreScheduler:
         reserves a request's compute and memory before it starts stepping; ``telemetry``
         (telemetry.hooks.SchedulerTelemetry) records spans and metrics. All optional.
 
-        ``pipelined`` (needs ``parallel_dispatch``): a tick does not wait for the batches it sends.
+        ``pipelined`` (sends through the dispatch pool): a tick does not wait for the batches it sends.
         Each replica runs at most one batch of this scheduler at a time; a batch's results are
         applied when it returns (then ``wake`` is called), so a slow decode on the decoder pool
         never holds the next denoise round back, and units planned for a busy replica wait and
@@ -402,16 +402,16 @@ class CoreScheduler:
         elapsed = time.perf_counter() - t0
         try:
             with self._lock:
-                self._record_batch(batch)
-                for (unit, run), res in zip(batch, results):
-                    run.in_flight = False
-                    self._apply(run, unit, res, elapsed)
+                try:
+                    self._record_batch(batch)
+                    for (unit, run), res in zip(batch, results):
+                        self._apply(run, unit, res, elapsed)
+                finally:
+                    for _, run in batch:
+                        run.in_flight = False
+                    if executor is not None:
+                        self._busy.discard(id(executor))
         finally:
-            with self._lock:
-                for _, run in batch:
-                    run.in_flight = False
-                if executor is not None:
-                    self._busy.discard(id(executor))
             if self.wake is not None:
                 self.wake()
 

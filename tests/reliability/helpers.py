@@ -7,7 +7,6 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
 import numpy as np
@@ -181,16 +180,3 @@ def pool_error(fn, *args, **kw) -> FastVideoError | None:
 def release_everywhere(targets: list[str], request_id: str) -> None:
     for t in targets:
         pool_stub(t).Release(pool_pb2.ReleaseRequest(request_id=request_id), timeout=10)
-
-
-def health(target: str, timeout_s: float = 2.0, channel: Any = None) -> str:
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-    ch = channel or grpc.insecure_channel(target)
-    try:
-        r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
-    except grpc.RpcError as err:
-        return f"ERROR:{err.code().name}"
-    finally:
-        if channel is None:
-            ch.close()

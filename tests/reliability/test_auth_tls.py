@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from fastvideo3.client import FleetClient, make_channel
 from fastvideo3.errors import Unauthenticated
 from fastvideo3.v1 import pool_pb2, pool_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from tests.fleet_fixture import dump_logs
+from tests.fleet_fixture import running
 from tests.reliability.helpers import BUDGETS, SMALL
 
 TOKEN = "s3cret-token-for-tests"
@@ -88,14 +88,8 @@ def fleet(pki, tmp_path_factory):
     sec = Security(str(g["cert"]), str(g["key"]), str(g["ca"]), str(pki["token"]))
     f = LocalFleet("wan-tiny-seeded", fake=True, roles=("encoder", "denoiser", "decoder"), security=sec,
                    scheduler_args=BUDGETS, log_dir=tmp_path_factory.mktemp("tls-fleet-logs"))
-    try:
-        f.start(timeout_s=240)
+    with running(f, timeout_s=240):
         yield f
-    except BaseException:
-        dump_logs(f)
-        raise
-    finally:
-        f.stop()
 
 
 def _creds(pki, trust="good", client="good", token: str | None = TOKEN) -> dict:

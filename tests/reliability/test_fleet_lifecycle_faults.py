@@ -18,10 +18,10 @@ from fastvideo3.errors import ResourceExhausted, Unavailable
 from fastvideo3.runtime.workunit import WorkUnit
 from fastvideo3.v1 import pool_pb2
 from services.common import convert
-from tests.fleet_fixture import dump_logs, pool_describe, pool_stub, wait_until
+from tests.fleet_fixture import health, pool_describe, pool_stub, running, wait_until
 from tests.redis_server import RedisServer
 from tests.reliability.helpers import (
-    BUDGETS, SMALL, assert_pools_balanced, health, once_at_step, pool_units, run_all, sched_counters, sched_pools,
+    BUDGETS, SMALL, assert_pools_balanced, once_at_step, pool_units, run_all, sched_counters, sched_pools,
     store_leftovers, stream,
 )
 
@@ -43,18 +43,12 @@ def fleet(tmp_path_factory, redis_proc):
                    pool_args={"encoder": ["--fake-step-seconds", str(ENC_S)],
                               "denoiser": ["--fake-step-seconds", str(STEP_S)],
                               "decoder": ["--fake-step-seconds", str(DEC_S)]})
-    try:
-        f.start(timeout_s=240)
+    with running(f, timeout_s=240):
         f.sched_q = f.add_scheduler(["--max-running", "1", "--max-queued", "2", "--memory-budget-bytes", "100000000",
                                      *BUDGETS], name="scheduler-q")
         f.sched_redis = f.add_scheduler(["--state-store", redis_proc.url, "--state-namespace", "rel-fake",
                                          "--state-timeout", "0.5", *BUDGETS], name="scheduler-redis")
         yield f
-    except BaseException:
-        dump_logs(f)
-        raise
-    finally:
-        f.stop()
 
 
 def _targets(f) -> list[str]:
