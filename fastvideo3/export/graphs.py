@@ -106,6 +106,14 @@ class GraphRunner:
         """True if the bucket replays a CUDA graph, False if it is an eager fallback."""
         return self._get(bucket_key).graph is not None
 
+    def exec_handle(self, bucket_key: Hashable) -> int | None:
+        """The bucket's ``cudaGraphExec_t`` as an integer (None for an eager fallback).
+
+        Valid while the bucket stays prepared; a native host may launch it on the stream the
+        runner replays on, with the same static inputs and outputs."""
+        graph = self._get(bucket_key).graph
+        return int(graph.raw_cuda_graph_exec()) if graph is not None else None
+
     def static_inputs(self, bucket_key: Hashable) -> Mapping[str, torch.Tensor]:
         """The bucket's static input tensors: write into them directly, then ``replay``."""
         return dict(self._get(bucket_key).static_inputs)

@@ -140,6 +140,7 @@ class RuntimeExport:
         buffers: Mapping[str, torch.Tensor] | None = None,
         manifest: Mapping[str, Any] | None = None,
         owner: Callable[[], None] | None = None,
+        streams: Mapping[str, Any] | None = None,
     ) -> None:
         if tuple(sorted(graphs)) != identity.graph_names:
             raise PortDeclarationError(
@@ -154,6 +155,7 @@ class RuntimeExport:
         self._regions: tuple[StateRegion, ...] = regions
         self._graphs = dict(graphs)
         self._buffers = dict(buffers or {})
+        self._streams = dict(streams or {})  # CUDA streams the graphs replay on (not identity)
         self._manifest = copy.deepcopy(dict(manifest or {}))
         self._owner = owner
         self._life = _Lifetime("runtime export", self._free)
@@ -165,6 +167,7 @@ class RuntimeExport:
         finally:
             self._graphs.clear()
             self._buffers.clear()
+            self._streams.clear()
             self._owner = None
 
     # -- lifetime --------------------------------------------------------------------------
@@ -217,6 +220,12 @@ class RuntimeExport:
     def buffers(self) -> Mapping[str, torch.Tensor]:
         self._life.check()
         return MappingProxyType(self._buffers)
+
+    @property
+    def streams(self) -> Mapping[str, Any]:
+        """CUDA streams by name; graphs are replayed on the first. Empty on a CPU."""
+        self._life.check()
+        return MappingProxyType(self._streams)
 
     def __repr__(self) -> str:
         if self.released:
@@ -400,6 +409,23 @@ class ModelRuntime:
         finally:
             self._stepping = False
 
+    def fire(self, graph: str) -> None:
+        """Fire one stage's graph for the selected bucket: how a host that schedules stages
+        itself (rather than calling ``step``) drives the DAG. Same legality rules as ``step``."""
+        self._life.check()
+        if self._stepping:
+            raise VerbUnavailable("fire is not legal inside step", field="fire")
+        if not any(s.graph == graph for s in self._stages):
+            raise UnknownPort(f"no stage fires graph {graph!r}", field="graph",
+                              limit=", ".join(s.graph for s in self._stages))
+        if self._needs_prepare() and self._bucket not in self._prepared:
+            raise BucketNotPrepared("no prepared bucket; call prepare(bucket) first", field="bucket")
+        self._stepping = True
+        try:
+            self._fire(self._export.graphs[graph])
+        finally:
+            self._stepping = False
+
     def _fire(self, handle: Any) -> None:
         if isinstance(handle, GraphRunner):
             handle.replay(self._bucket)
@@ -442,6 +468,7 @@ class RuntimeBuilder:
         self._verbs = Verbs()
         self._manifest: dict[str, Any] = {}
         self._owner: Callable[[], None] | None = None
+        self._streams: dict[str, Any] = {}
         self._finished = False
 
     def _open(self) -> None:
@@ -460,6 +487,14 @@ class RuntimeBuilder:
         if not name or name in self._buffers:
             raise PortDeclarationError(f"buffer name {name!r} is empty or taken", field="buffers")
         self._buffers[name] = tensor
+        return self
+
+    def add_stream(self, name: str, stream: Any) -> "RuntimeBuilder":
+        """A CUDA stream the graphs are replayed on (the first one added is the replay stream)."""
+        self._open()
+        if not name or name in self._streams:
+            raise PortDeclarationError(f"stream name {name!r} is empty or taken", field="streams")
+        self._streams[name] = stream
         return self
 
     def set_regions(self, regions: Iterable[StateRegion]) -> "RuntimeBuilder":
@@ -507,7 +542,7 @@ class RuntimeBuilder:
         identity = self._export_identity()
         export = RuntimeExport(
             identity=identity, graphs=self._graphs, buffers=self._buffers,
-            manifest=self._manifest, owner=self._owner,
+            manifest=self._manifest, owner=self._owner, streams=self._streams,
         )
         self._finished = True
         return export
@@ -520,7 +555,7 @@ class RuntimeBuilder:
         identity = self._export_identity().with_layout(ports=ports, stages=stages)
         export = RuntimeExport(
             identity=identity, graphs=self._graphs, buffers=self._buffers,
-            manifest=self._manifest, owner=self._owner,
+            manifest=self._manifest, owner=self._owner, streams=self._streams,
         )
         self._finished = True
         # The runtime adopts the export's creator reference: consumers retain/release only it.
