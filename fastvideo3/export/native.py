@@ -130,6 +130,17 @@ def _query_extension_cb(ctx, ext_id, table, size):
     return cabi.ERR_NO_EXTENSION if status == cabi.ERR_INTERNAL else status
 
 
+#: calls that reached the query_extension slot of a base-only struct (a host that skipped the
+#: size probe); lets a test prove the slot is never read.
+UNPROBED_TAIL_CALLS = [0]
+
+
+@cabi.QueryExtensionFn
+def _unprobed_tail_cb(ctx, ext_id, table, size):
+    UNPROBED_TAIL_CALLS[0] += 1
+    return cabi.ERR_INTERNAL
+
+
 def _dtype_code(dtype: torch.dtype | str, what: str) -> int:
     code = cabi.DTYPE_CODES.get(dtype_of(dtype))
     if code is None:
@@ -225,6 +236,7 @@ class NativeModelRuntime:
             m.query_extension = _query_extension_cb
         else:  # an older producer: the bytes past the base are not part of the struct
             m.struct_size = cabi.MODEL_RUNTIME_V1_BASE_SIZE
+            m.query_extension = _unprobed_tail_cb  # whatever lies there must never be called
         self._model = m
         with _ANCHOR_LOCK:
             _ANCHORS[self.key] = self

@@ -144,12 +144,15 @@ class DenoiserExecutor(_Base):
         # default on CUDA only: on a CPU the executor runs the reference DiT, exactly as before.
         self.fast = self.device.startswith("cuda") if fast is None else bool(fast)
         self._forward = self.dit
-        self.graphs = None
         if self.fast:
-            from fastvideo3.export import GraphRunner
             from fastvideo3.models.wan.fast import FastWanDiT
             self._forward = FastWanDiT(self.dit)
-            self.graphs = GraphRunner("denoiser.dit")
+        # The model as the pool sees it: a runtime export (identity, fingerprint, ports, stages,
+        # graphs, state regions), with buckets at the card's default shape until prepare_graphs
+        # declares others. Prepared buckets run through its SWAP ports and the "dit" stage.
+        from fastvideo3.models.wan.runtime_export import default_buckets
+        self._prepared: set[str] = set()
+        self.runtime = self._build_runtime(default_buckets(card))
         self.batching = batching
         self.regions: dict[str, Region] = {}
         self.counters.update({"forwards": 0, "rows": 0, "max_batch_rows": 0})
@@ -189,11 +192,9 @@ class DenoiserExecutor(_Base):
     # -- snapshot / restore (fastvideo3.runtime.resident) ----------------------------------
     @property
     def identity(self):
-        """The runtime identity snapshots are bound to (weights, precision, libraries, device)."""
-        if getattr(self, "_identity", None) is None:
-            from fastvideo3.runtime.resident import pool_identity
-            self._identity = pool_identity(self.weights_digest, self.precision, self.device)
-        return self._identity
+        """The identity snapshots are bound to: the model runtime's (weights, precision,
+        libraries, device, graph names, state layout, ports, stages)."""
+        return self.runtime.identity
 
     def snapshot(self, request_id: str) -> bytes:
         """The request's latent + sampler history, bound to this pool's fingerprint."""
@@ -219,34 +220,59 @@ class DenoiserExecutor(_Base):
         d["resident_regions"] = len(self.regions)
         d["weights_digest"] = self.weights_digest
         d["dit_path"] = "fast" if self.fast else "reference"
-        d["graph_buckets"] = [list(map(list, k)) for k in self.graphs.buckets] if self.graphs else []
+        d["graph_buckets"] = sorted(self._prepared)
+        rt = self.runtime
+        d["runtime_export"] = {"fingerprint": rt.fingerprint_hex, "graphs": list(rt.identity.graph_names),
+                               "stages": [s.graph for s in rt.stages], "ports": sorted(rt.ports),
+                               "regions": [r.name for r in rt.regions]}
         return d
 
-    # -- warm phase: CUDA graphs per shape bucket ----------------------------------------
+    # -- warm phase: the model runtime and its buckets ------------------------------------
+    def _build_runtime(self, buckets):
+        from fastvideo3.models.wan.runtime_export import build_dit_runtime
+        return build_dit_runtime(self._forward, weights_digest=self.weights_digest, precision=self.precision,
+                                 dtype=self.dtype, text_dim=self.dit.cfg.text_dim, buckets=buckets,
+                                 device=self.device, manifest={"card": self.card.model_id})
+
     def prepare_graphs(self, rows_and_latent_shapes, text_len: int | None = None) -> None:
-        """Capture the DiT forward for each ``(rows, (C, F, H, W))`` bucket (rows = samples x CFG
-        branches in one forward). Warm phase only: a step replays a prepared bucket and runs
-        any other shape eagerly, never capturing."""
-        if self.graphs is None:
+        """Declare the shape buckets ``(rows, (C, F, H, W))`` (rows = samples x CFG branches in one
+        forward; one latent shape per call) and capture them through the model runtime. Warm phase
+        only: a step replays a prepared bucket and runs any other shape eagerly, never capturing.
+        Declaring other buckets re-plans the runtime (a new fingerprint), so it is refused while
+        requests are resident. The reference (non-fast) path keeps no graphs."""
+        from fastvideo3.errors import FailedPrecondition
+        from fastvideo3.models.wan.runtime_export import DitBucket
+        if not self.fast:
             return
         text_len = text_len or self.card.max_text_tokens
-        text_dim = self.dit.cfg.text_dim
-        for rows, shape in rows_and_latent_shapes:
-            static = {
-                "latents": torch.zeros(rows, *shape, dtype=self.dtype, device=self.device),
-                "timestep": torch.zeros(rows, dtype=torch.float32, device=self.device),
-                "text": torch.zeros(rows, text_len, text_dim, dtype=self.dtype, device=self.device),
-            }
-            key = (tuple(static["latents"].shape), tuple(static["text"].shape))
-            with self._lock:
-                self.graphs.prepare(key, self._forward, static)
+        buckets = tuple(DitBucket(int(r), tuple(int(d) for d in shape), text_len)
+                        for r, shape in rows_and_latent_shapes)
+        with self._lock:
+            declared = {b for b in self.runtime.ports["latents"].bucket_shapes}
+            if not {b.key for b in buckets} <= declared:
+                if self.regions:
+                    raise FailedPrecondition("new shape buckets change the runtime fingerprint; "
+                                             "declare them before requests are resident", field="buckets")
+                new = self._build_runtime(buckets)
+                self.runtime.release()
+                self.runtime, self._prepared = new, set()
+            for b in buckets:
+                self.runtime.prepare(b.key)
+                self._prepared.add(b.key)
 
     def _dit(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
-        key = (tuple(x.shape), tuple(text.shape))
-        if self.graphs is not None and key in self.graphs:
-            # the graph's output buffer is rewritten by the next replay: keep a copy
-            return self.graphs.step(key, {"latents": x, "timestep": t, "text": text}).clone()
-        return self._forward(x, t, text)
+        from fastvideo3.models.wan.runtime_export import bucket_key
+        key = bucket_key(x.shape[0], x.shape[1:], text.shape[1])
+        if key not in self._prepared or text.shape[2] != self.dit.cfg.text_dim:
+            return self._forward(x, t, text)
+        rt = self.runtime
+        rt.prepare(key)  # selects the prepared bucket; captures nothing
+        rt.set_input("latents", x)
+        rt.set_input("timestep", t)
+        rt.set_input("text", text)
+        rt.fire("dit")
+        # the output window is rewritten by the next replay: keep a copy
+        return rt.get_output("noise_pred").clone()
 
     # -- the step body -----------------------------------------------------------------
     def _execute(self, batch):

@@ -120,7 +120,12 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
     def attach(self, executor, transport, card) -> None:
         self.executor, self.transport, self.card = executor, transport, card
         d = executor.describe()
-        self.fingerprint = fingerprint(d.get("weights_digest", ""), d.get("precision", ""), str(d.get("device", "")))
+        identity = getattr(executor, "identity", None)  # the executor's model runtime, when it has one
+        if identity is not None:
+            from fastvideo3.runtime.resident import pool_fingerprint
+            self.fingerprint = pool_fingerprint(identity)
+        else:
+            self.fingerprint = fingerprint(d.get("weights_digest", ""), d.get("precision", ""), str(d.get("device", "")))
 
     # -- RPCs ---------------------------------------------------------------------------
     def Execute(self, request, context):  # noqa: N802 - gRPC naming

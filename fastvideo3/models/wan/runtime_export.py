@@ -149,7 +149,7 @@ def build_dit_runtime(
             "latents": lat, "timestep": window("timestep", b), "text": window("text", b), "out": out})
         runners["update"].prepare(key, _update, {
             "state_latent": sl, "noise_pred": out, "dt": window("dt", b), "prev": prev, "has_prev": has})
-        state["history.has_previous"].zero_()  # warm-up ran the update: no row has history yet
+        buffers[STATE_BUFFER].zero_()  # warm-up ran the update: start from empty state
 
     builder = RuntimeBuilder(weights_digest=weights_digest or "none", precision=precision,
                              device_arch=detect_device_arch(device))
@@ -190,8 +190,9 @@ def _dit(forward, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Ten
 def _update(state_latent, noise_pred, dt, prev, has_prev) -> None:
     shape = (-1,) + (1,) * (state_latent.dim() - 1)
     v = noise_pred.float()
-    w = has_prev.view(shape)
-    state_latent.add_(dt.view(shape) * ((1 + 0.5 * w) * v - 0.5 * w * prev))
+    # select, never multiply by the flag: whatever a row without history holds must not leak in
+    slope = torch.where(has_prev.view(shape) > 0, 1.5 * v - 0.5 * prev, v)
+    state_latent.add_(dt.view(shape) * slope)
     prev.copy_(v)
     has_prev.fill_(1.0)
 
