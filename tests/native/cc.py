@@ -14,18 +14,21 @@ CC_TIMEOUT_S = 120
 
 
 def compiler() -> str:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if not cc:
-        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
-    return cc
+    for cc in (os.environ.get("CC"), "cc", "gcc", "clang", "nvcc"):
+        if cc and shutil.which(cc):
+            return shutil.which(cc)
+    raise RuntimeError("no C compiler (cc, gcc, clang or nvcc) on PATH")
 
 
 def build(source: Path | str, out: Path, *, shared: bool = True, extra: tuple[str, ...] = ()) -> Path:
     """Compile ``source`` against include/ into ``out`` (a shared library or an executable)."""
-    flags = ["-std=c11", "-O1", "-Wall", "-Werror", "-D_GNU_SOURCE", f"-I{INCLUDE}"]
-    if shared:
-        flags += ["-shared", "-fPIC"]
-    cmd = [compiler(), *flags, *extra, str(source), "-o", str(out), "-ldl", "-lpthread"]
+    cc = compiler()
+    if Path(cc).name == "nvcc":  # drives the host compiler; C flags go through -Xcompiler
+        flags = ["-x", "c", "-O1", "-D_GNU_SOURCE", f"-I{INCLUDE}"] + (["-shared", "-Xcompiler", "-fPIC"] if shared else [])
+    else:
+        flags = ["-std=c11", "-O1", "-Wall", "-Werror", "-D_GNU_SOURCE", f"-I{INCLUDE}"]
+        flags += ["-shared", "-fPIC"] if shared else []
+    cmd = [cc, *flags, *extra, str(source), "-o", str(out), "-ldl", "-lpthread"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CC_TIMEOUT_S)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr}")
@@ -40,7 +43,7 @@ def load(name: str, out_dir: Path) -> ctypes.CDLL:
         "fv3c_load_cuda": [cp, cp, sz],
         "fv3c_adopt": [vp, ctypes.POINTER(u64), ctypes.POINTER(u64), cp, sz],
         "fv3c_release": [vp, cp, sz], "fv3c_release_on_thread": [vp, cp, sz],
-        "fv3c_write_swap": [vp, cp, cp, vp, u64, cp, sz], "fv3c_prepare": [vp, cp, cp, sz],
+        "fv3c_write_swap": [vp, cp, cp, vp, u64, cp, sz], "fv3c_read_swap": [vp, cp, cp, vp, u64, cp, sz], "fv3c_prepare": [vp, cp, cp, sz],
         "fv3c_step": [vp, cp, sz], "fv3c_get_output": [vp, cp, vp, u64, cp, sz],
         "fv3c_snapshot": [vp, vp, u64, cp, sz], "fv3c_restore": [vp, vp, u64, cp, sz],
         "fv3c_bucket_count": [vp, cp, sz], "fv3c_launch_graph": [vp, cp, cp, cp, sz],

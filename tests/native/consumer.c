@@ -119,6 +119,19 @@ int fv3c_write_swap(const fv3_model_runtime_v1 *rt, const char *port, const char
   return copy_bytes(b->data, data, nbytes, b->device_type, err, cap);
 }
 
+/* Read a SWAP output straight from its buffer window (after the stream was synchronized). */
+int fv3c_read_swap(const fv3_model_runtime_v1 *rt, const char *port, const char *bucket,
+                   void *dst, uint64_t nbytes, char *err, size_t cap) {
+  const fv3_port_v1 *p = find_port(rt, port, bucket);
+  if (!p) FAIL(FV3_ERR_UNKNOWN_PORT, "no port %s in bucket %s", port, bucket);
+  if (p->update != FV3_PORT_SWAP || p->direction != FV3_PORT_OUT || p->buffer_index < 0)
+    FAIL(FV3_ERR_INVALID_ARGUMENT, "port %s is not a SWAP output", port);
+  if (nbytes != p->nbytes) FAIL(FV3_ERR_INVALID_ARGUMENT, "port %s gives %llu bytes", port,
+                                (unsigned long long)p->nbytes);
+  const fv3_buffer_v1 *b = &rt->exp->buffers[p->buffer_index];
+  return copy_bytes(dst, b->data, nbytes, b->device_type, err, cap);
+}
+
 int fv3c_prepare(const fv3_model_runtime_v1 *rt, const char *bucket, char *err, size_t cap) {
   return verb_status(rt, rt->verbs.prepare(rt->ctx, bucket), "prepare", err, cap);
 }
