@@ -24,7 +24,8 @@ def build(source: Path | str, out: Path, *, shared: bool = True, extra: tuple[st
     """Compile ``source`` against include/ into ``out`` (a shared library or an executable)."""
     cc = compiler()
     if Path(cc).name == "nvcc":  # drives the host compiler; C flags go through -Xcompiler
-        flags = ["-x", "c", "-O1", "-D_GNU_SOURCE", f"-I{INCLUDE}"] + (["-shared", "-Xcompiler", "-fPIC"] if shared else [])
+        flags = ["-x", "c", "-O1", "-D_GNU_SOURCE", f"-I{INCLUDE}"]
+        flags += ["-shared", "-Xcompiler", "-fPIC"] if shared else []
     else:
         flags = ["-std=c11", "-O1", "-Wall", "-Werror", "-D_GNU_SOURCE", f"-I{INCLUDE}"]
         flags += ["-shared", "-fPIC"] if shared else []
@@ -43,7 +44,8 @@ def load(name: str, out_dir: Path) -> ctypes.CDLL:
         "fv3c_load_cuda": [cp, cp, sz],
         "fv3c_adopt": [vp, ctypes.POINTER(u64), ctypes.POINTER(u64), cp, sz],
         "fv3c_release": [vp, cp, sz], "fv3c_release_on_thread": [vp, cp, sz],
-        "fv3c_write_swap": [vp, cp, cp, vp, u64, cp, sz], "fv3c_read_swap": [vp, cp, cp, vp, u64, cp, sz], "fv3c_prepare": [vp, cp, cp, sz],
+        "fv3c_write_swap": [vp, cp, cp, vp, u64, cp, sz], "fv3c_read_swap": [vp, cp, cp, vp, u64, cp, sz],
+        "fv3c_prepare": [vp, cp, cp, sz],
         "fv3c_step": [vp, cp, sz], "fv3c_get_output": [vp, cp, vp, u64, cp, sz],
         "fv3c_snapshot": [vp, vp, u64, cp, sz], "fv3c_restore": [vp, vp, u64, cp, sz],
         "fv3c_bucket_count": [vp, cp, sz], "fv3c_launch_graph": [vp, cp, cp, cp, sz],

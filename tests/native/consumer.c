@@ -189,7 +189,7 @@ int fv3c_bucket_count(const fv3_model_runtime_v1 *rt, char *err, size_t cap) {
   const void *table = NULL;
   uint64_t size = 0;
   int32_t st = rt->query_extension(rt->ctx, FV3_EXTENSION_BUCKETS, &table, &size);
-  if (st) return verb_status(rt, st, "query_extension", err, cap) ? -1 : -1;
+  if (st) { verb_status(rt, st, "query_extension", err, cap); return -1; }
   if (size < sizeof(fv3_bucket_table_v1)) FAIL(-1, "bucket table of %llu bytes", (unsigned long long)size);
   return (int)((const fv3_bucket_table_v1 *)table)->num_buckets;
 }
