@@ -17,7 +17,9 @@
 typedef int (*memcpy_fn)(void *, const void *, size_t, int);
 typedef int (*graph_launch_fn)(void *, void *);
 typedef int (*stream_sync_fn)(void *);
+typedef int (*device_sync_fn)(void);
 static memcpy_fn cuda_memcpy;
+static device_sync_fn cuda_device_sync;
 static graph_launch_fn cuda_graph_launch;
 static stream_sync_fn cuda_stream_sync;
 #define CUDA_MEMCPY_DEFAULT 4
@@ -44,7 +46,8 @@ int fv3c_load_cuda(const char *path, char *err, size_t cap) {
   cuda_memcpy = (memcpy_fn)dlsym(h, "cudaMemcpy");
   cuda_graph_launch = (graph_launch_fn)dlsym(h, "cudaGraphLaunch");
   cuda_stream_sync = (stream_sync_fn)dlsym(h, "cudaStreamSynchronize");
-  if (!cuda_memcpy || !cuda_graph_launch || !cuda_stream_sync) FAIL(-1, "missing CUDA symbols");
+  cuda_device_sync = (device_sync_fn)dlsym(h, "cudaDeviceSynchronize");
+  if (!cuda_memcpy || !cuda_graph_launch || !cuda_stream_sync || !cuda_device_sync) FAIL(-1, "missing CUDA symbols");
   return 0;
 }
 
@@ -56,6 +59,10 @@ static int copy_bytes(void *dst, const void *src, uint64_t n, int32_t device_typ
   if (!cuda_memcpy) FAIL(-1, "device buffer but the CUDA runtime is not loaded");
   int rc = cuda_memcpy(dst, src, n, CUDA_MEMCPY_DEFAULT);
   if (rc) FAIL(-1, "cudaMemcpy: %d", rc);
+  /* A pageable-memory copy may return before its DMA lands, and the producer's stream does not
+   * order with the legacy stream: wait, so the next launch on that stream sees the bytes. */
+  rc = cuda_device_sync();
+  if (rc) FAIL(-1, "cudaDeviceSynchronize: %d", rc);
   return 0;
 }
 

@@ -141,6 +141,7 @@ def test_retain_release_lifetime_from_another_thread(lib):
     assert nat.refcount == 1 and not calls and not rt.released
     assert lib.fv3c_release_on_thread(ptr, *err.args) == 0, str(err)
     assert freed.wait(30) and len(calls) == 1 and rt.released
+    assert calls[0] != threading.get_ident()  # the owner ran on the C thread, under the GIL
     assert live_native_runtimes() == before
     # after the final release every callback answers RELEASED, from any thread
     assert lib.fv3c_release(ptr, *err.args) == cabi.ERR_RELEASED
