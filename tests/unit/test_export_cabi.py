@@ -297,3 +297,31 @@ def test_old_consumer_works_against_an_appended_tail_and_the_tail_is_probed(lib,
         assert torch.equal(out, want) and nat.refcount == 1
         nat.release()
     rt.release()
+
+
+def test_the_denoiser_pool_gets_its_model_through_the_runtime(tiny_dit):
+    from fastvideo3.errors import FailedPrecondition
+    ex, bucket = tiny_dit
+    rt = ex.runtime
+    d = ex.describe()["runtime_export"]
+    assert d["fingerprint"] == rt.fingerprint_hex == ex.identity.fingerprint_hex
+    assert d["stages"] == ["load", "dit", "update"] and d["graphs"] == ["dit", "load", "update"]
+    assert d["regions"] == ["latent", "history.model_output", "history.has_previous"]
+    assert bucket.key in ex.describe()["graph_buckets"]
+    # a prepared bucket runs through the runtime's SWAP ports and its "dit" stage
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, *bucket.latent_shape, generator=g)
+    text = torch.randn(1, bucket.text_len, ex.dit.cfg.text_dim, generator=g)
+    t = torch.tensor([500.0])
+    got = ex._dit(x, t, text)
+    latents = rt.export.buffers["latents"].view(-1)[: x.numel()].view(x.shape)
+    assert torch.equal(rt.get_output("noise_pred"), got) and torch.equal(latents, x)
+    assert torch.equal(got, ex._forward(x, t, text))  # the same function as the eager path
+    # re-planning buckets changes the fingerprint, so it is refused while a request is resident
+    ex.regions["held"] = object()
+    try:
+        with pytest.raises(FailedPrecondition):
+            ex.prepare_graphs([(2, bucket.latent_shape)])
+    finally:
+        ex.regions.pop("held")
+    assert ex.runtime is rt
