@@ -25,6 +25,10 @@ tickable :class:`ModelRuntime` on top of it. The contract has five rules.
    valid; the last ``release()`` calls the owner exactly once to free graphs and buffers, and
    any later use raises :class:`ExportReleased`.
 
+Native hosts see the same contract as plain C structs (``include/fastvideo3/runtime.h``): the
+ctypes mirror is :mod:`fastvideo3.export.cabi` and :class:`fastvideo3.export.native.NativeModelRuntime`
+fills it from a ``ModelRuntime`` (docs/native-host.md).
+
 Hot-path rule for ports (SWAP and STAGED): a step never recaptures, allocates or rebinds;
 only buffer contents change. Shape buckets are captured by ``prepare`` in the warm phase; a
 bucket miss inside ``step`` is an error, not a lazy capture.
