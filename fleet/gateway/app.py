@@ -21,6 +21,7 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import secrets
 import threading
 import time
@@ -196,7 +197,7 @@ class Gateway:
         return HTMLResponse((STATIC / "index.html").read_text())
 
     async def healthz(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "ok", "pid": os.getpid(), "running_jobs": len(self.runner.active())})
 
     async def readyz(self, request: Request) -> Response:
         try:
