@@ -31,7 +31,8 @@ log = logging.getLogger("fastvideo3.gateway")
 
 PHASE_SPAN = {"encode": (0, 5), "denoise": (5, 90), "decode": (90, 98), "reward": (98, 99)}
 WRITE_EVERY_S = 0.2       # at most this often a progress-only change is written to the store
-REATTACH_WINDOW_S = 30.0  # how long a resume retries while the scheduler still sees the old stream
+REATTACH_WINDOW_S = 60.0  # how long a re-attach retries (old stream still closing, scheduler restarting)
+MAX_REATTACHES = 5        # lost streams a job survives (e.g. scheduler restarts) before it fails
 
 
 def progress_of(phase: str, step: int, total: int) -> int:
@@ -103,7 +104,8 @@ class JobRunner:
     def cancel(self, job_id: str) -> bool:
         """Cancel the job in the fleet (the stream then ends CANCELLED); False if it had ended."""
         with self._lock:
-            self._deleted.add(job_id)
+            if job_id in self._active:  # its thread stops writing (and forgets the mark when it ends)
+                self._deleted.add(job_id)
         try:
             return self.client.cancel(job_id, reason="deleted through the Videos API")
         except FastVideoError as e:
@@ -114,12 +116,22 @@ class JobRunner:
     # -- one job ------------------------------------------------------------------------------
     def _run(self, job: dict[str, Any], spec: VideoSpec, first: queue.Queue | None, resume: bool) -> None:
         job_id = job["id"]
+        handoff = _Handoff(first)
         try:
-            self._follow(job, spec, first, resume)
+            lost = 0
+            while True:
+                try:
+                    self._follow(job, spec, handoff, resume)
+                    break
+                except Unavailable as e:  # the stream broke (scheduler restart, network): re-attach
+                    if handoff.waiting or self._is_deleted(job_id) or lost >= MAX_REATTACHES:
+                        raise
+                    lost, resume = lost + 1, True
+                    log.warning("lost the fleet's stream of %s (%s); re-attaching", job_id, e.one_line())
         except Exception as e:  # noqa: BLE001 - a job thread never dies silently
             err = e if isinstance(e, FastVideoError) else Internal(f"{type(e).__name__}: {e}")
-            if first is not None and first.empty():
-                first.put(err)
+            if handoff.waiting:
+                handoff.give(err)
             elif not self._is_deleted(job_id):
                 log.warning("job %s failed: %s", job_id, err.one_line())
                 self._end(job, "failed", error=job_error(err, spec.frames_given))
@@ -127,8 +139,8 @@ class JobRunner:
             with self._lock:
                 self._active.pop(job_id, None)
                 self._calls.pop(job_id, None)
-            if first is not None and first.empty():
-                first.put(Internal("the job ended before the fleet accepted it"))
+                self._deleted.discard(job_id)
+            handoff.give(Internal("the job ended before the fleet accepted it"))  # no-op once given
 
     def _is_deleted(self, job_id: str) -> bool:
         with self._lock:
@@ -145,13 +157,14 @@ class JobRunner:
                 return call, next(iter(call))
             except grpc.RpcError as rpc:
                 err = error_from_rpc(rpc)
-                if (resume and isinstance(err, InvalidRequest) and err.field == "request_id"
-                        and time.monotonic() < end and not self._is_deleted(job_id)):
-                    time.sleep(0.25)  # "still running" / "already attached": the old stream is closing
+                retry = ((isinstance(err, InvalidRequest) and err.field == "request_id")  # old stream closing
+                         or isinstance(err, Unavailable))  # scheduler restarting
+                if resume and retry and time.monotonic() < end and not self._is_deleted(job_id):
+                    time.sleep(0.25)
                     continue
                 raise err from None
 
-    def _follow(self, job: dict[str, Any], spec: VideoSpec, first: queue.Queue | None, resume: bool) -> None:
+    def _follow(self, job: dict[str, Any], spec: VideoSpec, handoff: "_Handoff", resume: bool) -> None:
         job_id = job["id"]
         call, msg = self._open(job_id, spec, resume)
         chunks: list[bytes] = []
@@ -161,8 +174,7 @@ class JobRunner:
         try:
             for msg in _chain(msg, call):
                 ev = _event(msg)
-                if first is not None and first.empty():
-                    first.put("accepted")
+                handoff.give("accepted")
                 if self._is_deleted(job_id):
                     continue  # drain to the end: the cancel lands at the next step boundary
                 changed = False
@@ -229,6 +241,19 @@ class JobRunner:
             self.jobs.finish(job)
         except FastVideoError as e:
             log.error("cannot record the end of job %s: %s", job["id"], e.one_line())
+
+
+class _Handoff:
+    """Tells a waiting ``submit`` once how the fleet answered: "accepted" or the error."""
+
+    def __init__(self, box: queue.Queue | None) -> None:
+        self._box = box
+        self.waiting = box is not None
+
+    def give(self, outcome: Any) -> None:
+        if self.waiting:
+            self.waiting = False
+            self._box.put(outcome)
 
 
 def _chain(first, rest):

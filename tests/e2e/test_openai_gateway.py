@@ -160,7 +160,7 @@ def test_models(client):
 
 def test_gateway_sigkill_mid_job_then_restart_completes(client, gateway_stack, tmp_path):
     video = client.videos.create(model=MODEL, prompt="survives a restart", size="64x64",
-                                 extra_body={"fastvideo3": {"steps": 60, "frames": 17, "seed": 11}})
+                                 extra_body={"fastvideo3": {"steps": 120, "frames": 17, "seed": 11}})
     wait_status(client, video.id, ("in_progress",), pred=lambda v: v.fastvideo3["phase"] == "denoise")
     with FleetClient(gateway_stack.targets["scheduler"]) as fleet:
         assert fleet.get(video.id)["state"] == "RUNNING"  # killed mid-job

@@ -2,6 +2,7 @@
 limits, media expiry and list pages, against a fake scheduler stub (no processes, no sockets)."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -111,9 +112,12 @@ class FakeStub:
         self.error = None
         self.block: threading.Event | None = None
         self.requests = []
+        self.script: list[FakeCall] = []  # calls to answer in order, before the default one
 
     def Generate(self, msg, timeout=None):  # noqa: N802 - gRPC naming
         self.requests.append(msg)
+        if self.script:
+            return self.script.pop(0)
         accepted = scheduler_pb2.GenerateEvent(request_id=msg.request_id, seq=0, accepted=scheduler_pb2.Accepted(
             card_id="wan-tiny", seed=msg.seed, num_inference_steps=2, resolved_params_json=b'{"num_frames": 9}'))
         return FakeCall([accepted], block=self.block, error=self.error)
@@ -189,6 +193,43 @@ async def test_body_size_and_per_key_concurrency_limits(tmp_path):
             assert r.status_code == 429 and r.headers["retry-after"] == "1" and "1 at once" in r.text
     finally:
         gw.client.stub.block.set()
+
+
+async def test_a_lost_stream_is_reattached_and_the_job_completes(tmp_path):
+    import hashlib
+    gw = _gateway(tmp_path)
+    video = b"an mp4 in all but name"
+
+    def ev(seq, **kw):
+        return scheduler_pb2.GenerateEvent(request_id="x", seq=seq, **kw)
+    accepted = ev(0, accepted=scheduler_pb2.Accepted(card_id="wan-tiny", seed=1, num_inference_steps=4,
+                                                        resolved_params_json=b'{"num_frames": 9}'))
+    progress = ev(1, progress=scheduler_pb2.Progress(phase="denoise", step=2, total=4))
+
+    class Broken(FakeCall):  # accepted and one step, then the scheduler goes away
+        def __next__(self):
+            if self._msgs:
+                return self._msgs.pop(0)
+            raise FakeRpcError(Unavailable("scheduler restarting"))
+
+    gw.client.stub.script = [
+        Broken([accepted, progress]),
+        FakeCall([ev(0, accepted=scheduler_pb2.Accepted(card_id="wan-tiny")),
+                  ev(5, artifact=scheduler_pb2.Artifact(name="video.mp4", mime_type="video/mp4", chunk_index=0,
+                                                        last=True, data=video,
+                                                        checksum="sha256:" + hashlib.sha256(video).hexdigest())),
+                  ev(6, finished=scheduler_pb2.Finished(state=scheduler_pb2.RequestStatus.SUCCEEDED))]),
+    ]
+    async with await _client(gw) as c:
+        vid = (await c.post("/v1/videos", json={"prompt": "a"})).json()["id"]
+        deadline = time.monotonic() + 30
+        while (job := (await c.get(f"/v1/videos/{vid}")).json())["status"] not in ("completed", "failed"):
+            assert time.monotonic() < deadline, job
+            await asyncio.sleep(0.05)
+        assert job["status"] == "completed" and job["progress"] == 100, job
+        assert (await c.get(f"/v1/videos/{vid}/content")).content == video
+    second = gw.client.stub.requests[1]
+    assert second.request_id == vid and second.detached and second.seed == gw.client.stub.requests[0].seed
 
 
 # -- stores ------------------------------------------------------------------------------------
