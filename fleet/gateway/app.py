@@ -224,15 +224,11 @@ class Gateway:
         body = await self.read_body(request)
         models, default = await run_in_threadpool(self.models)
         spec = parse_create(body, models, default)
-        if self.runner.active_for(owner) >= self.cfg.max_jobs_per_key:
-            raise ApiError(429, f"too many running jobs for this key (allowed: {self.cfg.max_jobs_per_key} at "
-                                "once); retry when one finishes", param=None, type_="rate_limit_error",
-                           code="concurrency_limit", headers={"Retry-After": "1"})
         job = {"id": "video_" + secrets.token_hex(12), "owner": owner, "status": "queued", "progress": 0,
                "created_at_ms": now_ms(), "completed_at_ms": None, "expires_at_ms": None, "error": None,
                "phase": None, "spec": spec.public(), "fleet": None, "media": None}
         try:
-            job = await run_in_threadpool(self.runner.submit, job)
+            job = await run_in_threadpool(self.runner.submit, job, self.cfg.max_jobs_per_key)
         except FastVideoError as e:
             raise from_fleet(e, frames_given=spec.frames_given) from None
         return JSONResponse(openai_video(job), headers={"openai-poll-after-ms": POLL_AFTER_MS})

@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 
 from fastvideo3.client import FleetClient, _event, error_from_rpc
-from fastvideo3.errors import FastVideoError, Internal, InvalidRequest, Unavailable
+from fastvideo3.errors import FastVideoError, Internal, InvalidRequest, ResourceExhausted, Unavailable
 from fleet.gateway.errors import job_error
 from fleet.gateway.jobs import JobStore, now_ms
 from fleet.gateway.media import MediaStore
@@ -52,10 +52,6 @@ class JobRunner:
         self._deleted: set[str] = set()
 
     # -- bookkeeping ----------------------------------------------------------------------
-    def active_for(self, owner: str) -> int:
-        with self._lock:
-            return sum(1 for o in self._active.values() if o == owner)
-
     def active(self) -> list[str]:
         with self._lock:
             return list(self._active)
@@ -65,11 +61,23 @@ class JobRunner:
                                    detached=True, **spec.params)
 
     # -- submit / resume --------------------------------------------------------------------
-    def submit(self, job: dict[str, Any]) -> dict[str, Any]:
+    def submit(self, job: dict[str, Any], max_per_owner: int | None = None) -> dict[str, Any]:
         """Start ``job`` (already validated); blocks until the fleet accepted it. Raises the fleet's
-        typed error if it refused (nothing is left behind then)."""
+        typed error if it refused (nothing is left behind then), or ResourceExhausted when its
+        owner already runs ``max_per_owner`` jobs here (checked and reserved atomically)."""
         spec = VideoSpec.from_public(job["spec"])
-        self.jobs.create(job)
+        owner = job.get("owner", "")
+        with self._lock:
+            if max_per_owner is not None and sum(o == owner for o in self._active.values()) >= max_per_owner:
+                raise ResourceExhausted("too many running jobs for this key; retry when one finishes",
+                                        limit=f"{max_per_owner} at once", retry_after_s=1.0)
+            self._active[job["id"]] = owner  # reserved: counts against the owner from now on
+        try:
+            self.jobs.create(job)
+        except BaseException:
+            with self._lock:
+                self._active.pop(job["id"], None)
+            raise
         first: queue.Queue = queue.Queue(maxsize=1)
         self._start(job, spec, first, resume=False)
         try:
