@@ -38,7 +38,7 @@ from fastvideo3.client import FleetClient
 from fastvideo3.errors import FastVideoError
 from fleet.gateway.config import GatewayConfig
 from fleet.gateway.errors import ApiError, from_fleet
-from fleet.gateway.jobs import JobStore, now_ms
+from fleet.gateway.jobs import JobStore, now_us
 from fleet.gateway.media import VARIANTS, MediaStore
 from fleet.gateway.params import ModelInfo, nest_form, parse_create
 from fleet.gateway.runner import JobRunner
@@ -144,7 +144,8 @@ class Gateway:
                     default_width=int(dft.get("width") or 128), default_height=int(dft.get("height") or 128),
                     max_frames=int(lim.get("max_frames") or 0), frames_multiple=int(lim.get("frames_multiple") or 4),
                     frames_offset=int(lim.get("frames_offset") or 1), min_steps=int(lim.get("min_steps") or 1),
-                    max_steps=int(lim.get("max_steps") or 0), created=int(int(card.get("created_unix_ms") or 0) // 1000))
+                    max_steps=int(lim.get("max_steps") or 0),
+                    created=int(card.get("created_unix_ms") or 0) // 1000)
             default = card.get("default_model") or (next(iter(out)) if out else "")
             self._models = (time.monotonic(), out, default)
             self._raw_models = card.get("models") or []
@@ -224,8 +225,10 @@ class Gateway:
         body = await self.read_body(request)
         models, default = await run_in_threadpool(self.models)
         spec = parse_create(body, models, default)
+        created_us = now_us()
         job = {"id": "video_" + secrets.token_hex(12), "owner": owner, "status": "queued", "progress": 0,
-               "created_at_ms": now_ms(), "completed_at_ms": None, "expires_at_ms": None, "error": None,
+               "created_at_ms": created_us // 1000, "created_at_us": created_us, "completed_at_ms": None,
+               "expires_at_ms": None, "error": None,
                "phase": None, "spec": spec.public(), "fleet": None, "media": None}
         try:
             job = await run_in_threadpool(self.runner.submit, job, self.cfg.max_jobs_per_key)

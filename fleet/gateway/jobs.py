@@ -89,7 +89,8 @@ class JobStore:
 
     def create(self, job: dict[str, Any]) -> None:
         self.store.put_request(job["id"], job)
-        self.index.add(job["id"], float(job["created_at_ms"]))
+        # microseconds: jobs created one after another never tie (a tie would order them by id)
+        self.index.add(job["id"], float(job.get("created_at_us") or job["created_at_ms"] * 1000))
 
     def update(self, job: dict[str, Any]) -> bool:
         """Write a newer version of a running job; False if it was ended or deleted meanwhile."""
@@ -147,3 +148,7 @@ class JobStore:
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
