@@ -48,6 +48,7 @@ STATIC = Path(__file__).resolve().parent / "static"
 OPEN_PATHS = ("/", "/healthz", "/readyz", "/favicon.ico")
 MAX_LIST_LIMIT = 100
 POLL_AFTER_MS = "500"  # the SDK's poll helper reads this header
+RESCAN_S = 30.0        # how often unfinished jobs that no thread here follows are picked up
 
 
 def openai_video(job: dict[str, Any]) -> dict[str, Any]:
@@ -108,10 +109,18 @@ class Gateway:
         threading.Thread(target=self._sweeper, name="media-sweep", daemon=True).start()
 
     def _sweeper(self) -> None:
-        interval = max(1.0, min(60.0, self.cfg.media_ttl_s / 4))
+        """Expire media; pick up jobs no gateway follows any more (another replica died)."""
+        interval = max(1.0, min(RESCAN_S, self.cfg.media_ttl_s / 4))
+        last_scan = time.monotonic()
         while not self._stop.wait(interval):
             for job_id in self.media.sweep():
                 log.info("media of %s expired", job_id)
+            if time.monotonic() - last_scan >= RESCAN_S:
+                last_scan = time.monotonic()
+                try:
+                    self.runner.resume(window_s=2.0)
+                except FastVideoError as e:
+                    log.warning("cannot list unfinished jobs: %s", e.one_line())
 
     # -- helpers ------------------------------------------------------------------------------
     def owner(self, request: Request) -> str:

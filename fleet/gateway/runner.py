@@ -79,7 +79,7 @@ class JobRunner:
                 self._active.pop(job["id"], None)
             raise
         first: queue.Queue = queue.Queue(maxsize=1)
-        self._start(job, spec, first, resume=False)
+        self._start(job, spec, first, window_s=0.0)
         try:
             outcome = first.get(timeout=self.accept_timeout_s + 5.0)
         except queue.Empty:
@@ -90,23 +90,25 @@ class JobRunner:
             raise outcome
         return self.jobs.get(job["id"]) or job
 
-    def resume(self) -> list[str]:
-        """Re-attach to every job a previous gateway left running; returns their ids."""
+    def resume(self, window_s: float = REATTACH_WINDOW_S) -> list[str]:
+        """Re-attach to every unfinished job no thread here follows; returns their ids. A job
+        another gateway replica follows is refused by the scheduler (a client is attached) for
+        ``window_s`` and then left to that replica."""
         ids = []
         for job_id in self.jobs.inflight():
             job = self.jobs.get(job_id)
             if job is None or job_id in self._active:
                 continue
-            self._start(job, VideoSpec.from_public(job["spec"]), None, resume=True)
+            self._start(job, VideoSpec.from_public(job["spec"]), None, window_s=window_s)
             ids.append(job_id)
         if ids:
             log.info("re-attaching to %d job(s): %s", len(ids), ", ".join(ids))
         return ids
 
-    def _start(self, job, spec, first, resume: bool) -> None:
+    def _start(self, job, spec, first, window_s: float) -> None:
         with self._lock:
             self._active[job["id"]] = job.get("owner", "")
-        threading.Thread(target=self._run, args=(dict(job), spec, first, resume), name=f"job-{job['id']}",
+        threading.Thread(target=self._run, args=(dict(job), spec, first, window_s), name=f"job-{job['id']}",
                          daemon=True).start()
 
     def cancel(self, job_id: str) -> bool:
@@ -122,23 +124,26 @@ class JobRunner:
             raise
 
     # -- one job ------------------------------------------------------------------------------
-    def _run(self, job: dict[str, Any], spec: VideoSpec, first: queue.Queue | None, resume: bool) -> None:
+    def _run(self, job: dict[str, Any], spec: VideoSpec, first: queue.Queue | None, window_s: float) -> None:
+        """Follow one job to its end. ``window_s`` > 0: a re-attach, retried that long."""
         job_id = job["id"]
         handoff = _Handoff(first)
         try:
             lost = 0
             while True:
                 try:
-                    self._follow(job, spec, handoff, resume)
+                    self._follow(job, spec, handoff, window_s)
                     break
                 except Unavailable as e:  # the stream broke (scheduler restart, network): re-attach
                     if handoff.waiting or self._is_deleted(job_id) or lost >= MAX_REATTACHES:
                         raise
-                    lost, resume = lost + 1, True
+                    lost, window_s = lost + 1, REATTACH_WINDOW_S
                     log.warning("lost the fleet's stream of %s (%s); re-attaching", job_id, e.one_line())
         except Exception as e:  # noqa: BLE001 - a job thread never dies silently
             err = e if isinstance(e, FastVideoError) else Internal(f"{type(e).__name__}: {e}")
-            if handoff.waiting:
+            if window_s > 0 and isinstance(err, InvalidRequest) and err.field == "request_id":
+                log.info("job %s: another client follows it in the fleet (%s)", job_id, err.one_line())
+            elif handoff.waiting:
                 handoff.give(err)
             elif not self._is_deleted(job_id):
                 log.warning("job %s failed: %s", job_id, err.one_line())
@@ -154,9 +159,10 @@ class JobRunner:
         with self._lock:
             return job_id in self._deleted
 
-    def _open(self, job_id: str, spec: VideoSpec, resume: bool):
-        """The Generate call; a resume retries while the scheduler still holds the old stream."""
-        end = time.monotonic() + (REATTACH_WINDOW_S if resume else 0.0)
+    def _open(self, job_id: str, spec: VideoSpec, window_s: float):
+        """The Generate call; a re-attach retries for ``window_s`` while the scheduler still holds
+        the old stream or is restarting."""
+        end = time.monotonic() + window_s
         while True:
             call = self.client.stub.Generate(self._message(job_id, spec), timeout=self.job_timeout_s)
             with self._lock:
@@ -167,14 +173,14 @@ class JobRunner:
                 err = error_from_rpc(rpc)
                 retry = ((isinstance(err, InvalidRequest) and err.field == "request_id")  # old stream closing
                          or isinstance(err, Unavailable))  # scheduler restarting
-                if resume and retry and time.monotonic() < end and not self._is_deleted(job_id):
+                if window_s > 0 and retry and time.monotonic() < end and not self._is_deleted(job_id):
                     time.sleep(0.25)
                     continue
                 raise err from None
 
-    def _follow(self, job: dict[str, Any], spec: VideoSpec, handoff: "_Handoff", resume: bool) -> None:
+    def _follow(self, job: dict[str, Any], spec: VideoSpec, handoff: "_Handoff", window_s: float) -> None:
         job_id = job["id"]
-        call, msg = self._open(job_id, spec, resume)
+        call, msg = self._open(job_id, spec, window_s)
         chunks: list[bytes] = []
         checksum = ""
         error: dict[str, Any] | None = None
