@@ -232,6 +232,22 @@ async def test_a_lost_stream_is_reattached_and_the_job_completes(tmp_path):
     assert second.request_id == vid and second.detached and second.seed == gw.client.stub.requests[0].seed
 
 
+def test_a_job_another_gateway_follows_is_left_to_it(tmp_path):
+    from fastvideo3.errors import InvalidRequest
+    gw = _gateway(tmp_path)
+    refused = InvalidRequest("a client is already attached to this request", field="request_id")
+    gw.client.stub.script = [FakeCall([], error=refused) for _ in range(100)]
+    spec = parse_create({"prompt": "a"}, MODELS, "wan-tiny")
+    job = {"id": "video_elsewhere", "owner": "", "status": "in_progress", "progress": 40, "created_at_ms": 1,
+           "spec": spec.public()}
+    gw.jobs.create(job)
+    assert gw.runner.resume(window_s=0.3) == ["video_elsewhere"]
+    from tests.fleet_fixture import wait_until
+    wait_until(lambda: not gw.runner.active(), 10.0, "the re-attach to give up")
+    assert gw.jobs.get("video_elsewhere")["status"] == "in_progress"  # not failed: someone else follows it
+    assert gw.jobs.inflight() == ["video_elsewhere"] and len(gw.client.stub.requests) >= 2  # it retried
+
+
 # -- stores ------------------------------------------------------------------------------------
 def test_media_expires_after_its_ttl(tmp_path):
     media = MediaStore(tmp_path, ttl_s=60)
