@@ -63,14 +63,7 @@ chromium:
 protos: $(STAMP)
 	$(PY) protos/generate.py
 
-check-# the playground's browser tests drive Debian's chromium through its chromedriver
-chromium:
-	@{ command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || { \
-	  echo "installing chromium and chromium-driver"; \
-	  (apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
-	   || (apt-get update -q && apt-get install -y -q chromium chromium-driver)); }
-
-protos: $(STAMP)
+check-protos: $(STAMP)
 	$(PY) protos/generate.py --check
 
 clean:
