@@ -77,10 +77,7 @@ class FleetRuntime:
     def submit(self, request, card, *, program: tuple[str, ...], ctx: dict, trace_parent=None) -> Stream:
         resumed = self.sched.get(request.request_id)
         if resumed is not None and resumed.resumed:
-            stream = self._reattach(resumed, request)
-            if ctx.get("detached"):
-                resumed.ctx["detached"] = True
-            return stream
+            return self._reattach(resumed, request, detached=bool(ctx.get("detached")))
         stream = Stream(request.request_id)
         with self._lock:
             previous = self.streams.get(request.request_id)
@@ -97,7 +94,7 @@ class FleetRuntime:
         self._wake.set()
         return stream
 
-    def _reattach(self, run: RequestRun, request) -> Stream:
+    def _reattach(self, run: RequestRun, request, detached: bool = False) -> Stream:
         """A client takes over a request the scheduler resumed after a restart (see module doc)."""
         if run.request != request:
             raise InvalidRequest("a resumed request with this id has other parameters", field="request_id")
@@ -109,6 +106,7 @@ class FleetRuntime:
                     raise InvalidRequest("a client is already attached to this request", field="request_id")
                 self.streams[run.request_id] = stream
             run.resumed = False  # the client owns it now: a disconnect cancels it, as for any stream
+            run.ctx["detached"] = detached  # ... unless this client detached it again
             stream.events.put(Event(run.request_id, 0, "accepted", {"model": run.card.model_id, "resumed": True}))
             if run.status in TERMINAL:  # it ended before anyone re-attached: replay its result
                 for ev in run.events:
