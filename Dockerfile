@@ -1,8 +1,9 @@
 # syntax=docker/dockerfile:1
 # One Dockerfile for every fleet image; the role is a build argument:
 #   docker build --build-arg ROLE=denoiser -t fastvideo3-denoiser:0.1.0 .
-# ROLE: scheduler | encoder | denoiser | decoder | reward | dynamo
-# The image runs `python -m services.<ROLE>` (for dynamo: `python -m fleet.dynamo`); the Helm
+# ROLE: scheduler | encoder | denoiser | decoder | reward | dynamo | gateway
+# The image runs `python -m services.<ROLE>` (for dynamo: `python -m fleet.dynamo`, for gateway:
+# `python -m fleet.gateway`); the Helm
 # chart sets the command explicitly and passes the flags.
 ARG PYTHON_IMAGE=python:3.11-slim
 
@@ -18,8 +19,8 @@ ARG DYNAMO_VERSION=1.6.1
 ARG EXTRAS=""
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN case "${ROLE}" in \
-      scheduler|encoder|denoiser|decoder|reward|dynamo) ;; \
-      *) echo "ROLE must be one of scheduler|encoder|denoiser|decoder|reward|dynamo (got '${ROLE}')" >&2; exit 1 ;; \
+      scheduler|encoder|denoiser|decoder|reward|dynamo|gateway) ;; \
+      *) echo "ROLE must be one of scheduler|encoder|denoiser|decoder|reward|dynamo|gateway (got '${ROLE}')" >&2; exit 1 ;; \
     esac
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
@@ -34,7 +35,7 @@ COPY . .
 RUN extras="${EXTRAS}"; \
     if [ -z "$extras" ]; then \
       case "${ROLE}" in \
-        scheduler) extras=services ;; \
+        scheduler|gateway) extras=services ;; \
         dynamo) extras=services,dynamo ;; \
         *) extras=services,gpu ;; \
       esac; \
@@ -58,4 +59,4 @@ COPY --from=build /opt/venv /opt/venv
 USER 10001:10001
 WORKDIR /home/fastvideo
 EXPOSE 50051 9464
-ENTRYPOINT ["/bin/sh", "-c", "case \"$FASTVIDEO3_ROLE\" in dynamo) m=fleet.dynamo ;; *) m=services.$FASTVIDEO3_ROLE ;; esac; exec python -m \"$m\" \"$@\"", "fastvideo3"]
+ENTRYPOINT ["/bin/sh", "-c", "case \"$FASTVIDEO3_ROLE\" in dynamo) m=fleet.dynamo ;; gateway) m=fleet.gateway ;; *) m=services.$FASTVIDEO3_ROLE ;; esac; exec python -m \"$m\" \"$@\"", "fastvideo3"]

@@ -14,12 +14,12 @@ STAMP  := $(VENV)/.installed
 DEMO_PROMPT ?= a red circle moving left on a white background
 DEMO_OUT ?= out/demo.mp4
 
-.PHONY: demo test install clean protos check-protos redis
+.PHONY: demo test install clean protos check-protos redis chromium
 
 demo: $(STAMP)
 	$(PY) -m fastvideo3.cli generate "$(DEMO_PROMPT)" -o $(DEMO_OUT)
 
-test: $(STAMP) redis $(VENV)/bin/helm
+test: $(STAMP) redis chromium $(VENV)/bin/helm
 	$(PY) protos/generate.py --check
 	$(PY) -m pytest -q -p no:cacheprovider
 
@@ -52,6 +52,13 @@ $(VENV)/bin/helm: $(STAMP)
 redis:
 	@command -v redis-server >/dev/null 2>&1 || { echo "installing redis-server"; \
 	  (apt-get install -y -q redis-server >/dev/null 2>&1 || (apt-get update -q && apt-get install -y -q redis-server)); }
+
+# the playground's browser tests drive Debian's chromium through its chromedriver
+chromium:
+	@{ command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || { \
+	  echo "installing chromium and chromium-driver"; \
+	  (apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
+	   || (apt-get update -q && apt-get install -y -q chromium chromium-driver)); }
 
 protos: $(STAMP)
 	$(PY) protos/generate.py

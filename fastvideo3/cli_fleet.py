@@ -2,6 +2,7 @@
 
     fastvideo3 serve [--card wan-tiny] [--port P] [--replicas denoiser=2] [--transport auto|shm|grpc|nixl]
                      [--no-reward] [--no-batching] [--fake] [--device D] [--precision P] [--log-dir DIR]
+                     [--state-store redis://host:port/db] [--gateway-port P [--media-dir DIR] [--api-keys-file F]]
     fastvideo3 client generate --target HOST:PORT "PROMPT" -o out.mp4 [generate's options] [--rewards a,b]
     fastvideo3 client describe --target HOST:PORT
     fastvideo3 client cancel --target HOST:PORT REQUEST_ID
@@ -48,6 +49,13 @@ def add_commands(sub) -> None:
     s.add_argument("--precision", default=None)
     s.add_argument("--log-dir", default=None, help="where each process writes its log (default: a temp dir)")
     s.add_argument("--start-timeout", type=float, default=300.0)
+    s.add_argument("--state-store", default=None,
+                   help="memory:// (default) or redis://host:port/db, for the scheduler and the gateway")
+    s.add_argument("--gateway-port", type=int, default=None,
+                   help="also serve the OpenAI Videos API and the playground on this port")
+    s.add_argument("--gateway-host", default="127.0.0.1")
+    s.add_argument("--media-dir", default=None, help="where the gateway keeps videos (default: under --log-dir)")
+    s.add_argument("--api-keys-file", default=None, help="bearer keys the gateway accepts (default: no auth)")
 
     c = sub.add_parser("client", help="talk to a running fleet")
     csub = c.add_subparsers(dest="client_cmd", required=True, parser_class=_Parser)
@@ -103,7 +111,10 @@ def cmd_serve(args) -> int:
     if bad:
         raise InvalidRequest(f"unknown role {sorted(bad)[0]!r}", field="replicas", limit=", ".join(roles))
     sched_args = (["--no-batching"] if args.no_batching else []) + (
-        ["--max-running", str(args.max_running)] if args.max_running else [])
+        ["--max-running", str(args.max_running)] if args.max_running else []) + (
+        ["--state-store", args.state_store] if args.state_store else [])
+    if args.gateway_port is not None and not 0 < args.gateway_port < 65536:
+        raise InvalidRequest(f"{args.gateway_port} is out of range", field="gateway_port", limit="[1, 65535]")
     fleet = LocalFleet(args.card, replicas=replicas, roles=roles, port=args.port, transport=args.transport,
                        device=args.device, precision=args.precision, fake=args.fake, scheduler_args=sched_args,
                        log_dir=args.log_dir)
@@ -121,10 +132,25 @@ def cmd_serve(args) -> int:
     print(f"  scheduler  {fleet.target}", flush=True)
     for role, procs in fleet.pools.items():
         print(f"  {role:<10} {', '.join(p.target for p in procs)}", flush=True)
+    gateway = None
+    if args.gateway_port is not None:
+        gateway = _start_gateway(args, fleet)
+        if gateway is None:
+            fleet.stop()
+            return 1
     print(f"try: fastvideo3 client generate --target {fleet.target} \"a red circle\" -o out.mp4", flush=True)
     print("Ctrl-C stops the fleet", flush=True)
     code = 0
     while not stop.wait(0.5):
+        if gateway is not None and not gateway.alive():  # stateless: bring it back on its port
+            print(f"fastvideo3: gateway exited ({gateway.proc.returncode}); restarting it", file=sys.stderr, flush=True)
+            try:
+                gateway.restart(timeout_s=args.start_timeout)
+                print(f"  gateway    {gateway.url} (pid {gateway.proc.pid})", flush=True)
+            except Exception as e:  # noqa: BLE001 - report and stop the fleet
+                print(f"fastvideo3: error: {e}", file=sys.stderr)
+                code = 1
+                break
         dead = fleet.dead()
         if dead:
             print(f"fastvideo3: error: {dead[0].name} exited ({dead[0].proc.returncode}):\n{dead[0].log_tail()}",
@@ -132,9 +158,33 @@ def cmd_serve(args) -> int:
             code = 1
             break
     print("stopping the fleet ...", flush=True)
+    if gateway is not None:
+        gateway.stop()
     codes = fleet.stop()
     print("stopped: " + ", ".join(f"{k}={v}" for k, v in codes.items()), flush=True)
     return code
+
+
+def _start_gateway(args, fleet):
+    """The OpenAI Videos API gateway next to the fleet (fleet/gateway), or None if it failed."""
+    from fleet.gateway.process import GatewayError, GatewayProcess
+
+    gw_args = ["--media-dir", args.media_dir or str(Path(fleet.log_dir) / "media")]
+    if args.state_store:
+        gw_args += ["--state-store", args.state_store]
+    if args.api_keys_file:
+        gw_args += ["--api-keys-file", args.api_keys_file]
+    gateway = GatewayProcess(fleet.target, args.gateway_port, host=args.gateway_host, args=gw_args,
+                             log_dir=fleet.log_dir)
+    try:
+        gateway.start(timeout_s=args.start_timeout)
+    except GatewayError as e:
+        print(f"fastvideo3: error: {e}", file=sys.stderr)
+        gateway.stop()
+        return None
+    print(f"  gateway    {gateway.url} (pid {gateway.proc.pid}; OpenAI Videos API at {gateway.url}/v1, "
+          f"playground at {gateway.url}/)", flush=True)
+    return gateway
 
 
 # ----------------------------------------------------------------------------------- client

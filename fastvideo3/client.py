@@ -208,12 +208,14 @@ class FleetClient:
                 sampler: str | None = None, cfg_policy: str | None = None, output_format: str = "mp4",
                 rewards: list[str] | tuple[str, ...] = (), request_id: str | None = None, model: str = "",
                 deadline_s: float | None = None, fps: int | None = None, slo_class: str = "",
-                metadata: dict[str, str] | None = None):
-        """The wire GenerateRequest for these (diffusers-named) parameters."""
+                metadata: dict[str, str] | None = None, detached: bool = False):
+        """The wire GenerateRequest for these (diffusers-named) parameters. ``detached``: the
+        request outlives this client's stream and can be re-attached by id (job-style APIs)."""
         from fastvideo3.v1 import scheduler_pb2
         msg = scheduler_pb2.GenerateRequest(prompt=prompt, request_id=request_id or "", model=model,
                                             output_format=output_format, slo_class=slo_class,
-                                            reward_scorers=list(rewards), metadata=dict(metadata or {}))
+                                            reward_scorers=list(rewards), metadata=dict(metadata or {}),
+                                            detached=detached)
         for name, value in (("negative_prompt", negative_prompt), ("num_frames", num_frames), ("height", height),
                             ("width", width), ("num_inference_steps", num_inference_steps),
                             ("guidance_scale", guidance_scale), ("seed", seed), ("flow_shift", flow_shift),

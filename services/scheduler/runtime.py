@@ -15,7 +15,9 @@
   ended in the store when they finish. A request a restarted scheduler resumed runs without a
   client until one **re-attaches**: a Generate with the same request id (and the same
   parameters) gets an ``accepted`` event and then the request's remaining events — or, if it
-  already ended, its result (artifact and ``finished``), kept until then.
+  already ended, its result (artifact and ``finished``), kept until then. A **detached**
+  request (``ctx["detached"]``, from GenerateRequest.detached) is treated the same way when its
+  client goes away: it keeps running, unowned, until a client re-attaches or cancels it.
 """
 from __future__ import annotations
 
@@ -75,7 +77,7 @@ class FleetRuntime:
     def submit(self, request, card, *, program: tuple[str, ...], ctx: dict, trace_parent=None) -> Stream:
         resumed = self.sched.get(request.request_id)
         if resumed is not None and resumed.resumed:
-            return self._reattach(resumed, request)
+            return self._reattach(resumed, request, detached=bool(ctx.get("detached")))
         stream = Stream(request.request_id)
         with self._lock:
             previous = self.streams.get(request.request_id)
@@ -92,7 +94,7 @@ class FleetRuntime:
         self._wake.set()
         return stream
 
-    def _reattach(self, run: RequestRun, request) -> Stream:
+    def _reattach(self, run: RequestRun, request, detached: bool = False) -> Stream:
         """A client takes over a request the scheduler resumed after a restart (see module doc)."""
         if run.request != request:
             raise InvalidRequest("a resumed request with this id has other parameters", field="request_id")
@@ -104,6 +106,7 @@ class FleetRuntime:
                     raise InvalidRequest("a client is already attached to this request", field="request_id")
                 self.streams[run.request_id] = stream
             run.resumed = False  # the client owns it now: a disconnect cancels it, as for any stream
+            run.ctx["detached"] = detached  # ... unless this client detached it again
             stream.events.put(Event(run.request_id, 0, "accepted", {"model": run.card.model_id, "resumed": True}))
             if run.status in TERMINAL:  # it ended before anyone re-attached: replay its result
                 for ev in run.events:
@@ -124,7 +127,10 @@ class FleetRuntime:
             current = self.streams.get(stream.request_id) is stream
         if current:
             run = self.sched.get(stream.request_id)
-            if run is not None and run.status not in TERMINAL and self.cancel(stream.request_id):
+            if run is not None and run.status not in TERMINAL and run.ctx.get("detached"):
+                run.resumed = True  # runs on, unowned, until a client re-attaches (see module doc)
+                log.info("client of detached %s disconnected: it runs on", stream.request_id)
+            elif run is not None and run.status not in TERMINAL and self.cancel(stream.request_id):
                 log.info("client of %s disconnected: cancelled", stream.request_id)
 
     def close_stream(self, stream: Stream) -> None:
@@ -172,7 +178,7 @@ class FleetRuntime:
                 self.checkpointer.finish(run)  # artifact index + end (or delete) in the state store
             if stream is not None and not stream.closed:
                 stream.events.put(finished)
-            if run is not None and run.resumed and stream is None:
+            if run is not None and run.resumed and (stream is None or stream.closed):
                 pass  # no client yet: keep its result for the one that re-attaches
             elif run is not None:
                 run.artifacts = {}

@@ -81,6 +81,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 raise InvalidRequest(e.message, field="reward_scorers", limit=e.limit) from None
             program = (*PROGRAM_T2V, "reward_score")
         ctx = {"encode": fmt, "fps": fps, "rewards": rewards, "metadata": dict(msg.metadata)}
+        if msg.detached:
+            ctx["detached"] = True
         return resolved, program, ctx
 
     def Generate(self, request, context):  # noqa: N802 - gRPC naming

@@ -341,7 +341,7 @@ def test_cpu_minimal_has_no_reward_redis_or_dynamo(helm: str) -> None:
     components = {
         d["metadata"]["labels"]["app.kubernetes.io/component"] for d in r.of_kind("Deployment")
     }
-    assert components == {"scheduler", "encoder", "denoiser", "decoder"}
+    assert components == {"scheduler", "encoder", "denoiser", "decoder", "gateway"}  # the playground stays
     test_pod = r.of_kind("Pod", hooks=True)[0]
     assert not any("reward" in arg for arg in test_pod["spec"]["containers"][0]["command"])
 
@@ -497,7 +497,7 @@ def test_dockerfile_builds_every_role_from_one_file() -> None:
     chart_roles = (CHART_DIR / "templates" / "_helpers.tpl").read_text()
     pool_roles = re.search(r'define "fastvideo3.roles" -}}\n(.*)\n', chart_roles).group(1).split()
     assert pool_roles == list(ROLES)
-    assert set(roles.split("|")) == {"scheduler", "dynamo", *ROLES}
+    assert set(roles.split("|")) == {"scheduler", "dynamo", "gateway", *ROLES}
     # The image's user is the one the chart's pods run as.
     uid = yaml.safe_load((CHART_DIR / "values.yaml").read_text())["podSecurityContext"]["runAsUser"]
     assert f"USER {uid}:{uid}" in text
