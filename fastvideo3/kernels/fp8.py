@@ -135,21 +135,62 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def rows_kernel(x_ptr, b_ptr, q_ptr, s_ptr, K, GELU: tl.constexpr, BLOCK: tl.constexpr):
-        # one program per row: (optional bias + tanh-GELU), row amax, e4m3 out + its scale
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)
-        mask = cols < K
-        x = tl.load(x_ptr + row * K + cols, mask=mask, other=0.0).to(tl.float32)
-        if GELU:
-            x = x + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-            u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-            x = 0.5 * x * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0))  # x * (1 + tanh(u)) / 2
-            x = tl.where(mask, x, 0.0)
-        amax = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12)
-        q = tl.clamp(x * (448.0 / amax), -448.0, 448.0)
-        tl.store(q_ptr + row * K + cols, q.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
-        tl.store(s_ptr + row, amax / 448.0)
+    def rows_kernel(x_ptr, b_ptr, q_ptr, s_ptr, M, K, GELU: tl.constexpr, ROWS: tl.constexpr,
+                    CHUNK: tl.constexpr, NCHUNK: tl.constexpr):
+        # ROWS rows per program: (optional bias + tanh-GELU), each row's amax, e4m3 out + scale.
+        # A row wider than CHUNK is read twice (amax, then quantize; the second read hits L2).
+        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        rmask = rows < M
+        cols = tl.arange(0, CHUNK)
+        if NCHUNK == 1:
+            m = rmask[:, None] & (cols < K)[None, :]
+            x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=m, other=0.0).to(tl.float32)
+            if GELU:  # bias + tanh-GELU: x * (1 + tanh(u)) / 2
+                x = x + tl.load(b_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)[None, :]
+                u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+                x = tl.where(m, 0.5 * x * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)), 0.0)
+            amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-12)
+            q = tl.clamp(x * (448.0 / amax)[:, None], -448.0, 448.0)
+            tl.store(q_ptr + rows[:, None] * K + cols[None, :],
+                     q.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m)
+        else:
+            amax = tl.zeros([ROWS], dtype=tl.float32)
+            for c in range(NCHUNK):
+                cc = c * CHUNK + cols
+                m = rmask[:, None] & (cc < K)[None, :]
+                x = tl.load(x_ptr + rows[:, None] * K + cc[None, :], mask=m, other=0.0).to(tl.float32)
+                if GELU:
+                    x = x + tl.load(b_ptr + cc, mask=cc < K, other=0.0).to(tl.float32)[None, :]
+                    u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+                    x = tl.where(m, 0.5 * x * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)), 0.0)
+                amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
+            amax = tl.maximum(amax, 1e-12)
+            inv = 448.0 / amax
+            for c in range(NCHUNK):
+                cc = c * CHUNK + cols
+                m = rmask[:, None] & (cc < K)[None, :]
+                x = tl.load(x_ptr + rows[:, None] * K + cc[None, :], mask=m, other=0.0).to(tl.float32)
+                if GELU:
+                    x = x + tl.load(b_ptr + cc, mask=cc < K, other=0.0).to(tl.float32)[None, :]
+                    u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+                    x = tl.where(m, 0.5 * x * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)), 0.0)
+                q = tl.clamp(x * inv[:, None], -448.0, 448.0)
+                tl.store(q_ptr + rows[:, None] * K + cc[None, :],
+                         q.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m)
+        tl.store(s_ptr + rows, amax / 448.0, mask=rmask)
+
+    @triton.jit
+    def head_amax_kernel(src_ptr, row_stride, out_ptr, n, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+        # grid (sample, row block, head): max |x| of one head over ROWS tokens, folded into
+        # out[sample, head] (fp32, starts at 0) with an atomic max
+        sample = tl.program_id(0).to(tl.int64)
+        rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+        head = tl.program_id(2)
+        cols = tl.arange(0, HEAD_DIM)
+        m = (rows < n)[:, None]
+        x = tl.load(src_ptr + (sample * n + rows)[:, None] * row_stride + head * HEAD_DIM + cols[None, :],
+                    mask=m, other=0.0).to(tl.float32)
+        tl.atomic_max(out_ptr + sample * tl.num_programs(2) + head, tl.max(tl.max(tl.abs(x), axis=1), axis=0))
 
     @triton.jit
     def qkv_kernel(
@@ -190,7 +231,7 @@ def _kernels():
         q = tl.clamp(x * inv, -448.0, 448.0)
         tl.store(out_ptr + row * 3 * D + part * D + offs, q.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
 
-    return rows_kernel, qkv_kernel
+    return rows_kernel, qkv_kernel, head_amax_kernel
 
 
 def _launch_rows(x: torch.Tensor, bias: torch.Tensor | None, *, gelu: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,12 +240,33 @@ def _launch_rows(x: torch.Tensor, bias: torch.Tensor | None, *, gelu: bool) -> t
     x2 = x.reshape(-1, k)
     if not x2.is_contiguous():
         x2 = x2.contiguous()
+    m = x2.shape[0]
     q = torch.empty(x2.shape, dtype=E4M3, device=x.device)
-    s = torch.empty(x2.shape[0], 1, dtype=torch.float32, device=x.device)
-    block = triton.next_power_of_2(k)
-    _kernels()[0][(x2.shape[0],)](x2, bias if bias is not None else x2, q, s, k, GELU=gelu, BLOCK=block,
-                                  num_warps=max(4, min(16, block // 256)))
+    s = torch.empty(m, 1, dtype=torch.float32, device=x.device)
+    width = triton.next_power_of_2(k)
+    if width <= 4096:  # the whole row in registers; narrow rows several per program
+        chunk, nchunk, rows = width, 1, max(1, min(8, 4096 // width))
+    else:
+        chunk, nchunk, rows = 2048, triton.cdiv(k, 2048), 1
+    _kernels()[0][(triton.cdiv(m, rows),)](x2, bias if bias is not None else x2, q, s, m, k, GELU=gelu, ROWS=rows,
+                                          CHUNK=chunk, NCHUNK=nchunk, num_warps=8 if rows * chunk >= 4096 else 4)
     return q.view(*x.shape), s.view(*x.shape[:-1], 1)
+
+
+def head_amax(src: torch.Tensor, heads: int, impl: str = "torch") -> torch.Tensor:
+    """max |src| per (sample, head) of ``src`` [B, L, heads*head_dim] (rows may be strided, the
+    last dim contiguous) -> fp32 [B, heads]."""
+    b, n, d = src.shape
+    hd = d // heads
+    if impl == "torch" or src.device.type != "cuda":
+        return src.view(b, n, heads, hd).abs().amax(dim=(1, 3)).float()
+    import triton
+    if src.stride(-1) != 1 or src.stride(0) != n * src.stride(1):
+        raise ValueError("head_amax: rows must be evenly strided with a contiguous last dim")
+    out = torch.zeros(b, heads, dtype=torch.float32, device=src.device)
+    rows = 64
+    _kernels()[2][(b, triton.cdiv(n, rows), heads)](src, src.stride(1), out, n, ROWS=rows, HEAD_DIM=hd, num_warps=4)
+    return out
 
 
 # ------------------------------------------------------------------------------ FP8 attention
@@ -227,7 +289,7 @@ def qkv_fp8(qkv: torch.Tensor, norm: torch.Tensor, qk_scales: torch.Tensor, *, h
     b, n, width = qkv.shape
     d = width // 3
     hd = d // heads
-    v_amax = qkv[..., 2 * d:].view(b, n, heads, hd).abs().amax(dim=(1, 3)).float()  # [B, H]
+    v_amax = head_amax(qkv[..., 2 * d:], heads, impl)  # [B, H]
     scales = torch.cat([qk_scales.float().view(2, 1, heads).expand(2, b, heads),
                         (v_amax.clamp_min(AMAX_FLOOR) / E4M3_MAX).view(1, b, heads)])  # [3, B, H]
     if impl == "torch" or qkv.device.type != "cuda":
