@@ -84,7 +84,8 @@ def stage_micro() -> dict:
     if attention_available("fa3", "cuda"):
         fn = _fa3()
         for heads in (12, 40):
-            q, k, v = (torch.randn(1, m, heads, 128, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            q, k, v = (torch.randn(1, m, heads, 128, generator=g, device="cuda", dtype=torch.bfloat16)
+                       for _ in range(3))
             q = q * 2.0  # sharper softmax than unit scores, closer to a trained model's
             flops = 4.0 * heads * m * m * 128
 
@@ -248,17 +249,46 @@ def stage_tiny(seeds: list[int]) -> dict:
         mse = float(((a - b) ** 2).mean())
         psnr16.append(99.0 if mse == 0 else 10 * math.log10(1.0 / mse))
     out["psnr_bf16_vs_fp32_db"] = {"mean": round(sum(psnr16) / len(psnr16), 2), "min": round(min(psnr16), 2)}
-    out["adherence_delta_fp8_vs_bf16_points"] = round(runs["fp8_e4m3"]["adherence_pct"] - runs["bf16"]["adherence_pct"], 1)
+    delta = runs["fp8_e4m3"]["adherence_pct"] - runs["bf16"]["adherence_pct"]
+    out["adherence_delta_fp8_vs_bf16_points"] = round(delta, 1)
     out["goals"] = {"psnr_ge_30db": out["psnr_fp8_vs_bf16_db"]["mean"] >= 30.0,
                     "adherence_within_2_points": abs(out["adherence_delta_fp8_vs_bf16_points"]) <= 2.0}
     return out
 
 
 # ------------------------------------------------------------------------------------- table
+COMMAND = ("bash bench/gpu_run_fp8.sh  (runs: python bench/denoiser.py --precision fp8 --out denoiser_fp8_h200.json "
+           "--stage env|micro|1.3b|14b|tiny|table)")
+
+
+def kernel_groups(profile: dict) -> dict:
+    """The FP8 forward's device time by kind of kernel (from the profile's top kernels), in ms."""
+    groups = {"self_attention_fa3": 0.0, "cross_attention": 0.0, "gemm": 0.0, "norm_quant_rope_kernels": 0.0,
+              "other": 0.0}
+    for k in profile.get("top", []):
+        name, ms = k["kernel"], k["ms"]
+        if "FlashAttn" in name or "flash::" in name:
+            key = "self_attention_fa3"
+        elif "sdpa" in name or "fmha" in name:
+            key = "cross_attention"
+        elif "nvjet" in name or "gemm" in name.lower() or "cutlass" in name:
+            key = "gemm"
+        elif name.endswith("_kernel") and ("rows" in name or "norm" in name or "qkv" in name or "amax" in name):
+            key = "norm_quant_rope_kernels"
+        else:
+            key = "other"
+        groups[key] += ms
+    return {k: round(v, 2) for k, v in groups.items()} | {"device_ms": profile.get("device_ms")}
+
+
 def stage_table(path: Path) -> dict:
     data = _load(path)
     summary = [data[k]["summary"] for k in ("model_1.3b", "model_14b") if "summary" in data.get(k, {})]
     data["summary"] = summary
+    data["command"] = COMMAND
+    prof = data.get("model_1.3b", {}).get("profile_fp8", {})
+    if "top" in prof:
+        data["model_1.3b"]["profile_fp8_by_kind_ms"] = kernel_groups(prof)
     path.write_text(json.dumps(data, indent=1) + "\n")
     print("\nmodel frames | ms_bf16 | ms_fp8 | speedup | rel_err_vs_bf16 | goal ms")
     for k in ("model_1.3b", "model_14b"):
@@ -280,7 +310,6 @@ def stage_table(path: Path) -> dict:
 
 
 def run(args) -> int:
-    import sys
     path = Path(args.out)
     stage = args.stage
     if stage == "table":
@@ -289,7 +318,7 @@ def run(args) -> int:
     if stage == "env":
         from denoiser import environment
         _merge(path, "environment", environment())
-        _merge(path, "command", "python " + " ".join(sys.argv))
+        _merge(path, "command", COMMAND)
         return 0
     t0 = time.perf_counter()
     try:

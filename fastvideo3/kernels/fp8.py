@@ -62,7 +62,8 @@ def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def quantize_rows(x: torch.Tensor, *, per_tensor: bool = False, impl: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(x: torch.Tensor, *, per_tensor: bool = False,
+                  impl: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic e4m3 of activations ``x`` [..., K] -> (e4m3 [..., K], fp32 scale [..., 1]): one
     scale per row (token), or one for the whole tensor repeated per row when ``per_tensor``."""
     if per_tensor:
@@ -229,7 +230,8 @@ def _kernels():
         inv = tl.load(inv_ptr + (part * batch + sample) * HEADS + head,
                       mask=mask, other=0.0)
         q = tl.clamp(x * inv, -448.0, 448.0)
-        tl.store(out_ptr + row * 3 * D + part * D + offs, q.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+        tl.store(out_ptr + row * 3 * D + part * D + offs,
+                 q.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
 
     return rows_kernel, qkv_kernel, head_amax_kernel
 
