@@ -344,3 +344,20 @@ def test_identity_and_digest_record_the_scheme(monkeypatch):
     assert "precision=fp8_e4m3" in canon and "fp8_e4m3(weights" in canon
     bf16 = DenoiserExecutor(get_card("wan-tiny"), transport=None, device="cpu", precision="fp32")
     assert bf16.identity.fingerprint != pool.identity.fingerprint
+
+
+def test_engine_serves_fp8_and_provenance_records_it(monkeypatch):
+    """End to end through the serving loops (the FP8 math on the PyTorch twins, the device check
+    forced to pass): the provenance sidecar names the precision, the recipe and the scheme."""
+    from fastvideo3.models.wan import components
+    from fastvideo3.runtime.engine import Engine
+    monkeypatch.setattr(components, "require_fp8_device", lambda card, device: None)
+    with Engine(get_card("wan-tiny-fp8"), device="cpu") as engine:
+        assert engine.precision == "fp8_e4m3"
+        video = engine.generate("a red circle moving left", num_frames=5, height=64, width=64,
+                                num_inference_steps=2, seed=3)
+    meta = video.metadata
+    assert meta["request"]["precision"] == "fp8_e4m3"
+    assert meta["recipe"]["assumes_precision"] == "fp8_e4m3"
+    assert "fp8_e4m3(weights=per-channel" in meta["weights"]["transformer"]
+    assert torch.isfinite(torch.as_tensor(video.frames)).all()
