@@ -361,3 +361,32 @@ def test_engine_serves_fp8_and_provenance_records_it(monkeypatch):
     assert meta["recipe"]["assumes_precision"] == "fp8_e4m3"
     assert "fp8_e4m3(weights=per-channel" in meta["weights"]["transformer"]
     assert torch.isfinite(torch.as_tensor(video.frames)).all()
+
+
+def test_load_dit_reads_a_prequantized_directory(tmp_path, monkeypatch):
+    """A card whose key map is wan_dit_diffusers_fp8_v1 loads e4m3 weights and their scales as they
+    are (no second quantization); the bf16 key map on the same card quantizes at load instead."""
+    from fastvideo3.card.registry import TINY_DIT, bind_checkpoint
+    from fastvideo3.card.spec import ModelCard
+    from fastvideo3.models.wan import components
+    from fastvideo3.models.wan.fp8 import Fp8Linear, quantize_dit_
+    monkeypatch.setattr(components, "require_fp8_device", lambda card, device: None)
+    src = quantize_dit_(_tiny_dit())
+    _write_checkpoint(tmp_path / "transformer", src, TINY_DIT)
+    data = get_card("wan2.1-t2v-1.3b-fp8").model_dump(mode="json")
+    data["components"]["transformer"].update(config=TINY_DIT, key_map="wan_dit_diffusers_fp8_v1")
+    card = bind_checkpoint(ModelCard.model_validate(data), tmp_path)
+    model, digest = components.load_dit(card, "cpu")
+    lin = model.blocks[3].attn1.to_out[0]
+    assert isinstance(lin, Fp8Linear) and lin.weight.dtype == E4M3
+    assert torch.equal(lin.weight.view(torch.uint8), src.blocks[3].attn1.to_out[0].weight.view(torch.uint8))
+    assert torch.equal(lin.weight_scale, src.blocks[3].attn1.to_out[0].weight_scale)
+    assert digest.startswith("sha256:") and "fp8_e4m3(weights=per-channel" in digest
+    x, t, text = _inputs()
+    components._keep_fp32(src)  # what every load does: the reference's fp32 modules stay fp32
+    src.rope_cos, src.rope_sin = model.rope_cos, model.rope_sin  # rebuilt in fp32 at load
+    torch.testing.assert_close(model(x, t, text), src(x, t, text))
+    # the same card without the FP8 key map refuses the e4m3 directory, naming a tensor
+    data["components"]["transformer"]["key_map"] = "wan_dit_diffusers_v1"
+    with pytest.raises(CardError):
+        components.load_dit(bind_checkpoint(ModelCard.model_validate(data), tmp_path), "cpu")
