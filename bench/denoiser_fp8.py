@@ -10,9 +10,11 @@ into OUT.json, so what finished is always kept:
 * ``micro``: ``torch._scaled_mm`` row-wise e4m3 against a bf16 matmul at Wan's GEMM shapes, and
   FP8 against bf16 attention (FA3) at 32,760 tokens; torchao is probed (not on the GPU image);
 * ``1.3b`` / ``14b``: random weights drawn on the GPU (bf16, the fp32 modules of the reference kept
-  fp32), 81x480x832: the bf16 fast path is timed, then the same model is quantized in place and
-  the FP8 fast path timed; ``rel_err_vs_bf16`` is the relative Frobenius error of the DiT output;
-  for 1.3B also FP8 GEMMs with bf16 attention, and a kernel profile of the FP8 forward;
+  fp32), 81x480x832: the bf16 fast path is timed (eager and replayed from a CUDA graph), then the
+  same model is quantized in place and the FP8 fast path timed likewise; ``ms_*`` in the summary
+  is the better of the two per precision; ``rel_err_vs_bf16`` is the relative Frobenius error of
+  the DiT output. Also the fast-accumulation variant, and for 1.3B FP8 GEMMs with bf16
+  attention and a kernel profile of the FP8 forward;
 * ``tiny``: the trained tiny card through the serving loop at fp32 (its own precision), bf16 and
   ``wan-tiny-fp8``: the eval prompt set x 2 seeds, 50 steps: PSNR of the fp8 frames against the bf16
   (and fp32) frames of the same seeds, and prompt adherence (bench/quality.py's scorer);
@@ -74,10 +76,17 @@ def stage_micro() -> dict:
         flops = 2.0 * m * k * n
         ms16, _ = time_ms(lambda: x @ w.t(), 2, 8)
         ms8, _ = time_ms(lambda: fp8_linear(xq, xs, wq, ws), 2, 8)
+        try:
+            ms8f, _ = time_ms(lambda: fp8_linear(xq, xs, wq, ws, fast_accum=True), 2, 8)
+            fast = fp8_linear(xq, xs, wq, ws, fast_accum=True).float()
+        except RuntimeError:  # recorded as absent: the GEMM figures stand
+            ms8f, fast = float("nan"), None
         msq, _ = time_ms(lambda: quantize_rows(x, impl="triton"), 2, 8)
         ref = (x @ w.t()).float()
         rel = float((fp8_linear(xq, xs, wq, ws).float() - ref).norm() / ref.norm())
+        fast_rel = float((fast - ref).norm() / ref.norm()) if fast is not None else None
         out["gemm"].append({"m": m, "k": k, "n": n, "bf16_ms": round(ms16, 3), "fp8_ms": round(ms8, 3),
+                            "fp8_fast_accum_ms": None if fast is None else round(ms8f, 3), "rel_err_fast_accum": fast_rel,
                             "bf16_tflops": round(flops / ms16 / 1e9, 1), "fp8_tflops": round(flops / ms8 / 1e9, 1),
                             "quantize_rows_ms": round(msq, 3), "rel_err": rel})
         del x, w, xq, wq
@@ -142,8 +151,31 @@ def random_dit(config: dict, seed: int = 0):
     return model
 
 
+def _timed(fn, warm: int, iters: int) -> dict:
+    from denoiser import timed_with_peak
+    res = timed_with_peak(fn, warm, iters, 1.0)
+    res.pop("tflops", None)
+    return res
+
+
+def _graph(label: str, fast, x, t, text, eager_out, warm: int, iters: int) -> dict:
+    """The forward captured in a CUDA graph (as the serving pools run prepared buckets), replayed."""
+    from denoiser import bench_graph
+    try:
+        res, check = bench_graph(label, fast, x, t, text, eager_out, warm, iters, 1.0)
+    except Exception as e:  # noqa: BLE001 - recorded; the eager figure stands
+        return _err(e)
+    res.pop("tflops", None)
+    return {**res, "vs_eager": check}
+
+
+def _best(variant: dict) -> float:
+    """Best of eager and graph replay, as bench/results/denoiser_h200.json reports its bf16 figure."""
+    return min(v for v in (variant.get("ms"), variant.get("graph", {}).get("ms")) if v is not None)
+
+
 def stage_model(name: str, quick: bool) -> dict:
-    from denoiser import CONFIGS, compare, make_inputs, profile_top, timed_with_peak
+    from denoiser import CONFIGS, compare, make_inputs, profile_top
     from fastvideo3.models.wan.fast import FastWanDiT
     from fastvideo3.models.wan.fp8 import quantize_dit_
     config = CONFIGS[name]
@@ -157,7 +189,8 @@ def stage_model(name: str, quick: bool) -> dict:
     row["bf16"] = {"attention": fast.attention, "cross_attention": fast.cross_attention, "kernels": fast.kernels}
     ref = fast(x, t, text).float()
     torch.cuda.synchronize()
-    row["bf16"].update(timed_with_peak(lambda: fast(x, t, text), warm, iters, 1.0))
+    row["bf16"].update(_timed(lambda: fast(x, t, text), warm, iters))
+    row["bf16"]["graph"] = _graph(f"{name}-bf16", fast, x, t, text, ref, warm, iters)
     del fast
     gc.collect()
     torch.cuda.empty_cache()
@@ -170,30 +203,38 @@ def stage_model(name: str, quick: bool) -> dict:
     t0 = time.perf_counter()
     got = fast8(x, t, text)
     torch.cuda.synchronize()
-    row["fp8"] = {"fp8_attention": fast8.fp8_attention, "first_call_s": round(time.perf_counter() - t0, 2),
-                  "kernels": fast8.kernels}
-    row["fp8"].update(timed_with_peak(lambda: fast8(x, t, text), warm, iters, 1.0))
+    row["fp8"] = {"fp8_attention": fast8.fp8_attention, "fast_accum": fast8.fast_accum,
+                  "first_call_s": round(time.perf_counter() - t0, 2), "kernels": fast8.kernels}
+    row["fp8"].update(_timed(lambda: fast8(x, t, text), warm, iters))
     row["fp8"]["vs_bf16"] = compare(got, ref)
-    for v in (row["bf16"], row["fp8"]):
-        v.pop("tflops", None)
+    row["fp8"]["graph"] = _graph(f"{name}-fp8", fast8, x, t, text, got, warm, iters)
     del got
+    try:  # the card option fp8.accumulation: fast (GEMM partial sums kept in the FP8 accumulator)
+        fast8.fast_accum = True
+        o = fast8(x, t, text)
+        row["fp8_fast_accumulation"] = {"vs_bf16": compare(o, ref), **_timed(lambda: fast8(x, t, text), warm, iters)}
+        del o
+    except Exception as e:  # noqa: BLE001 - a variant's failure must not lose the row
+        row["fp8_fast_accumulation"] = _err(e)
+    finally:
+        fast8.fast_accum = False
     if name == "1.3b":
         try:
             alt = FastWanDiT(model, fp8_attention=False, share_weights=False)
             o = alt(x, t, text)
-            row["fp8_gemm_bf16_attention"] = {"attention": alt.attention, **compare(o, ref)}
-            row["fp8_gemm_bf16_attention"].update(
-                {k: v for k, v in timed_with_peak(lambda: alt(x, t, text), warm, iters, 1.0).items() if k != "tflops"})
+            row["fp8_gemm_bf16_attention"] = {"attention": alt.attention, **compare(o, ref),
+                                              **_timed(lambda: alt(x, t, text), warm, iters)}
             del alt, o
-        except Exception as e:  # noqa: BLE001 - a variant's failure must not lose the row
+        except Exception as e:  # noqa: BLE001
             row["fp8_gemm_bf16_attention"] = _err(e)
         try:
             row["profile_fp8"] = profile_top(lambda: fast8(x, t, text), top=20)
         except Exception as e:  # noqa: BLE001
             row["profile_fp8"] = _err(e)
-    ms8, ms16 = row["fp8"]["ms"], row["bf16"]["ms"]
+    ms8, ms16 = _best(row["fp8"]), _best(row["bf16"])
     row["summary"] = {"model": name, "frames": FRAMES, "ms_fp8": ms8, "ms_bf16": ms16,
                       "speedup": round(ms16 / ms8, 3), "rel_err_vs_bf16": row["fp8"]["vs_bf16"]["rel_fro"]}
+    row["summary_note"] = "ms: best of eager and CUDA-graph replay of our fast path, per precision"
     row["goal_ms"], row["goal_met"] = GOALS_MS[name], ms8 <= GOALS_MS[name]
     row["rel_err_goal_met"] = row["fp8"]["vs_bf16"]["rel_fro"] <= REL_ERR_GOAL
     return row

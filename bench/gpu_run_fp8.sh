@@ -32,7 +32,7 @@ else
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
-timeout "${TEST_TIMEOUT:-100}" python3 -m pytest -q -p no:cacheprovider --noconftest tests/unit/test_fp8_cuda.py \
+timeout "${TEST_TIMEOUT:-60}" python3 -m pytest -q -p no:cacheprovider --noconftest tests/unit/test_fp8_cuda.py \
   >"$OUT/tests.log" 2>&1
 echo "tests rc=$?"; tail -n 15 "$OUT/tests.log"
 
@@ -42,8 +42,8 @@ stage() {  # stage <limit_s> <name>
   echo "stage $2 rc=$? at ${SECONDS}s"
 }
 stage 30 env
-stage 60 micro
+stage 45 micro
 stage 90 1.3b
-stage 150 14b
-stage 110 tiny
+stage 170 14b
+stage 80 tiny
 $B --stage table 2>&1 | tee -a "$OUT/bench.log"

@@ -33,6 +33,9 @@ class Fp8Spec(_Spec):
     activation_scaling: Literal["token", "tensor"] = "token"
     #: self-attention in FP8 where the GPU's kernel supports it (FlashAttention-3), else bf16
     attention: Literal["fp8", "bf16"] = "fp8"
+    #: GEMM partial sums: "fp32" (promoted, the default) or "fast" (kept in the tensor cores'
+    #: narrower FP8 accumulator: faster, less exact)
+    accumulation: Literal["fp32", "fast"] = "fp32"
 
 
 class ComponentSpec(_Spec):

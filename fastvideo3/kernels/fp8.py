@@ -109,21 +109,24 @@ def _scaled_mm_takes_bias(device: str) -> bool:
 
 
 def fp8_linear(xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor,
-               bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+               bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+               fast_accum: bool = False) -> torch.Tensor:
     """``(xq * x_scale) @ (wq * w_scale[:, None]).T + bias`` with e4m3 ``xq`` [..., K] (per-row
     scale [..., 1]) and ``wq`` [N, K] (per-channel scale [N]); returns [..., N] in ``out_dtype``.
-    CUDA: one ``torch._scaled_mm`` (fp32 accumulation). Elsewhere: the same product in fp32."""
+    CUDA: one ``torch._scaled_mm``; its partial sums are promoted to fp32 unless ``fast_accum``
+    (then they stay in the tensor cores' narrower FP8 accumulator: faster, less exact).
+    Elsewhere: the same product in fp32 (``fast_accum`` has no meaning there)."""
     lead, k = xq.shape[:-1], xq.shape[-1]
     a, sa = xq.reshape(-1, k), x_scale.reshape(-1, 1).float()
     n = wq.shape[0]
     if xq.device.type == "cuda":
         sb = w_scale.float().view(1, n)
         if bias is not None and not _scaled_mm_takes_bias(str(xq.device)):
-            out = torch._scaled_mm(a, wq.t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype)
+            out = torch._scaled_mm(a, wq.t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype, use_fast_accum=fast_accum)
             out = out + bias.to(out_dtype)
         else:
-            out = torch._scaled_mm(a, wq.t(), scale_a=sa, scale_b=sb,
-                                   bias=None if bias is None else bias.to(out_dtype), out_dtype=out_dtype)
+            out = torch._scaled_mm(a, wq.t(), scale_a=sa, scale_b=sb, bias=None if bias is None else bias.to(out_dtype),
+                                   out_dtype=out_dtype, use_fast_accum=fast_accum)
     else:
         out = (a.float() * sa) @ (wq.float() * w_scale.float().view(n, 1)).t()
         if bias is not None:

@@ -192,6 +192,15 @@ def test_fp8_dit_close_to_bf16_and_fast_path_agrees():
     torch.testing.assert_close(model(x, t, text).float(), module_out)
 
 
+def test_card_fp8_options_reach_the_fast_path():
+    from fastvideo3.models.wan.fast import FastWanDiT
+    from fastvideo3.models.wan.fp8 import quantize_dit_
+    fast = FastWanDiT(quantize_dit_(_tiny_dit(), "token", "bf16", "fast"))
+    assert fast.fast_accum and not fast.fp8_attention and not fast.per_tensor
+    fast = FastWanDiT(quantize_dit_(_tiny_dit(), "tensor"))
+    assert not fast.fast_accum and fast.per_tensor
+
+
 def test_per_tensor_activation_scaling_runs_and_differs():
     from fastvideo3.models.wan.fast import FastWanDiT
     from fastvideo3.models.wan.fp8 import quantize_dit_
@@ -339,7 +348,8 @@ def test_identity_and_digest_record_the_scheme(monkeypatch):
     assert pool.precision == "fp8_e4m3" and pool.dtype == torch.bfloat16
     assert isinstance(pool.dit.blocks[0].attn2.to_k, Fp8Linear)
     assert pool.weights_digest.startswith("shipped:")
-    assert "+fp8_e4m3(weights=per-channel,activations=per-token" in pool.weights_digest
+    assert ("+fp8_e4m3(weights=per-channel,activations=per-token,layers=blocks.linear,attention=fp8,"
+            "accumulation=fp32)") in pool.weights_digest
     canon = pool.identity.canonical()
     assert "precision=fp8_e4m3" in canon and "fp8_e4m3(weights" in canon
     bf16 = DenoiserExecutor(get_card("wan-tiny"), transport=None, device="cpu", precision="fp32")

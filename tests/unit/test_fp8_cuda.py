@@ -95,6 +95,8 @@ def test_scaled_mm_matches_dequantized_product(m, k, n):
     assert float((got - want).norm() / want.norm()) < 1e-2  # bf16 output rounding only
     full = x.float() @ w.float().t() + bias.float()
     assert float((got - full).norm() / full.norm()) < 5e-2  # e4m3 quantization of both operands
+    fast = fp8_linear(xq, xs, wq, ws, bias, fast_accum=True).float()  # the card's accumulation: fast
+    assert float((fast - full).norm() / full.norm()) < 5e-2
 
 
 @pytest.mark.skipif(not fp8_attention_available(DEV, 128), reason="FP8 attention needs the fa3_fwd wheel")

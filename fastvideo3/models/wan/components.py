@@ -218,7 +218,7 @@ def load_dit(card: ModelCard, device: str = "cpu", dtype: torch.dtype = torch.fl
             model = WanDiT(cfg)
         if prequantized:
             from fastvideo3.models.wan.fp8 import fp8_skeleton_
-            fp8_skeleton_(model, fp8_spec.activation_scaling, fp8_spec.attention, dtype)
+            fp8_skeleton_(model, fp8_spec.activation_scaling, fp8_spec.attention, fp8_spec.accumulation, dtype)
         load_dit_weights(model, folder, cfg, spec.key_map or "wan_dit_diffusers_v1", dtype, device)
         # non-persistent RoPE tables were created on meta: rebuild them for real
         from fastvideo3.models.wan.dit import rope_tables
@@ -233,8 +233,9 @@ def load_dit(card: ModelCard, device: str = "cpu", dtype: torch.dtype = torch.fl
     if fp8:
         from fastvideo3.models.wan.fp8 import FP8_SCHEME, quantize_dit_
         if not prequantized:  # on the device, after every dtype cast
-            quantize_dit_(model, fp8_spec.activation_scaling, fp8_spec.attention)
-        digest = f"{digest}+{FP8_SCHEME.format(act=fp8_spec.activation_scaling, attn=fp8_spec.attention)}"
+            quantize_dit_(model, fp8_spec.activation_scaling, fp8_spec.attention, fp8_spec.accumulation)
+        digest = f"{digest}+" + FP8_SCHEME.format(act=fp8_spec.activation_scaling, attn=fp8_spec.attention,
+                                                  acc=fp8_spec.accumulation)
     return model, digest
 
 

@@ -90,6 +90,8 @@ class Fp8FastWanDiT(FastWanDiT):
             raise RuntimeError("FP8 attention needs the fa3_fwd wheel on a Hopper GPU and head_dim 64/128/256")
         wanted = getattr(dit, "fp8_attention", True)
         self.fp8_attention = (avail and wanted) if fp8_attention is None else bool(fp8_attention)
+        #: keep GEMM partial sums in the FP8 accumulator (the card's ``fp8.accumulation: fast``)
+        self.fast_accum = bool(getattr(dit, "fp8_fast_accum", False))
         self.per_tensor = dit.blocks[0].attn1.to_q.activation_scaling == "tensor"
 
     def _build(self, dit: WanDiT, share: bool) -> None:
@@ -124,7 +126,10 @@ class Fp8FastWanDiT(FastWanDiT):
         return add_norm(x, y, gate, a, b, modulate=modulate, eps=eps, impl=impl, fp8=True)
 
     def _linear(self, h: torch.Tensor, lin: _QLinear) -> torch.Tensor:
-        return fp8_linear(*self._quant(h), lin.w, lin.s, lin.b, out_dtype=self.dtype)
+        return self._gemm(self._quant(h), lin)
+
+    def _gemm(self, hq: tuple[torch.Tensor, torch.Tensor], lin: _QLinear, bias: bool = True) -> torch.Tensor:
+        return fp8_linear(*hq, lin.w, lin.s, lin.b if bias else None, out_dtype=self.dtype, fast_accum=self.fast_accum)
 
     def _kv_projection(self, ctx: torch.Tensor) -> torch.Tensor:
         return self._linear(ctx, self.kv)
@@ -155,7 +160,7 @@ class Fp8FastWanDiT(FastWanDiT):
         hidden = None
         for i, blk in enumerate(self.blocks):
             m = mod[i]
-            qkv = fp8_linear(*hq, blk.qkv.w, blk.qkv.s, blk.qkv.b, out_dtype=self.dtype)
+            qkv = self._gemm(hq, blk.qkv)
             if self.fp8_attention:
                 qkv8, scales = qkv_fp8(qkv, blk.qk_norm, blk.qk_scales, heads=heads, eps=eps, rope=rope, impl=impl)
                 o = attention_fp8(qkv8, scales, heads)
@@ -169,18 +174,17 @@ class Fp8FastWanDiT(FastWanDiT):
             else:
                 x.copy_((x.float() + y.float() * m[:, 2].unsqueeze(1)).to(x.dtype))
                 hq = self._quant(x)
-            q = fp8_linear(*hq, blk.q2.w, blk.q2.s, blk.q2.b, out_dtype=self.dtype)
-            q = qk_norm_rope(q, blk.q2_norm, parts=1, eps=eps, heads=heads, impl=impl)
+            q = qk_norm_rope(self._gemm(hq, blk.q2), blk.q2_norm, parts=1, eps=eps, heads=heads, impl=impl)
             o = attention(q.view(b, n, heads, hd), k_all[i], v_all[i], self.cross_attention)
             y = self._linear(o.reshape(b, n, d), blk.out2)
             hq = self._norm_fp8(x, y, None, m[:, 4], m[:, 3], modulate=True)
             # FFN: GEMM (no bias) -> bias + GELU + e4m3 in one pass -> GEMM
-            y1 = fp8_linear(*hq, blk.ff1.w, blk.ff1.s, None, out_dtype=self.dtype)
+            y1 = self._gemm(hq, blk.ff1, bias=False)
             if self.per_tensor:
                 g = self._quant(F.gelu(y1.float() + blk.ff1.b.float(), approximate="tanh"))
             else:
                 g = bias_gelu_quant(y1, blk.ff1.b, impl=impl)
-            y = fp8_linear(*g, blk.ff2.w, blk.ff2.s, blk.ff2.b, out_dtype=self.dtype)
+            y = self._gemm(g, blk.ff2)
             if i + 1 < len(self.blocks):
                 hq = self._norm_fp8(x, y, m[:, 5], mod[i + 1, :, 1], mod[i + 1, :, 0], modulate=True)
             else:  # the head reads bf16

@@ -23,7 +23,8 @@ FP8_LINEARS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
                "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0",
                "ffn.net.0.proj", "ffn.net.2")
 #: what the precision means, recorded with the weights digest (identity and provenance)
-FP8_SCHEME = "fp8_e4m3(weights=per-channel,activations=per-{act},layers=blocks.linear,attention={attn})"
+FP8_SCHEME = ("fp8_e4m3(weights=per-channel,activations=per-{act},layers=blocks.linear,attention={attn},"
+              "accumulation={acc})")
 
 
 class Fp8Linear(nn.Module):
@@ -75,11 +76,13 @@ def _set(parent: nn.Module, leaf: str, module: nn.Module) -> None:
 
 
 @torch.no_grad()
-def quantize_dit_(model: nn.Module, activation_scaling: str = "token", attention: str = "fp8") -> nn.Module:
+def quantize_dit_(model: nn.Module, activation_scaling: str = "token", attention: str = "fp8",
+                  accumulation: str = "fp32") -> nn.Module:
     """Replace every block Linear of a loaded WanDiT by its :class:`Fp8Linear`, in place (the
     weights are quantized where they are: on the GPU at load). ``attention`` ("fp8" or "bf16")
-    is recorded on the model for the fast path. Returns ``model``."""
-    model.fp8_attention = attention == "fp8"
+    and ``accumulation`` ("fp32" or "fast") are recorded on the model for the fast path.
+    Returns ``model``."""
+    model.fp8_attention, model.fp8_fast_accum = attention == "fp8", accumulation == "fast"
     for block in model.blocks:
         for name in FP8_LINEARS:
             parent, leaf = _parent(block, name)
@@ -90,10 +93,10 @@ def quantize_dit_(model: nn.Module, activation_scaling: str = "token", attention
 
 
 def fp8_skeleton_(model: nn.Module, activation_scaling: str = "token", attention: str = "fp8",
-                  dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+                  accumulation: str = "fp32", dtype: torch.dtype = torch.bfloat16) -> nn.Module:
     """On a WanDiT built on the meta device: put empty :class:`Fp8Linear` layers where the block
     Linears are, so a pre-quantized checkpoint loads into them (``load_state_dict(assign=True)``)."""
-    model.fp8_attention = attention == "fp8"
+    model.fp8_attention, model.fp8_fast_accum = attention == "fp8", accumulation == "fast"
     for block in model.blocks:
         for name in FP8_LINEARS:
             parent, leaf = _parent(block, name)
