@@ -319,7 +319,10 @@ def kernel_groups(profile: dict) -> dict:
         else:
             key = "other"
         groups[key] += ms
-    return {k: round(v, 2) for k, v in groups.items()} | {"device_ms": profile.get("device_ms")}
+    out = {k: round(v, 2) for k, v in groups.items()} | {"device_ms": profile.get("device_ms")}
+    # what the forward would take if everything but self-attention and the GEMMs were free
+    out["floor_attention_plus_gemm_ms"] = round(groups["self_attention_fa3"] + groups["gemm"], 2)
+    return out
 
 
 def stage_table(path: Path) -> dict:
