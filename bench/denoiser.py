@@ -2,6 +2,7 @@
 path (eager, and replayed from CUDA graphs), on the same random bf16 weights and inputs.
 
     python bench/denoiser.py --out bench/results/denoiser_h200.json [--models 1.3b,14b] [--quick]
+    python bench/denoiser.py --precision fp8 --out OUT.json --stage STAGE   # bench/denoiser_fp8.py
 
 One process, weights drawn directly on the GPU (no checkpoint on disk): diffusers' model is
 built on the meta device, materialized on the GPU and initialized module by module as its
@@ -304,7 +305,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--profile-all", action="store_true", help="profile goal rows even when met")
     ap.add_argument("--attention", default="bench", help="'bench' (fastest measured) or a backend name")
+    ap.add_argument("--precision", choices=("bf16", "fp8"), default="bf16",
+                    help="fp8: FP8 against bf16 on our fast path (bench/denoiser_fp8.py, one --stage per call)")
+    ap.add_argument("--stage", default="table", help="with --precision fp8: env, micro, 1.3b, 14b, tiny or table")
+    ap.add_argument("--seeds", default="0,1", help="with --precision fp8 --stage tiny: seeds per prompt")
     args = ap.parse_args(argv)
+    if args.precision == "fp8":
+        from denoiser_fp8 import run
+        return run(args)
     torch.backends.cuda.matmul.allow_tf32 = False
     result: dict = {"command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
                     "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "environment": environment(), "rows": []}

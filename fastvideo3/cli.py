@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--flow-shift", type=_float, default=None)
     g.add_argument("--cfg-policy", default=None, help="none, classic or batched")
     g.add_argument("--device", default=None, help="cpu or cuda (auto)")
-    g.add_argument("--precision", default=None, help="fp32, bf16 (device default)")
+    g.add_argument("--precision", default=None, help="fp32, bf16, fp8_e4m3 (the card's default for the device)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
     sub.add_parser("cards", help="list the built-in cards")

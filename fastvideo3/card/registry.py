@@ -6,7 +6,8 @@ the package, so it runs anywhere with no download. ``wan-tiny-4step`` is its 4-s
 student (served only at 4 Euler steps), and ``wan-tiny-seeded`` the same architecture with
 untrained weights drawn from a seed. The Wan2.1 1.3B / 14B cards describe the real
 architectures; they are bound to a user's diffusers-format directory with
-:func:`bind_checkpoint` (or ``--model DIR`` on the CLI, see :func:`resolve_card`).
+:func:`bind_checkpoint` (or ``--model DIR`` on the CLI, see :func:`resolve_card`). ``wan-tiny``,
+``wan2.1-t2v-1.3b`` and ``wan2.1-t2v-14b`` each have an ``-fp8`` variant (:func:`fp8_variant`).
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import yaml
 from pydantic import ValidationError
 
 from fastvideo3.card.spec import (
-    CheckpointManifest, ComponentSpec, Limits, LoopSpec, ModelCard, PrecisionContract, RecipeSpec, SamplerSpec,
+    FP8, CheckpointManifest, ComponentSpec, Fp8Spec, Limits, LoopSpec, ModelCard, PrecisionContract, RecipeSpec,
+    SamplerSpec,
 )
 from fastvideo3.errors import CardError, NotFound
 
@@ -178,13 +180,33 @@ def _wan_real(model_id: str, dit: dict, desc: str) -> ModelCard:
     )
 
 
+def fp8_variant(card: ModelCard, model_id: str, fp8: Fp8Spec | None = None) -> ModelCard:
+    """``card`` with its DiT's block Linears in e4m3 (:data:`~fastvideo3.card.spec.FP8`), quantized
+    at load from the same checkpoint (or loaded pre-quantized with key map
+    ``wan_dit_diffusers_fp8_v1``); the recipe then assumes FP8 and nothing else is served."""
+    data = card.model_dump(mode="json")
+    dit = next(k for k, c in card.components.items() if c.kind == "dit")
+    data["components"][dit].update(precision=FP8, fp8=(fp8 or Fp8Spec()).model_dump(mode="json"))
+    data.update(model_id=model_id, description=f"{card.description} Block linear layers in FP8 (e4m3), "
+                "quantized at load; needs a GPU with FP8 tensor cores.")
+    data["recipe"].update(assumes_precision=FP8, parents=[*card.recipe.parents, card.model_id])
+    data["precision"] = PrecisionContract(supported=[FP8], default_cpu=FP8, default_cuda=FP8).model_dump(mode="json")
+    return ModelCard.model_validate(data)
+
+
 def builtin_cards() -> dict[str, ModelCard]:
+    w13 = _wan_real("wan2.1-t2v-1.3b", WAN_1_3B_DIT, "Wan2.1 text-to-video 1.3B (diffusers-format directory)")
+    w14 = _wan_real("wan2.1-t2v-14b", WAN_14B_DIT, "Wan2.1 text-to-video 14B (diffusers-format directory)")
+    tiny = wan_tiny()
     cards = [
-        wan_tiny(),
+        tiny,
         wan_tiny_4step(),
         wan_tiny_seeded(),
-        _wan_real("wan2.1-t2v-1.3b", WAN_1_3B_DIT, "Wan2.1 text-to-video 1.3B (diffusers-format directory)"),
-        _wan_real("wan2.1-t2v-14b", WAN_14B_DIT, "Wan2.1 text-to-video 14B (diffusers-format directory)"),
+        w13,
+        w14,
+        fp8_variant(tiny, "wan-tiny-fp8"),
+        fp8_variant(w13, "wan2.1-t2v-1.3b-fp8"),
+        fp8_variant(w14, "wan2.1-t2v-14b-fp8"),
     ]
     return {c.model_id: c for c in cards}
 

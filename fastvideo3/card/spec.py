@@ -13,13 +13,29 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fastvideo3.errors import RecipeMismatch
 
-Precision = Literal["fp32", "bf16", "fp16"]
+#: ``fp8_e4m3``: the DiT's block Linear layers in e4m3 (weights per output channel, activations per
+#: token or per tensor, dynamic), everything else in bf16; see :mod:`fastvideo3.models.wan.fp8`.
+#: Needs a CUDA GPU with FP8 tensor cores (compute capability >= 8.9).
+Precision = Literal["fp32", "bf16", "fp16", "fp8_e4m3"]
+FP8 = "fp8_e4m3"
 Task = Literal["text_to_video", "vae_decode", "reward"]
 ComponentKind = Literal["dit", "vae", "text_encoder", "tokenizer", "scheduler", "reward_head"]
 
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Fp8Spec(_Spec):
+    """How a component of precision ``fp8_e4m3`` is quantized (weights: always per output channel)."""
+
+    #: activation scales: one per token (fused into the kernel before each GEMM) or one per tensor
+    activation_scaling: Literal["token", "tensor"] = "token"
+    #: self-attention in FP8 where the GPU's kernel supports it (FlashAttention-3), else bf16
+    attention: Literal["fp8", "bf16"] = "fp8"
+    #: GEMM partial sums: "fp32" (promoted, the default) or "fast" (kept in the tensor cores'
+    #: narrower FP8 accumulator: faster, less exact)
+    accumulation: Literal["fp32", "fast"] = "fp32"
 
 
 class ComponentSpec(_Spec):
@@ -37,6 +53,16 @@ class ComponentSpec(_Spec):
     precision: Precision = "fp32"
     #: name of the explicit key map used to load its weights (see CheckpointManifest).
     key_map: str | None = None
+    #: the FP8 scheme of a ``precision: fp8_e4m3`` DiT (defaults apply when omitted)
+    fp8: Fp8Spec | None = None
+
+    @model_validator(mode="after")
+    def _check_fp8(self) -> "ComponentSpec":
+        if self.precision == FP8 and self.kind != "dit":
+            raise ValueError(f"precision {FP8} is only defined for a dit component, not {self.kind!r}")
+        if self.fp8 is not None and self.precision != FP8:
+            raise ValueError(f"fp8 settings are given but precision is {self.precision!r}, not {FP8!r}")
+        return self
 
 
 class CheckpointManifest(_Spec):
@@ -92,6 +118,8 @@ class ParitySpec(_Spec):
     c1_latents_rel: float = 1e-4
     c1_frames_abs: float = 1e-3
     bf16_rel: float = 2e-2
+    #: DiT output of an fp8_e4m3 card against the same weights in bf16 (relative Frobenius)
+    fp8_rel: float = 5e-2
 
 
 class PrecisionContract(_Spec):
@@ -171,6 +199,7 @@ class ModelCard(_Spec):
                 raise ValueError("loops.diffusion_denoise.default_cfg_policy is not in cfg_policies")
             if self.recipe.assumes_steps is not None and not d.min_steps <= self.recipe.assumes_steps <= d.max_steps:
                 raise ValueError("recipe.assumes_steps is outside the denoise loop's step range")
+        self._check_fp8_contract()
         lim = self.limits
         if (lim.default_frames - 1) % 4 or not lim.min_frames <= lim.default_frames <= lim.max_frames:
             raise ValueError("limits.default_frames must be 4k+1 within [min_frames, max_frames]")
@@ -178,6 +207,20 @@ class ModelCard(_Spec):
             if getattr(lim, f) % lim.size_multiple:
                 raise ValueError(f"limits.{f} must be a multiple of limits.size_multiple")
         return self
+
+    def _check_fp8_contract(self) -> None:
+        """An FP8 card is FP8 throughout: its DiT, its precision contract and its recipe agree."""
+        dits = [c for c in self.components.values() if c.kind == "dit"]
+        dit_fp8 = any(c.precision == FP8 for c in dits)
+        pc = self.precision
+        if dit_fp8:
+            if pc.supported != [FP8] or pc.default_cpu != FP8 or pc.default_cuda != FP8:
+                raise ValueError(f"a card whose DiT is {FP8} must support only {FP8} (precision.supported, "
+                                 "default_cpu, default_cuda)")
+            if self.recipe.assumes_precision != FP8:
+                raise ValueError(f"a card whose DiT is {FP8} must have recipe.assumes_precision {FP8}")
+        elif FP8 in pc.supported or self.recipe.assumes_precision == FP8:
+            raise ValueError(f"precision {FP8} needs a dit component declared with precision {FP8}")
 
     # -- the recipe's teeth -------------------------------------------------------------
     def check_recipe(self, *, loop: str, steps: int, sampler: str, precision: str) -> None:

@@ -11,6 +11,9 @@ fp32 and round once to the activation dtype, where the reference model keeps fp3
 * :func:`qk_norm_rope` -- RMSNorm across heads of Q and K, then Wan's 3-D RoPE, reading the
   fused QKV projection once and writing Q and K once; the RoPE angles are gathered from the
   small per-axis tables by token position, so no L x head_dim table is ever built.
+* :mod:`fastvideo3.kernels.fp8` -- the e4m3 building blocks (per-token quantization, the
+  bias+GELU+quantize pass, QK-norm+RoPE+quantize for FP8 attention, ``torch._scaled_mm``);
+  :func:`add_norm` can write its output as e4m3 with per-token scales (``fp8=True``).
 * :func:`attention` -- scaled-dot-product attention on ``[B, L, H, D]`` views through a chosen
   backend (SDPA's flash / cuDNN / efficient / math, or FlashAttention-3 when installed).
 """

@@ -31,10 +31,11 @@ def _kernels():
 
     @triton.jit
     def add_norm_kernel(
-        x_ptr, y_ptr, gate_ptr, a_ptr, b_ptr, h_ptr,
+        x_ptr, y_ptr, gate_ptr, a_ptr, b_ptr, h_ptr, hs_ptr,
         rows_per_sample, D, eps,
         gate_stride, a_stride, b_stride,
-        HAS_Y: tl.constexpr, HAS_GATE: tl.constexpr, MODULATE: tl.constexpr, BLOCK: tl.constexpr,
+        HAS_Y: tl.constexpr, HAS_GATE: tl.constexpr, MODULATE: tl.constexpr, QUANT: tl.constexpr,
+        BLOCK: tl.constexpr,
     ):
         row = tl.program_id(0).to(tl.int64)
         sample = row // rows_per_sample
@@ -57,7 +58,13 @@ def _kernels():
         if MODULATE:
             a = a + 1.0
         h = diff * rstd * a + b
-        tl.store(h_ptr + row * D + cols, h.to(h_ptr.dtype.element_ty), mask=mask)
+        if QUANT:  # e4m3 out with this row's scale (the next GEMM's per-token activation scale)
+            amax = tl.maximum(tl.max(tl.abs(tl.where(mask, h, 0.0)), axis=0), 1e-12)
+            hq = tl.clamp(h * (448.0 / amax), -448.0, 448.0)
+            tl.store(hs_ptr + row, amax / 448.0)
+            tl.store(h_ptr + row * D + cols, hq.to(h_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+        else:
+            tl.store(h_ptr + row * D + cols, h.to(h_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def qk_norm_rope_kernel(
@@ -116,7 +123,7 @@ def _per_sample(t: torch.Tensor, batch: int, d: int, name: str) -> tuple[torch.T
 
 def add_norm(x: torch.Tensor, y: torch.Tensor | None, gate: torch.Tensor | None,
              a: torch.Tensor, b: torch.Tensor, *, modulate: bool, eps: float,
-             impl: str = "torch") -> torch.Tensor:
+             impl: str = "torch", fp8: bool = False):
     """Fused residual update and LayerNorm; returns the normed activations.
 
     ``x`` [B, L, D] contiguous is the residual stream. If ``y`` [B, L, D] is given, ``x`` is
@@ -124,6 +131,9 @@ def add_norm(x: torch.Tensor, y: torch.Tensor | None, gate: torch.Tensor | None,
     ``x.dtype``. The result is ``LayerNorm(x) * (1 + a) + b`` when ``modulate`` (time
     modulation; ``a`` = scale, ``b`` = shift, [B, D] fp32), else ``LayerNorm(x) * a + b`` (an
     affine norm; ``a`` = weight, ``b`` = bias, [D]), computed in fp32 and rounded to ``x.dtype``.
+    With ``fp8`` the normed activations are instead quantized from fp32 to e4m3 with one scale
+    per row, and ``(e4m3 [B, L, D], fp32 scale [B, L, 1])`` is returned (the input of an FP8
+    GEMM; see :mod:`fastvideo3.kernels.fp8`).
     """
     if x.dim() != 3 or not x.is_contiguous():
         raise ValueError("add_norm: x must be a contiguous [B, L, D] tensor")
@@ -131,21 +141,23 @@ def add_norm(x: torch.Tensor, y: torch.Tensor | None, gate: torch.Tensor | None,
     if y is not None and (y.shape != x.shape or not y.is_contiguous()):
         raise ValueError("add_norm: y must be contiguous and shaped like x")
     if impl == "torch":
-        return _add_norm_torch(x, y, gate, a, b, modulate=modulate, eps=eps)
+        return _add_norm_torch(x, y, gate, a, b, modulate=modulate, eps=eps, fp8=fp8)
     gate_t, gate_stride = _per_sample(gate, bsz, d, "gate") if gate is not None else (x, 0)
     a_t, a_stride = _per_sample(a, bsz, d, "a")
     b_t, b_stride = _per_sample(b, bsz, d, "b")
-    h = torch.empty_like(x)
+    h = torch.empty_like(x, dtype=torch.float8_e4m3fn if fp8 else x.dtype)
+    hs = torch.empty(bsz, length, 1, dtype=torch.float32, device=x.device) if fp8 else h
     block, warps = _launch_shape(d, 256)
     _kernels()[0][(bsz * length,)](
-        x, y if y is not None else x, gate_t, a_t, b_t, h,
+        x, y if y is not None else x, gate_t, a_t, b_t, h, hs,
         length, d, eps, gate_stride, a_stride, b_stride,
-        HAS_Y=y is not None, HAS_GATE=gate is not None, MODULATE=modulate, BLOCK=block, num_warps=warps,
+        HAS_Y=y is not None, HAS_GATE=gate is not None, MODULATE=modulate, QUANT=fp8, BLOCK=block,
+        num_warps=warps,
     )
-    return h
+    return (h, hs) if fp8 else h
 
 
-def _add_norm_torch(x, y, gate, a, b, *, modulate, eps):
+def _add_norm_torch(x, y, gate, a, b, *, modulate, eps, fp8=False):
     if y is not None:
         upd = y.float() if gate is None else y.float() * gate.float().reshape(-1, 1, x.shape[-1])
         x.copy_((x.float() + upd).to(x.dtype))
@@ -153,7 +165,11 @@ def _add_norm_torch(x, y, gate, a, b, *, modulate, eps):
     a32, b32 = a.float(), b.float()
     if a32.dim() == 2:
         a32, b32 = a32.unsqueeze(1), b32.unsqueeze(1)
-    return (n * ((1 + a32) if modulate else a32) + b32).to(x.dtype)
+    h = n * ((1 + a32) if modulate else a32) + b32
+    if fp8:
+        from fastvideo3.kernels.fp8 import quantize_rows
+        return quantize_rows(h, impl="torch")
+    return h.to(x.dtype)
 
 
 @dataclass(frozen=True)

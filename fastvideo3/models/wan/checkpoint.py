@@ -16,8 +16,11 @@ import torch
 from safetensors import safe_open
 
 from fastvideo3.errors import CardError
+from fastvideo3.models.wan.fp8 import wan_dit_fp8_key_map
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: precision -> the dtype weights load in and activations run in; under fp8_e4m3 that is bf16
+#: (the block Linears are then quantized to e4m3: fastvideo3.models.wan.fp8)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.bfloat16}
 
 
 def wan_dit_key_map(cfg) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -62,7 +65,9 @@ def wan_dit_key_map(cfg) -> dict[str, tuple[str, tuple[int, ...]]]:
     return {k: (k, s) for k, s in table.items()}
 
 
-KEY_MAPS = {"wan_dit_diffusers_v1": wan_dit_key_map}
+KEY_MAPS = {"wan_dit_diffusers_v1": wan_dit_key_map, "wan_dit_diffusers_fp8_v1": wan_dit_fp8_key_map}
+#: key maps of pre-quantized checkpoints (e4m3 block weights next to ``*.weight_scale``)
+FP8_KEY_MAPS = ("wan_dit_diffusers_fp8_v1",)
 
 
 def safetensors_files(folder: Path) -> list[Path]:
@@ -109,7 +114,18 @@ def load_dit_weights(module: torch.nn.Module, folder: Path, cfg, key_map: str, d
                     raise CardError(f"tensor {key} has shape {list(got)}, the card's config expects {list(shape)}",
                                     field=f"transformer.{key}")
                 t = fh.get_tensor(key)
-                state[name] = t.to(device=device, dtype=dtype) if (t.dtype != dtype or str(device) != "cpu") else t
+                want = dtype
+                if key.endswith(".weight_scale"):
+                    want = torch.float32
+                elif f"{key}_scale" in table and t.dtype != torch.float8_e4m3fn:
+                    raise CardError(f"tensor {key} is {str(t.dtype).removeprefix('torch.')}; key map {key_map} "
+                                    "expects e4m3 (float8_e4m3fn) next to its weight_scale", field=f"transformer.{key}")
+                elif t.dtype == torch.float8_e4m3fn:
+                    if key_map not in FP8_KEY_MAPS:
+                        raise CardError(f"tensor {key} is e4m3 but key map {key_map} loads bf16 weights",
+                                        field=f"transformer.{key}")
+                    want = t.dtype
+                state[name] = t.to(device=device, dtype=want) if (t.dtype != want or str(device) != "cpu") else t
                 seen.add(key)
     if unexpected:
         raise CardError(f"checkpoint has {len(unexpected)} tensor(s) the key map does not know, e.g. {unexpected[0]}",

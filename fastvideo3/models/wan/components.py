@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from fastvideo3.card.spec import ModelCard
-from fastvideo3.errors import CardError
+from fastvideo3.card.spec import Fp8Spec, ModelCard
+from fastvideo3.errors import CardError, FailedPrecondition
 from fastvideo3.models.wan.checkpoint import (
-    DTYPES, check_config, load_dit_weights, safetensors_files, weights_digest,
+    DTYPES, FP8_KEY_MAPS, check_config, load_dit_weights, safetensors_files, weights_digest,
 )
 from fastvideo3.models.wan.dit import WanDiT, WanDiTConfig
 
@@ -176,8 +176,28 @@ class TextEncoder:
 
 
 # ---------------------------------------------------------------------------------- DiT
+def require_fp8_device(card: ModelCard, device: str) -> None:
+    """Refuse (FAILED_PRECONDITION) an FP8 card on a device without FP8 tensor cores."""
+    from fastvideo3.kernels.fp8 import fp8_device_problem
+    problem = fp8_device_problem(device)
+    if problem is not None:
+        raise FailedPrecondition(f"card {card.model_id} declares precision fp8_e4m3 for its DiT, which cannot run "
+                                 f"on {device}: {problem}", field="precision", limit="fp8_e4m3 on CUDA sm_89 or newer")
+
+
 def load_dit(card: ModelCard, device: str = "cpu", dtype: torch.dtype = torch.float32) -> tuple[WanDiT, str]:
+    """The card's DiT on ``device``. A DiT of precision ``fp8_e4m3`` loads in bf16 and has its block
+    Linears quantized (or loads them pre-quantized with an FP8 key map); its digest names the scheme."""
     spec = card.components["transformer"]
+    fp8 = spec.precision == "fp8_e4m3"
+    if fp8:  # before any weight is read
+        require_fp8_device(card, device)
+        dtype = DTYPES["fp8_e4m3"]
+    fp8_spec = spec.fp8 or Fp8Spec()
+    prequantized = fp8 and spec.source == "diffusers_dir" and (spec.key_map or "") in FP8_KEY_MAPS
+    if (spec.key_map or "") in FP8_KEY_MAPS and not fp8:
+        raise CardError(f"key map {spec.key_map} holds e4m3 weights; the DiT's precision must be fp8_e4m3",
+                        field="components.transformer.precision")
     cfg = WanDiTConfig.from_dict(spec.config)
     if spec.source == "seeded":
         torch.manual_seed(_seed_for(card, "transformer"))
@@ -196,6 +216,9 @@ def load_dit(card: ModelCard, device: str = "cpu", dtype: torch.dtype = torch.fl
         cfg = WanDiTConfig.from_dict({**spec.config, **{k: actual[k] for k in spec.config if k in actual}})
         with torch.device("meta"):
             model = WanDiT(cfg)
+        if prequantized:
+            from fastvideo3.models.wan.fp8 import fp8_skeleton_
+            fp8_skeleton_(model, fp8_spec.activation_scaling, fp8_spec.attention, fp8_spec.accumulation, dtype)
         load_dit_weights(model, folder, cfg, spec.key_map or "wan_dit_diffusers_v1", dtype, device)
         # non-persistent RoPE tables were created on meta: rebuild them for real
         from fastvideo3.models.wan.dit import rope_tables
@@ -207,6 +230,12 @@ def load_dit(card: ModelCard, device: str = "cpu", dtype: torch.dtype = torch.fl
         model.to(dtype=dtype)
         # the fp32 modules of the reference stay fp32 at any precision
     _keep_fp32(model)
+    if fp8:
+        from fastvideo3.models.wan.fp8 import FP8_SCHEME, quantize_dit_
+        if not prequantized:  # on the device, after every dtype cast
+            quantize_dit_(model, fp8_spec.activation_scaling, fp8_spec.attention, fp8_spec.accumulation)
+        digest = f"{digest}+" + FP8_SCHEME.format(act=fp8_spec.activation_scaling, attn=fp8_spec.attention,
+                                                  acc=fp8_spec.accumulation)
     return model, digest
 
 

@@ -20,7 +20,9 @@ sync, no host-to-device copy) and one instance serves any request.
 
 With ``share_weights`` the source model's Q/K/V (and cross K/V) weights are re-pointed to views
 of the fused tensors, so the pair holds each weight once and the source model keeps working.
-Build the fast model after the source model is on its device and in its dtype.
+Build the fast model after the source model is on its device and in its dtype. A model whose
+block Linears are FP8 (:mod:`fastvideo3.models.wan.fp8`) gets
+:class:`~fastvideo3.models.wan.fast_fp8.Fp8FastWanDiT`, the same forward on the e4m3 path.
 """
 from __future__ import annotations
 
@@ -103,11 +105,19 @@ class FastWanDiT:
     GEMM where the library's epilogue is the tanh GELU the model uses.
     """
 
+    def __new__(cls, dit: WanDiT, **kw):
+        if cls is FastWanDiT:  # an FP8 model gets the FP8 forward (its weights are not Linear)
+            from fastvideo3.models.wan.fp8 import is_fp8
+            if is_fp8(dit):
+                from fastvideo3.models.wan.fast_fp8 import Fp8FastWanDiT
+                return super().__new__(Fp8FastWanDiT)
+        return super().__new__(cls)
+
     def __init__(self, dit: WanDiT, *, attention: str = "auto", cross_attention: str | None = None,
                  kernels: str = "auto", gelu_epilogue: bool = True, share_weights: bool = True):
         cfg = dit.cfg
         self.base, self.cfg = dit, cfg
-        ref = dit.blocks[0].attn1.to_q.weight
+        ref = dit.proj_out.weight  # in the activation dtype at every precision (never FP8)
         self.device, self.dtype = ref.device, ref.dtype
         if kernels == "auto":
             kernels = "triton" if self.device.type == "cuda" and triton_available() else "torch"
@@ -214,11 +224,14 @@ class FastWanDiT:
         """Every block's normed cross-attention K and its V: two [layers, B, T, H, head_dim] tensors."""
         b, t, d = ctx.shape
         layers = len(self.blocks)
-        kv = F.linear(ctx, self.kv_w, self.kv_b).view(b, t, layers, 2, d)
+        kv = self._kv_projection(ctx).view(b, t, layers, 2, d)
         k = F.rms_norm(kv[:, :, :, 0].float(), (d,), eps=self.cfg.eps) * self.k_norm
         k = k.to(ctx.dtype).permute(2, 0, 1, 3).contiguous().view(layers, b, t, self.heads, self.head_dim)
         v = kv[:, :, :, 1].permute(2, 0, 1, 3).contiguous().view(layers, b, t, self.heads, self.head_dim)
         return k, v
+
+    def _kv_projection(self, ctx: torch.Tensor) -> torch.Tensor:
+        return F.linear(ctx, self.kv_w, self.kv_b)
 
     def _gelu_linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if self.gelu_epilogue:

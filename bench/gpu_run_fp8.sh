@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One GPU call for the FP8 denoiser benchmark: the CUDA tests of the FP8 kernels, then
+# `bench/denoiser.py --precision fp8`, stage by stage, each with its own time limit, all merged
+# into $OUT/denoiser_fp8_h200.json (what finished is always kept); the table is printed last.
+#
+#   bash bench/gpu_run_fp8.sh        # from the repository root; carry .wheels (git-ignored)
+#
+# Wheels the image lacks come from .wheels/ (and .wheels_fa3/, .wheels_diffusers/ if present):
+# pydantic and its helpers (cards), and fa3_fwd (FlashAttention-3 forward, whose FP8 path the FP8
+# self-attention uses) when it imports. Without fa3_fwd, attention stays bf16 (and is slower).
+set -uo pipefail
+OUT=${OUT:-out/gpu_fp8}
+mkdir -p "$OUT"
+JSON="$OUT/denoiser_fp8_h200.json"
+rm -f "$JSON"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+install() {  # install <target> <wheels...>
+  local target=$1; shift
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" "$@"
+}
+shopt -s nullglob
+wheels=()
+for w in .wheels/*.whl .wheels/fleet/*.whl .wheels_diffusers/*.whl; do [[ $w == *fa3_fwd* || $w == *nixl* ]] || wheels+=("$w"); done
+shopt -u nullglob
+if ((${#wheels[@]})) && install /tmp/site "${wheels[@]}"; then export PYTHONPATH="$PYTHONPATH:/tmp/site"; fi
+fa3=$(ls .wheels/fa3_fwd-*.whl .wheels_fa3/fa3_fwd-*.whl 2>/dev/null | head -n 1)
+if [[ -n $fa3 ]] && install /tmp/site_fa3 "$fa3" \
+  && PYTHONPATH="$PYTHONPATH:/tmp/site_fa3" timeout 60 python3 -c "import torch, fa3_fwd_interface" >/dev/null 2>&1; then
+  export PYTHONPATH="$PYTHONPATH:/tmp/site_fa3"; echo "fa3_fwd: available"
+else
+  echo "fa3_fwd: not used (FP8 attention falls back to bf16)"
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+
+timeout "${TEST_TIMEOUT:-60}" python3 -m pytest -q -p no:cacheprovider --noconftest tests/unit/test_fp8_cuda.py \
+  >"$OUT/tests.log" 2>&1
+echo "tests rc=$?"; tail -n 15 "$OUT/tests.log"
+
+B="python3 bench/denoiser.py --precision fp8 --out $JSON"
+stage() {  # stage <limit_s> <name>
+  timeout "$1" $B --stage "$2" >>"$OUT/bench.log" 2>&1
+  echo "stage $2 rc=$? at ${SECONDS}s"
+}
+stage 30 env
+stage 45 micro
+stage 90 1.3b
+stage 170 14b
+stage 80 tiny
+$B --stage table 2>&1 | tee -a "$OUT/bench.log"

@@ -1,0 +1,342 @@
+"""FP8 (e4m3) building blocks of the DiT's linear layers and self-attention.
+
+The scheme behind the precision ``fp8_e4m3``:
+
+* weights: e4m3 with one fp32 scale per output channel (``scale[n] = amax(|W[n, :]|) / 448``);
+* activations: e4m3 with one fp32 scale per token, computed from the row being quantized
+  (dynamic; ``scale[m] = amax(|x[m, :]|) / 448``), or one per tensor where a card asks for it;
+* GEMMs: ``torch._scaled_mm`` with row-wise scales (``scale_a`` [M, 1], ``scale_b`` [1, N],
+  fp32) accumulating in fp32 on the tensor cores, bf16 out; on a CPU the same product is
+  computed from the dequantized operands (the reference the tests use). torchao's float8
+  row-wise linear issues this same call for its GEMM and is not on the GPU image, so we call
+  it directly and keep the quantization in our own fused kernels (measured at Wan's shapes on
+  an H200: 820-1,300 TFLOP/s against 650-810 in bf16, bench/results/denoiser_fp8_h200.json);
+* self-attention: FlashAttention-3's FP8 forward with one descale per (sample, head) for Q, K
+  and V (see :func:`qkv_fp8`).
+
+``x / scale`` never exceeds 448 (the largest finite e4m3) by construction; values are clamped to
+±448 before the cast anyway, so a saturating cast and a non-saturating one agree. Every op has a
+Triton kernel (CUDA) and a PyTorch twin (``impl="torch"``) with the same contract, as in
+:mod:`fastvideo3.kernels.fused`.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = 448.0
+#: a row (or channel) whose amax is below this is scaled as if its amax were this (no 0/0)
+AMAX_FLOOR = 1e-12
+#: compute capability from which the tensor cores have an e4m3 path (Ada 8.9, Hopper 9.0, ...)
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+# ------------------------------------------------------------------------------------- device
+def fp8_device_problem(device: torch.device | str) -> str | None:
+    """None if ``device`` runs e4m3 GEMMs on its tensor cores, else why not (one phrase)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return f"device {dev.type} has no FP8 tensor-core path (a CUDA GPU of compute capability >= 8.9 is required)"
+    if not torch.cuda.is_available():
+        return "CUDA is not available"
+    cap = torch.cuda.get_device_capability(dev)
+    if cap < FP8_MIN_CAPABILITY:
+        name = torch.cuda.get_device_name(dev)
+        return (f"device {name} (compute capability {cap[0]}.{cap[1]}) has no FP8 tensor-core path "
+                f"(compute capability >= {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]} is required)")
+    return None
+
+
+# ------------------------------------------------------------------------------ quantization math
+def _scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    return amax.float().clamp_min(AMAX_FLOOR) / E4M3_MAX
+
+
+def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-channel e4m3 of a Linear weight ``w`` [N, K] -> (e4m3 [N, K], fp32 scale [N])."""
+    if w.dim() != 2:
+        raise ValueError(f"quantize_weight: expected [N, K], got {list(w.shape)}")
+    scale = _scale_from_amax(w.detach().abs().amax(dim=1))
+    q = (w.detach().float() / scale[:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+    return q, scale
+
+
+def quantize_rows(x: torch.Tensor, *, per_tensor: bool = False,
+                  impl: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic e4m3 of activations ``x`` [..., K] -> (e4m3 [..., K], fp32 scale [..., 1]): one
+    scale per row (token), or one for the whole tensor repeated per row when ``per_tensor``."""
+    if per_tensor:
+        scale = _scale_from_amax(x.detach().abs().amax())
+        q = (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+        return q, scale.expand(*x.shape[:-1], 1).contiguous()
+    if impl == "torch" or x.device.type != "cuda":
+        scale = _scale_from_amax(x.detach().abs().amax(dim=-1, keepdim=True))
+        return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
+    return _launch_rows(x, None, gelu=False)
+
+
+def bias_gelu_quant(y: torch.Tensor, bias: torch.Tensor, *, impl: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+    """``gelu_tanh(y + bias)`` quantized per row: the FFN's first GEMM output (no bias applied)
+    into the second GEMM's e4m3 input, in one pass. Returns (e4m3 [..., K], fp32 [..., 1])."""
+    if impl == "torch" or y.device.type != "cuda":
+        h = F.gelu(y.float() + bias.float(), approximate="tanh")
+        return quantize_rows(h, impl="torch")
+    return _launch_rows(y, bias, gelu=True)
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp32 values of an e4m3 tensor with a broadcastable scale."""
+    return q.float() * scale
+
+
+# ----------------------------------------------------------------------------------------- GEMM
+@functools.lru_cache(maxsize=None)
+def _scaled_mm_takes_bias(device: str) -> bool:
+    """Whether ``torch._scaled_mm`` accepts a bf16 bias with row-wise scales here (probed once)."""
+    a = torch.ones(16, 16, device=device).to(E4M3)
+    s_a = torch.ones(16, 1, device=device)
+    s_b = torch.ones(1, 16, device=device)
+    try:
+        torch._scaled_mm(a, a.t(), scale_a=s_a, scale_b=s_b, bias=torch.ones(16, device=device, dtype=torch.bfloat16),
+                         out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+def fp8_linear(xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor,
+               bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+               fast_accum: bool = False) -> torch.Tensor:
+    """``(xq * x_scale) @ (wq * w_scale[:, None]).T + bias`` with e4m3 ``xq`` [..., K] (per-row
+    scale [..., 1]) and ``wq`` [N, K] (per-channel scale [N]); returns [..., N] in ``out_dtype``.
+    CUDA: one ``torch._scaled_mm``; its partial sums are promoted to fp32 unless ``fast_accum``
+    (then they stay in the tensor cores' narrower FP8 accumulator: faster, less exact).
+    Elsewhere: the same product in fp32 (``fast_accum`` has no meaning there)."""
+    lead, k = xq.shape[:-1], xq.shape[-1]
+    a, sa = xq.reshape(-1, k), x_scale.reshape(-1, 1).float()
+    n = wq.shape[0]
+    if xq.device.type == "cuda":
+        sb = w_scale.float().view(1, n)
+        if bias is not None and not _scaled_mm_takes_bias(str(xq.device)):
+            out = torch._scaled_mm(a, wq.t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype, use_fast_accum=fast_accum)
+            out = out + bias.to(out_dtype)
+        else:
+            out = torch._scaled_mm(a, wq.t(), scale_a=sa, scale_b=sb, bias=None if bias is None else bias.to(out_dtype),
+                                   out_dtype=out_dtype, use_fast_accum=fast_accum)
+    else:
+        out = (a.float() * sa) @ (wq.float() * w_scale.float().view(n, 1)).t()
+        if bias is not None:
+            out = out + bias.float()
+        out = out.to(out_dtype)
+    return out.view(*lead, n)
+
+
+# ------------------------------------------------------------------------------ Triton kernels
+@functools.lru_cache(maxsize=1)
+def _kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def rows_kernel(x_ptr, b_ptr, q_ptr, s_ptr, M, K, GELU: tl.constexpr, ROWS: tl.constexpr,
+                    CHUNK: tl.constexpr, NCHUNK: tl.constexpr):
+        # ROWS rows per program: (optional bias + tanh-GELU), each row's amax, e4m3 out + scale.
+        # A row wider than CHUNK is read twice (amax, then quantize; the second read hits L2).
+        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        rmask = rows < M
+        cols = tl.arange(0, CHUNK)
+        if NCHUNK == 1:
+            m = rmask[:, None] & (cols < K)[None, :]
+            x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=m, other=0.0).to(tl.float32)
+            if GELU:  # bias + tanh-GELU: x * (1 + tanh(u)) / 2
+                x = x + tl.load(b_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)[None, :]
+                u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+                x = tl.where(m, 0.5 * x * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)), 0.0)
+            amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-12)
+            q = tl.clamp(x * (448.0 / amax)[:, None], -448.0, 448.0)
+            tl.store(q_ptr + rows[:, None] * K + cols[None, :],
+                     q.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m)
+        else:
+            amax = tl.zeros([ROWS], dtype=tl.float32)
+            for c in range(NCHUNK):
+                cc = c * CHUNK + cols
+                m = rmask[:, None] & (cc < K)[None, :]
+                x = tl.load(x_ptr + rows[:, None] * K + cc[None, :], mask=m, other=0.0).to(tl.float32)
+                if GELU:
+                    x = x + tl.load(b_ptr + cc, mask=cc < K, other=0.0).to(tl.float32)[None, :]
+                    u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+                    x = tl.where(m, 0.5 * x * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)), 0.0)
+                amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
+            amax = tl.maximum(amax, 1e-12)
+            inv = 448.0 / amax
+            for c in range(NCHUNK):
+                cc = c * CHUNK + cols
+                m = rmask[:, None] & (cc < K)[None, :]
+                x = tl.load(x_ptr + rows[:, None] * K + cc[None, :], mask=m, other=0.0).to(tl.float32)
+                if GELU:
+                    x = x + tl.load(b_ptr + cc, mask=cc < K, other=0.0).to(tl.float32)[None, :]
+                    u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+                    x = tl.where(m, 0.5 * x * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)), 0.0)
+                q = tl.clamp(x * inv[:, None], -448.0, 448.0)
+                tl.store(q_ptr + rows[:, None] * K + cc[None, :],
+                         q.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m)
+        tl.store(s_ptr + rows, amax / 448.0, mask=rmask)
+
+    @triton.jit
+    def head_amax_kernel(src_ptr, row_stride, out_ptr, n, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+        # grid (sample, row block, head): max |x| of one head over ROWS tokens, folded into
+        # out[sample, head] (fp32, starts at 0) with an atomic max
+        sample = tl.program_id(0).to(tl.int64)
+        rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+        head = tl.program_id(2)
+        cols = tl.arange(0, HEAD_DIM)
+        m = (rows < n)[:, None]
+        x = tl.load(src_ptr + (sample * n + rows)[:, None] * row_stride + head * HEAD_DIM + cols[None, :],
+                    mask=m, other=0.0).to(tl.float32)
+        tl.atomic_max(out_ptr + sample * tl.num_programs(2) + head, tl.max(tl.max(tl.abs(x), axis=1), axis=0))
+
+    @triton.jit
+    def qkv_kernel(
+        in_ptr, out_ptr, w_ptr, inv_ptr,
+        cos_ptr, sin_ptr, table_stride,
+        rows_per_sample, batch, grid_h, grid_w, D, eps,
+        HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, T_DIM: tl.constexpr, H_DIM: tl.constexpr,
+        HALF: tl.constexpr,
+    ):
+        # one program per (token row, part): Q and K get RMSNorm across heads + 3-D RoPE, V
+        # passes through; each is multiplied by its per-(sample, head) inverse scale and stored
+        # as e4m3 into the [.., 3D] output at the same column offset
+        row = tl.program_id(0).to(tl.int64)
+        part = tl.program_id(1)
+        sample = row // rows_per_sample
+        pair = tl.arange(0, HALF)
+        offs = pair[:, None] * 2 + tl.arange(0, 2)[None, :]
+        mask = offs < D
+        x = tl.load(in_ptr + row * 3 * D + part * D + offs, mask=mask, other=0.0).to(tl.float32)
+        if part < 2:
+            w = tl.load(w_ptr + part * D + offs, mask=mask, other=0.0).to(tl.float32)
+            rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=1), axis=0) / D + eps)
+            y = x * rstd * w
+            tok = row % rows_per_sample
+            f = tok // (grid_h * grid_w)
+            hh = (tok // grid_w) % grid_h
+            ww = tok % grid_w
+            dh = (pair * 2) % HEAD_DIM
+            pos = tl.where(dh < T_DIM, f, tl.where(dh < T_DIM + H_DIM, hh, ww))
+            pmask = pair * 2 < D
+            c = tl.load(cos_ptr + pos * table_stride + dh, mask=pmask, other=0.0).to(tl.float32)
+            s = tl.load(sin_ptr + pos * table_stride + dh, mask=pmask, other=0.0).to(tl.float32)
+            ye, yo = tl.split(y)
+            x = tl.join(ye * c - yo * s, ye * s + yo * c)
+        head = offs // HEAD_DIM
+        inv = tl.load(inv_ptr + (part * batch + sample) * HEADS + head,
+                      mask=mask, other=0.0)
+        q = tl.clamp(x * inv, -448.0, 448.0)
+        tl.store(out_ptr + row * 3 * D + part * D + offs,
+                 q.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+
+    return rows_kernel, qkv_kernel, head_amax_kernel
+
+
+def _launch_rows(x: torch.Tensor, bias: torch.Tensor | None, *, gelu: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    import triton
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    q = torch.empty(x2.shape, dtype=E4M3, device=x.device)
+    s = torch.empty(m, 1, dtype=torch.float32, device=x.device)
+    width = triton.next_power_of_2(k)
+    if width <= 4096:  # the whole row in registers; narrow rows several per program
+        chunk, nchunk, rows = width, 1, max(1, min(8, 4096 // width))
+    else:
+        chunk, nchunk, rows = 2048, triton.cdiv(k, 2048), 1
+    _kernels()[0][(triton.cdiv(m, rows),)](x2, bias if bias is not None else x2, q, s, m, k, GELU=gelu, ROWS=rows,
+                                          CHUNK=chunk, NCHUNK=nchunk, num_warps=8 if rows * chunk >= 4096 else 4)
+    return q.view(*x.shape), s.view(*x.shape[:-1], 1)
+
+
+def head_amax(src: torch.Tensor, heads: int, impl: str = "torch") -> torch.Tensor:
+    """max |src| per (sample, head) of ``src`` [B, L, heads*head_dim] (rows may be strided, the
+    last dim contiguous) -> fp32 [B, heads]."""
+    b, n, d = src.shape
+    hd = d // heads
+    if impl == "torch" or src.device.type != "cuda":
+        return src.view(b, n, heads, hd).abs().amax(dim=(1, 3)).float()
+    import triton
+    if src.stride(-1) != 1 or src.stride(0) != n * src.stride(1):
+        raise ValueError("head_amax: rows must be evenly strided with a contiguous last dim")
+    out = torch.zeros(b, heads, dtype=torch.float32, device=src.device)
+    rows = 64
+    _kernels()[2][(b, triton.cdiv(n, rows), heads)](src, src.stride(1), out, n, ROWS=rows, HEAD_DIM=hd, num_warps=4)
+    return out
+
+
+# ------------------------------------------------------------------------------ FP8 attention
+def qk_scale_bound(norm_weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """Per-head scales of RMS-normed Q or K that can never saturate: after an RMSNorm across
+    ``D`` columns each element is at most ``sqrt(D)`` in magnitude before its weight, and RoPE
+    only rotates pairs within a head. ``norm_weight`` [D] -> fp32 [heads]. Being a bound, it
+    costs no pass over the data; e4m3 keeps ~2^-4 relative precision over 2^15 of range below it."""
+    d = norm_weight.shape[-1]
+    w = norm_weight.detach().float().abs().view(heads, d // heads).amax(dim=1)
+    return (math.sqrt(d) * w).clamp_min(AMAX_FLOOR) / E4M3_MAX
+
+
+def qkv_fp8(qkv: torch.Tensor, norm: torch.Tensor, qk_scales: torch.Tensor, *, heads: int, eps: float,
+            rope, impl: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused self-attention projection ``qkv`` [B, L, 3D] (bf16) -> e4m3 [B, L, 3D] holding
+    RMSNorm+RoPE'd Q and K and plain V, and their descales [3, B, heads] (fp32): Q and K use the
+    bound scales ``qk_scales`` [2, heads] (:func:`qk_scale_bound`), V its measured per-(sample,
+    head) amax. ``norm`` [2, D] are the Q and K RMSNorm weights; ``rope`` a :class:`RopeGrid`."""
+    b, n, width = qkv.shape
+    d = width // 3
+    hd = d // heads
+    v_amax = head_amax(qkv[..., 2 * d:], heads, impl)  # [B, H]
+    scales = torch.cat([qk_scales.float().view(2, 1, heads).expand(2, b, heads),
+                        (v_amax.clamp_min(AMAX_FLOOR) / E4M3_MAX).view(1, b, heads)])  # [3, B, H]
+    if impl == "torch" or qkv.device.type != "cuda":
+        from fastvideo3.kernels.fused import qk_norm_rope
+        qk = qk_norm_rope(qkv, norm, parts=2, eps=eps, heads=heads, rope=rope, impl="torch").float()
+        full = torch.cat([qk, qkv[..., 2 * d:].float()], dim=-1).view(b, n, 3, heads, hd)
+        inv = (1.0 / scales).permute(1, 0, 2).reshape(b, 1, 3, heads, 1)
+        q = (full * inv).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).view(b, n, 3 * d)
+        return q, scales
+    import triton
+    if not (qkv.is_contiguous() and norm.is_contiguous()):
+        raise ValueError("qkv_fp8: qkv and norm must be contiguous")
+    out = torch.empty(b, n, 3 * d, dtype=E4M3, device=qkv.device)
+    inv = (1.0 / scales).contiguous()
+    block = triton.next_power_of_2(d)
+    _kernels()[1][(b * n, 3)](
+        qkv, out, norm, inv, rope.cos, rope.sin, rope.cos.stride(0),
+        n, b, rope.grid[1], rope.grid[2], d, eps,
+        HEADS=heads, HEAD_DIM=hd, T_DIM=rope.t_dim, H_DIM=rope.h_dim, HALF=block // 2,
+        num_warps=max(4, min(16, block // 512)),
+    )
+    return out, scales
+
+
+def fp8_attention_available(device: torch.device | str, head_dim: int) -> bool:
+    """Whether FP8 self-attention can run: the FA3 wheel imports, Hopper, a head dim it builds."""
+    from fastvideo3.kernels.attention import attention_available
+    return head_dim in (64, 128, 256) and attention_available("fa3", device)
+
+
+def attention_fp8(qkv_q: torch.Tensor, scales: torch.Tensor, heads: int) -> torch.Tensor:
+    """Softmax attention on the e4m3 output of :func:`qkv_fp8` ([B, L, 3D] + [3, B, H]) through
+    FlashAttention-3's FP8 forward; returns bf16 [B, L, H, head_dim]."""
+    from fastvideo3.kernels.attention import _fa3
+    fn = _fa3()
+    if fn is None:
+        raise RuntimeError("FP8 attention needs the fa3_fwd wheel (FlashAttention-3 forward)")
+    b, n, width = qkv_q.shape
+    d = width // 3
+    q, k, v = (qkv_q[..., i * d:(i + 1) * d].view(b, n, heads, d // heads) for i in range(3))
+    out = fn(q, k, v, q_descale=scales[0], k_descale=scales[1], v_descale=scales[2])
+    return out[0] if isinstance(out, tuple) else out

@@ -1,0 +1,200 @@
+"""The fast path of the Wan DiT under ``fp8_e4m3``: :class:`FastWanDiT`'s forward with every block
+GEMM on the e4m3 tensor-core path and self-attention in FP8 where it can run.
+
+Per block (``impl="triton"``; the PyTorch twins compute the same on a CPU):
+
+* each modulated / affine norm (:func:`add_norm`) writes its output directly as e4m3 with one
+  scale per token, so the QKV, cross-attention Q and FFN-in GEMMs read FP8 with no extra pass;
+* the FFN's bias + tanh-GELU and the FFN-out GEMM's per-token quantization are one kernel
+  (:func:`bias_gelu_quant`);
+* self-attention: QK RMSNorm + RoPE + the e4m3 cast of Q, K and V are one kernel
+  (:func:`qkv_fp8`), then FlashAttention-3's FP8 forward with per-(sample, head) descales;
+  without the fa3_fwd wheel (or for a head dim it lacks) attention runs in bf16 as before;
+* the two attention outputs are quantized per token (one small kernel each) before their
+  output GEMMs; cross-attention itself (512 text keys, ~1% of the step) stays bf16;
+* GEMMs: ``torch._scaled_mm`` row-wise (per-token x per-channel scales, fp32 accumulation,
+  bf16 out, bias in the epilogue).
+
+The patch embedding, condition embedder and head stay bf16, as in :mod:`fastvideo3.models.wan.fp8`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from fastvideo3.kernels import add_norm, attention, qk_norm_rope
+from fastvideo3.kernels.fp8 import (
+    E4M3, attention_fp8, bias_gelu_quant, fp8_attention_available, fp8_linear, qk_scale_bound, qkv_fp8,
+    quantize_rows,
+)
+from fastvideo3.kernels.fused import RopeGrid
+from fastvideo3.models.wan.dit import Tap, WanDiT
+from fastvideo3.models.wan.fast import FastWanDiT
+
+
+@dataclass
+class _QLinear:
+    w: torch.Tensor  # e4m3 [N, K]
+    s: torch.Tensor  # fp32 [N]
+    b: torch.Tensor  # bf16 [N]
+
+
+@dataclass
+class _Fp8Block:
+    qkv: _QLinear
+    qk_norm: torch.Tensor  # [2, D]
+    qk_scales: torch.Tensor  # [2, heads]: the bound scales of normed Q and K
+    out: _QLinear
+    q2: _QLinear
+    q2_norm: torch.Tensor  # [1, D]
+    out2: _QLinear
+    norm2_w: torch.Tensor | None
+    norm2_b: torch.Tensor | None
+    ff1: _QLinear
+    ff2: _QLinear
+
+
+def _cat8(ts: list[torch.Tensor]) -> torch.Tensor:
+    # e4m3 concatenated through its bytes: cat need not support float8 on every backend
+    return torch.cat([t.view(torch.uint8) for t in ts]).view(E4M3)
+
+
+def _fuse8(linears, share: bool) -> _QLinear:
+    q = _QLinear(_cat8([lin.weight for lin in linears]), torch.cat([lin.weight_scale for lin in linears]),
+                 torch.cat([lin.bias.detach() for lin in linears]))
+    if share:
+        row = 0
+        for lin in linears:
+            n = lin.weight.shape[0]
+            lin.weight, lin.weight_scale = q.w[row:row + n], q.s[row:row + n]
+            lin.bias.data = q.b[row:row + n]
+            row += n
+    return q
+
+
+def _one(lin) -> _QLinear:
+    return _QLinear(lin.weight, lin.weight_scale, lin.bias.detach())
+
+
+class Fp8FastWanDiT(FastWanDiT):
+    """:class:`FastWanDiT` for a model whose block Linears are :class:`Fp8Linear`. ``fp8_attention``:
+    True / False / None (FP8 self-attention wherever :func:`fp8_attention_available`, unless the
+    card asked for bf16 attention: ``model.fp8_attention`` set at quantization)."""
+
+    def __init__(self, dit: WanDiT, *, fp8_attention: bool | None = None, **kw):
+        super().__init__(dit, **kw)
+        avail = fp8_attention_available(self.device, self.head_dim)
+        if fp8_attention and not avail:
+            raise RuntimeError("FP8 attention needs the fa3_fwd wheel on a Hopper GPU and head_dim 64/128/256")
+        wanted = getattr(dit, "fp8_attention", True)
+        self.fp8_attention = (avail and wanted) if fp8_attention is None else bool(fp8_attention)
+        #: keep GEMM partial sums in the FP8 accumulator (the card's ``fp8.accumulation: fast``)
+        self.fast_accum = bool(getattr(dit, "fp8_fast_accum", False))
+        self.per_tensor = dit.blocks[0].attn1.to_q.activation_scaling == "tensor"
+
+    def _build(self, dit: WanDiT, share: bool) -> None:
+        d, heads = self.cfg.inner_dim, self.cfg.num_attention_heads
+        self.patch_w = dit.patch_embedding.weight.detach().reshape(d, -1)
+        self.patch_b = dit.patch_embedding.bias.detach()
+        self.blocks = []
+        for blk in dit.blocks:
+            a1, a2 = blk.attn1, blk.attn2
+            self.blocks.append(_Fp8Block(
+                _fuse8([a1.to_q, a1.to_k, a1.to_v], share),
+                torch.stack([a1.norm_q.weight.detach(), a1.norm_k.weight.detach()]),
+                torch.stack([qk_scale_bound(a1.norm_q.weight, heads), qk_scale_bound(a1.norm_k.weight, heads)]),
+                _one(a1.to_out[0]), _one(a2.to_q), a2.norm_q.weight.detach().view(1, d), _one(a2.to_out[0]),
+                blk.norm2.weight.detach() if blk.norm2 is not None else None,
+                blk.norm2.bias.detach() if blk.norm2 is not None else None,
+                _one(blk.ffn.net[0].proj), _one(blk.ffn.net[2]),
+            ))
+        self.kv = _fuse8([lin for blk in dit.blocks for lin in (blk.attn2.to_k, blk.attn2.to_v)], share)
+        self.k_norm = torch.stack([blk.attn2.norm_k.weight.detach().float() for blk in dit.blocks])
+        self.mod_table = torch.stack([blk.scale_shift_table.detach().float() for blk in dit.blocks])
+
+    # -----------------------------------------------------------------------------------
+    def _quant(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return quantize_rows(h, per_tensor=self.per_tensor, impl=self.kernels)
+
+    def _norm_fp8(self, x, y, gate, a, b, *, modulate: bool):
+        """add_norm with its output quantized: fused per token, or via bf16 for per-tensor scales."""
+        eps, impl = self.cfg.eps, self.kernels
+        if self.per_tensor:
+            return self._quant(add_norm(x, y, gate, a, b, modulate=modulate, eps=eps, impl=impl))
+        return add_norm(x, y, gate, a, b, modulate=modulate, eps=eps, impl=impl, fp8=True)
+
+    def _linear(self, h: torch.Tensor, lin: _QLinear) -> torch.Tensor:
+        return self._gemm(self._quant(h), lin)
+
+    def _gemm(self, hq: tuple[torch.Tensor, torch.Tensor], lin: _QLinear, bias: bool = True) -> torch.Tensor:
+        return fp8_linear(*hq, lin.w, lin.s, lin.b if bias else None, out_dtype=self.dtype, fast_accum=self.fast_accum)
+
+    def _kv_projection(self, ctx: torch.Tensor) -> torch.Tensor:
+        return self._linear(ctx, self.kv)
+
+    @torch.no_grad()
+    def forward(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, tap: Tap = None):
+        dit, cfg, impl = self.base, self.cfg, self.kernels
+        b, c, f, h, w = latents.shape
+        pt, ph, pw = cfg.patch_size
+        ff, hh, ww = f // pt, h // ph, w // pw
+        if max(ff, hh, ww) > cfg.rope_max_seq_len:
+            raise ValueError(f"latent grid {ff}x{hh}x{ww} exceeds rope_max_seq_len {cfg.rope_max_seq_len}")
+        n, d, eps = ff * hh * ww, cfg.inner_dim, cfg.eps
+        heads, hd = self.heads, self.head_dim
+
+        patches = latents.reshape(b, c, ff, pt, hh, ph, ww, pw).permute(0, 2, 4, 6, 1, 3, 5, 7)
+        x = F.linear(patches.reshape(b, n, -1).to(self.dtype), self.patch_w, self.patch_b)
+        temb, temb6, ctx = dit.condition_embedder(timestep, text)
+        if tap:
+            tap("patch_embed", x.clone())
+            tap("temb", temb)
+        mod = self.mod_table + temb6.float().view(1, b, 6, d)
+        final = dit.scale_shift_table.float() + temb.float().unsqueeze(1)
+        k_all, v_all = self._cross_kv(ctx)
+        rope = RopeGrid(dit.rope_cos, dit.rope_sin, (ff, hh, ww), *self.rope_split)
+
+        hq = self._norm_fp8(x, None, None, mod[0, :, 1], mod[0, :, 0], modulate=True)
+        hidden = None
+        for i, blk in enumerate(self.blocks):
+            m = mod[i]
+            qkv = self._gemm(hq, blk.qkv)
+            if self.fp8_attention:
+                qkv8, scales = qkv_fp8(qkv, blk.qk_norm, blk.qk_scales, heads=heads, eps=eps, rope=rope, impl=impl)
+                o = attention_fp8(qkv8, scales, heads)
+            else:
+                qk = qk_norm_rope(qkv, blk.qk_norm, parts=2, eps=eps, heads=heads, rope=rope, impl=impl)
+                o = attention(qk[..., :d].view(b, n, heads, hd), qk[..., d:].view(b, n, heads, hd),
+                              qkv[..., 2 * d:].view(b, n, heads, hd), self.attention)
+            y = self._linear(o.reshape(b, n, d), blk.out)
+            if blk.norm2_w is not None:
+                hq = self._norm_fp8(x, y, m[:, 2], blk.norm2_w, blk.norm2_b, modulate=False)
+            else:
+                x.copy_((x.float() + y.float() * m[:, 2].unsqueeze(1)).to(x.dtype))
+                hq = self._quant(x)
+            q = qk_norm_rope(self._gemm(hq, blk.q2), blk.q2_norm, parts=1, eps=eps, heads=heads, impl=impl)
+            o = attention(q.view(b, n, heads, hd), k_all[i], v_all[i], self.cross_attention)
+            y = self._linear(o.reshape(b, n, d), blk.out2)
+            hq = self._norm_fp8(x, y, None, m[:, 4], m[:, 3], modulate=True)
+            # FFN: GEMM (no bias) -> bias + GELU + e4m3 in one pass -> GEMM
+            y1 = self._gemm(hq, blk.ff1, bias=False)
+            if self.per_tensor:
+                g = self._quant(F.gelu(y1.float() + blk.ff1.b.float(), approximate="tanh"))
+            else:
+                g = bias_gelu_quant(y1, blk.ff1.b, impl=impl)
+            y = self._gemm(g, blk.ff2)
+            if i + 1 < len(self.blocks):
+                hq = self._norm_fp8(x, y, m[:, 5], mod[i + 1, :, 1], mod[i + 1, :, 0], modulate=True)
+            else:  # the head reads bf16
+                hidden = add_norm(x, y, m[:, 5], final[:, 1], final[:, 0], modulate=True, eps=eps, impl=impl)
+            if tap:
+                tap(f"block.{i}", x.clone())
+
+        out = F.linear(hidden, dit.proj_out.weight, dit.proj_out.bias)
+        out = out.reshape(b, ff, hh, ww, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
+        out = out.flatten(6, 7).flatten(4, 5).flatten(2, 3)
+        if tap:
+            tap("output", out)
+        return out

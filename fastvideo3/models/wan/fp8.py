@@ -1,0 +1,128 @@
+"""The Wan DiT under the ``fp8_e4m3`` precision: its blocks' linear layers in e4m3.
+
+Which layers: every Linear inside a block (self-attention Q, K, V and output, cross-attention
+Q, K, V and output, the FFN's two). They hold ~all of the forward's GEMM FLOPs. The patch
+embedding, condition embedder and output head stay in the activation dtype (bf16), as do the
+norms, the modulation and RoPE (fp32 inside, as in the reference).
+
+A quantized layer is an :class:`Fp8Linear`: ``weight`` e4m3 [N, K], ``weight_scale`` fp32 [N]
+(one per output channel), ``bias`` bf16 [N]. Its state-dict names are those of a pre-quantized
+checkpoint (``<layer>.weight`` in e4m3 next to ``<layer>.weight_scale``), which the
+``wan_dit_diffusers_fp8_v1`` key map lists. A bf16 checkpoint is quantized at load by
+:func:`quantize_dit_`.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fastvideo3.kernels.fp8 import E4M3, fp8_linear, quantize_rows, quantize_weight
+
+#: the block-relative names of the quantized Linear layers
+FP8_LINEARS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
+               "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0",
+               "ffn.net.0.proj", "ffn.net.2")
+#: what the precision means, recorded with the weights digest (identity and provenance)
+FP8_SCHEME = ("fp8_e4m3(weights=per-channel,activations=per-{act},layers=blocks.linear,attention={attn},"
+              "accumulation={acc})")
+
+
+class Fp8Linear(nn.Module):
+    """``y = x @ W.T + b`` with ``W`` held in e4m3 per output channel and ``x`` quantized on the
+    fly per token (``activation_scaling="token"``) or per tensor (``"tensor"``)."""
+
+    def __init__(self, in_features: int, out_features: int, *, activation_scaling: str = "token",
+                 device=None, dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        if activation_scaling not in ("token", "tensor"):
+            raise ValueError(f"activation_scaling must be 'token' or 'tensor', got {activation_scaling!r}")
+        self.in_features, self.out_features = in_features, out_features
+        self.activation_scaling = activation_scaling
+        self.register_buffer("weight", torch.empty(out_features, in_features, dtype=E4M3, device=device))
+        self.register_buffer("weight_scale", torch.empty(out_features, dtype=torch.float32, device=device))
+        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device), requires_grad=False)
+
+    @classmethod
+    def from_linear(cls, lin: nn.Linear, activation_scaling: str = "token") -> "Fp8Linear":
+        out = cls(lin.in_features, lin.out_features, activation_scaling=activation_scaling, device="meta",
+                  dtype=lin.bias.dtype)
+        w, s = quantize_weight(lin.weight)
+        out.weight, out.weight_scale = w, s
+        out.bias = nn.Parameter(lin.bias.detach(), requires_grad=False)
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xq, xs = quantize_rows(x, per_tensor=self.activation_scaling == "tensor",
+                               impl="triton" if x.is_cuda else "torch")
+        return fp8_linear(xq, xs, self.weight, self.weight_scale, self.bias, out_dtype=self.bias.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, e4m3 per-channel, act={self.activation_scaling}"
+
+
+def _parent(root: nn.Module, dotted: str) -> tuple[nn.Module, str]:
+    *path, leaf = dotted.split(".")
+    mod = root
+    for p in path:
+        mod = mod[int(p)] if p.isdigit() else getattr(mod, p)
+    return mod, leaf
+
+
+def _set(parent: nn.Module, leaf: str, module: nn.Module) -> None:
+    if leaf.isdigit():
+        parent[int(leaf)] = module
+    else:
+        setattr(parent, leaf, module)
+
+
+@torch.no_grad()
+def quantize_dit_(model: nn.Module, activation_scaling: str = "token", attention: str = "fp8",
+                  accumulation: str = "fp32") -> nn.Module:
+    """Replace every block Linear of a loaded WanDiT by its :class:`Fp8Linear`, in place (the
+    weights are quantized where they are: on the GPU at load). ``attention`` ("fp8" or "bf16")
+    and ``accumulation`` ("fp32" or "fast") are recorded on the model for the fast path.
+    Returns ``model``."""
+    model.fp8_attention, model.fp8_fast_accum = attention == "fp8", accumulation == "fast"
+    for block in model.blocks:
+        for name in FP8_LINEARS:
+            parent, leaf = _parent(block, name)
+            lin = parent[int(leaf)] if leaf.isdigit() else getattr(parent, leaf)
+            if isinstance(lin, nn.Linear):
+                _set(parent, leaf, Fp8Linear.from_linear(lin, activation_scaling))
+    return model
+
+
+def fp8_skeleton_(model: nn.Module, activation_scaling: str = "token", attention: str = "fp8",
+                  accumulation: str = "fp32", dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+    """On a WanDiT built on the meta device: put empty :class:`Fp8Linear` layers where the block
+    Linears are, so a pre-quantized checkpoint loads into them (``load_state_dict(assign=True)``)."""
+    model.fp8_attention, model.fp8_fast_accum = attention == "fp8", accumulation == "fast"
+    for block in model.blocks:
+        for name in FP8_LINEARS:
+            parent, leaf = _parent(block, name)
+            lin = parent[int(leaf)] if leaf.isdigit() else getattr(parent, leaf)
+            _set(parent, leaf, Fp8Linear(lin.in_features, lin.out_features, activation_scaling=activation_scaling,
+                                         device="meta", dtype=dtype))
+    return model
+
+
+def is_fp8(model: nn.Module) -> bool:
+    return isinstance(model.blocks[0].attn1.to_q, Fp8Linear)
+
+
+def wan_dit_fp8_key_map(cfg) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """The diffusers-format key map plus one ``<layer>.weight_scale`` [N] per quantized layer
+    (whose ``<layer>.weight`` is then e4m3)."""
+    from fastvideo3.models.wan.checkpoint import wan_dit_key_map
+    table = wan_dit_key_map(cfg)
+    for i in range(cfg.num_layers):
+        for name in FP8_LINEARS:
+            key = f"blocks.{i}.{name}.weight"
+            n = table[key][1][0]
+            table[f"blocks.{i}.{name}.weight_scale"] = (f"blocks.{i}.{name}.weight_scale", (n,))
+    return table
+
+
+def fp8_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A quantized model's state dict in the pre-quantized checkpoint layout (for saving one)."""
+    return {k: v.detach().contiguous() for k, v in model.state_dict().items()}
