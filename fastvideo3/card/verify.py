@@ -88,17 +88,35 @@ def component_files(card: ModelCard, kinds: frozenset[str] = ALL_KINDS) -> list[
     return out
 
 
+def _role_paths(card: ModelCard, kinds: frozenset[str]) -> set[str]:
+    """Shipped files and component directories (``sub/``) of the components of ``kinds``."""
+    out = set()
+    for cid, spec in card.components.items():
+        if spec.kind in kinds and spec.source == "shipped":
+            out.add(spec.subfolder or f"{cid}.safetensors")
+        elif spec.kind in kinds and spec.source == "diffusers_dir":
+            out.add(f"{spec.subfolder or cid}/")
+    return out
+
+
 def verify_checkpoint(card: ModelCard, kinds: frozenset[str] = ALL_KINDS,
                       extra_digests: dict[str, str] | None = None) -> dict[str, str]:
-    """Check presence and digests; returns {relative path: digest} of the files hashed.
+    """Check presence and digests of the files the components of ``kinds`` load; returns
+    {relative path: digest} of the files hashed.
 
     Raises :class:`CardError` naming the first missing or mismatched file (``field`` is
     ``checkpoint.<relative path>``). ``extra_digests`` (the operator's) win over the card's."""
     root = weights_root(card)
     digests = {**card.checkpoint.digests, **(extra_digests or {})}
     needed = component_files(card, kinds)
-    # digests of files this role does not load are checked only when the file exists here
-    wanted = [p for p in needed if p not in digests] + [p for p in digests if p in needed or (root / p).is_file()]
+    # a digest names a file of this role when it is one of its files or lies in one of its
+    # component directories: such a file must be present even when no listing found it (a
+    # deleted single shard); files of other roles are not this pod's business (no hashing
+    # of a text encoder in a denoiser pod)
+    mine = _role_paths(card, kinds)
+    ours = [p for p in digests if p in needed or p in mine or any(p.startswith(d) for d in mine if d.endswith("/"))]
+    wanted = ours + [p for p in needed if p not in digests and not (("*" in p) and any(
+        o.startswith(p.split("*")[0]) for o in ours))]
     checked: dict[str, str] = {}
     for rel in wanted:
         path = root / rel
