@@ -230,6 +230,9 @@ def load_card_file(path: str | Path) -> ModelCard:
     base = data.pop("extends", None)
     if base is not None:  # a card file may start from a built-in card and override fields
         merged = get_card(base).model_dump(mode="json")
+        ck = data.get("checkpoint")
+        if isinstance(ck, dict) and "root" in ck and "digests" not in ck:
+            merged["checkpoint"]["digests"] = {}  # the base's digests describe its own files, not this root's
         _deep_update(merged, data)
         data = merged
     try:

@@ -166,3 +166,11 @@ def test_pool_without_hold_exits_at_once_naming_the_file(tmp_path: Path) -> None
     assert done.returncode == 2, done.stdout + done.stderr
     assert "checkpoint file wan-tiny/vae.safetensors is missing" in done.stdout + done.stderr
     assert time.monotonic() - started < 240
+
+
+def test_card_file_with_its_own_root_drops_the_base_digests(tmp_path: Path) -> None:
+    from fastvideo3.card.registry import load_card_file
+    (tmp_path / "a.yaml").write_text("extends: wan-tiny\nmodel_id: retrained\ncheckpoint: {root: out}\n")
+    assert load_card_file(tmp_path / "a.yaml").checkpoint.digests == {}
+    (tmp_path / "b.yaml").write_text("extends: wan-tiny\nmodel_id: same-weights\n")
+    assert load_card_file(tmp_path / "b.yaml").checkpoint.digests == get_card("wan-tiny").checkpoint.digests
