@@ -6,24 +6,32 @@ every fleet Deployment, with the cluster mapped onto this machine.
     with RenderedFleet(plan) as fleet: FleetClient(fleet.target).generate(...)
 
 The mapping, and nothing else, is what differs from a pod:
-- one process per Deployment (replicas are a scheduling matter); `python` is this interpreter;
-- every container port gets a free loopback port; Service DNS names (short or FQDN) with a
-  Service port become 127.0.0.1:<the port of the container the Service selects>;
-- `--host=<listenHost>` and $(POD_IP) become 127.0.0.1; `--metrics-port` gets a free port;
+- one pod per Deployment, one process per container (replicas are a scheduling matter);
+  `python` is this interpreter;
+- every container port gets a free loopback port (below 32768: Dynamo reads its system port as
+  an i16), used where the container names that port (flags, env values); Service DNS names
+  (short or FQDN) with a Service port become 127.0.0.1:<the port of the selected container>;
+- a listen address 0.0.0.0 and $(POD_IP) become 127.0.0.1; `--metrics-port` gets a free port;
 - cards are mapped (a GPU card to the tiny card) in args and in the mounted config files;
 - volumes: the ConfigMap is written to a directory; a model volume (claim, hostPath, emptyDir)
   is a directory; a claim or hostPath is filled with the tiny card's weights (the test plays
   the volume's content), an emptyDir is filled by running the rendered init container, whose
   URL is mapped to a local archive of those weights;
 - env: values as rendered with $(VAR) expansion, fieldRef status.podIP, secretKeyRef from `secrets`;
-- every process gets --exit-with-parent, so none outlives the test.
-Deployments whose command is not `python -m services.*` must be given in `replaced`
-(e.g. the bundled Redis, played by the test's redis-server) or the plan refuses them.
+- fleet services get --exit-with-parent; every process runs in its own session and is stopped
+  (SIGTERM, then SIGKILL of its group) by the fleet.
+Deployments whose containers run other than `python -m services.*`, `fleet.dynamo` or
+`dynamo.frontend` must be given in `replaced` (e.g. the bundled Redis, played by the test's
+redis-server) or the plan refuses them.
 """
 from __future__ import annotations
 
+import os
+import random
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -34,20 +42,43 @@ from typing import Any
 
 import yaml
 
-from fleet.launcher import REPO_ROOT, FleetProcess, LocalFleet, free_port
+from fleet.launcher import REPO_ROOT, FleetProcess, LocalFleet
 
 WEIGHTS_DIR = REPO_ROOT / "fastvideo3" / "weights"
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+MODULES = ("services.", "fleet.dynamo", "dynamo.frontend")
+_taken: set[int] = set()
+
+
+def free_port() -> int:
+    """A free loopback port below 32768, not handed out before by this process."""
+    for _ in range(500):
+        port = random.randrange(20000, 32768)
+        if port in _taken:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _taken.add(port)
+        return port
+    raise AssertionError("no free port below 32768")
 
 
 @dataclass
 class ProcSpec:
-    name: str  # the Deployment's component
-    role: str  # scheduler | encoder | ... (from `-m services.<role>`)
-    port: int
+    name: str  # the Deployment's component (plus "-<container>" for a pod's further containers)
+    role: str  # scheduler | encoder | ... for fleet services; the module otherwise
+    port: int | None  # the gRPC port of a fleet service
     argv: list[str]
     env: dict[str, str]
     init: list[list[str]] = field(default_factory=list)  # init container commands, in order
+    ports: dict[str, int] = field(default_factory=dict)  # container port name -> local port
+
+    @property
+    def fleet_service(self) -> bool:
+        return self.argv[2].startswith("services.")
 
 
 def _expand(text: str, env: dict[str, str]) -> str:
@@ -87,9 +118,9 @@ class LocalPlan:
             if comp in self.replaced:
                 continue
             for c in dep["spec"]["template"]["spec"]["containers"]:
-                if c["command"][:2] != ["python", "-m"] or not c["command"][2].startswith("services."):
+                if c["command"][:2] != ["python", "-m"] or not c["command"][2].startswith(MODULES):
                     raise AssertionError(f"Deployment {comp}: container {c['name']} runs {c['command']}, "
-                                         "not a fleet service; the plan cannot start it (list it in replaced)")
+                                         "not a fleet process; the plan cannot start it (list it in replaced)")
                 for p in c.get("ports", []):
                     local_ports[(comp, p["name"])] = free_port()
         for svc in self.of_kind("Service"):
@@ -108,7 +139,7 @@ class LocalPlan:
         for dep in deployments:
             comp = self._component(dep)
             if comp not in self.replaced:
-                self.procs.append(self._proc(dep, comp, local_ports))
+                self.procs += self._pod(dep, comp, local_ports)
 
     def map_text(self, text: str) -> str:
         """Service addresses -> loopback, mounted paths are left to the caller, cards mapped."""
@@ -140,11 +171,12 @@ class LocalPlan:
             shutil.copytree(WEIGHTS_DIR, path, dirs_exist_ok=True)
         return path
 
-    def _env(self, container: dict) -> dict[str, str]:
+    def _env(self, container: dict, mounts: dict[str, Path], ports: dict[int, int]) -> dict[str, str]:
         env: dict[str, str] = {}
         for e in container.get("env", []):
             if "value" in e:
-                env[e["name"]] = self.map_text(_expand(str(e["value"]), env))
+                value = self._map_value(_expand(str(e["value"]), env), mounts)
+                env[e["name"]] = str(ports.get(int(value), value)) if value.isdigit() else value
                 continue
             src = e["valueFrom"]
             if src.get("fieldRef", {}).get("fieldPath") == "status.podIP":
@@ -156,43 +188,57 @@ class LocalPlan:
                 raise AssertionError(f"env {e['name']}: unsupported source {src}")
         return env
 
-    def _map_args(self, args: list[str], env: dict[str, str], mounts: dict[str, Path], port: int) -> list[str]:
+    def _map_value(self, text: str, mounts: dict[str, Path]) -> str:
+        for mount, local in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+            text = text.replace(mount, str(local))
+        if text in self.download_urls:
+            text = self.download_urls[text]
+        return self.map_text(text)
+
+    def _map_args(self, args: list[str], env: dict[str, str], mounts: dict[str, Path],
+                  ports: dict[int, int]) -> list[str]:
         out = []
         for a in args:
-            a = _expand(a, env)
-            for mount, local in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
-                a = a.replace(mount, str(local))
-            if a.startswith("--url=") and a[6:] in self.download_urls:
-                a = f"--url={self.download_urls[a[6:]]}"
-            a = self.map_text(a)
-            flag, eq, value = a.partition("=")
-            if flag == "--port":
-                a = f"--port={port}"
+            flag, eq, value = self._map_value(_expand(a, env), mounts).partition("=")
+            if value in self.download_urls:
+                value = self.download_urls[value]
+            if value.isdigit() and int(value) in ports:  # a container port: its local port
+                value = str(ports[int(value)])
             elif flag == "--metrics-port":
-                a = f"--metrics-port={free_port()}"
-            elif flag == "--host":
-                a = "--host=127.0.0.1"
+                value = str(free_port())
+            elif flag.endswith("host") and value == "0.0.0.0":
+                value = "127.0.0.1"
             elif flag == "--device" and value.startswith("cuda"):
-                a = "--device=cpu"
-            out.append(a)
+                value = "cpu"
+            out.append(f"{flag}{eq}{value}")
         return out
 
-    def _proc(self, dep: dict, comp: str, local_ports: dict) -> ProcSpec:
+    def _pod(self, dep: dict, comp: str, local_ports: dict) -> list[ProcSpec]:
         spec = dep["spec"]["template"]["spec"]
-        (c,) = spec["containers"]
         dirs = {v["name"]: self._volume_dir(comp, v) for v in spec.get("volumes", [])}
-        mounts = {m["mountPath"]: dirs[m["name"]] for m in c.get("volumeMounts", []) if dirs.get(m["name"])}
-        env = self._env(c)
-        port = local_ports[(comp, "grpc")]
-        argv = [sys.executable, "-m", c["command"][2]] + self._map_args(c.get("args", []), env, mounts, port)
+
+        def mounts_of(c: dict) -> dict[str, Path]:
+            return {m["mountPath"]: dirs[m["name"]] for m in c.get("volumeMounts", []) if dirs.get(m["name"])}
+
         init = []
         for ic in spec.get("initContainers", []):
-            imounts = {m["mountPath"]: dirs[m["name"]] for m in ic.get("volumeMounts", []) if dirs.get(m["name"])}
-            cmd = self._map_args(ic["command"], self._env(ic), imounts, port)
+            cmd = self._map_args(ic["command"], self._env(ic, mounts_of(ic), {}), mounts_of(ic), {})
             if cmd[:2] == ["python", "-m"]:
                 cmd[0] = sys.executable
             init.append(cmd)
-        return ProcSpec(comp, c["command"][2].split(".", 1)[1], port, argv + ["--exit-with-parent"], env, init)
+        out = []
+        for i, c in enumerate(spec["containers"]):
+            ports = {p["containerPort"]: local_ports[(comp, p["name"])] for p in c.get("ports", [])}
+            env = self._env(c, mounts_of(c), ports)
+            module = c["command"][2]
+            argv = [sys.executable, "-m", module] + self._map_args(c.get("args", []), env, mounts_of(c), ports)
+            service = module.startswith("services.")
+            out.append(ProcSpec(
+                comp if i == 0 else f"{comp}-{c['name']}", module.split(".", 1)[1] if service else module,
+                local_ports.get((comp, "grpc")) if service else None,
+                argv + (["--exit-with-parent"] if service else []), env, init if i == 0 else [],
+                {p["name"]: local_ports[(comp, p["name"])] for p in c.get("ports", [])}))
+        return out
 
 
 def weights_archive(path: Path) -> Path:
@@ -204,12 +250,23 @@ def weights_archive(path: Path) -> Path:
 
 
 class RenderedFleet(LocalFleet):
-    """A LocalFleet whose processes are a LocalPlan's (scheduler first, then the pools)."""
+    """A LocalFleet whose processes are a LocalPlan's: the scheduler first, then the pools (all
+    followed over grpc.health.v1); then the other processes (Dynamo), which the caller checks
+    for readiness in their own way (:meth:`other`)."""
 
     def __init__(self, plan: LocalPlan, log_dir: Path):
         super().__init__(log_dir=log_dir, roles=())
         self.plan = plan
         self._envs: dict[str, dict[str, str]] = {}
+        self.others: dict[str, subprocess.Popen] = {}
+
+    def other(self, name: str) -> subprocess.Popen:
+        return self.others[name]
+
+    def log_of(self, name: str, n: int = 40) -> str:
+        path = self.log_dir / f"{name}.log"
+        lines = path.read_text(errors="replace").splitlines()[-n:] if path.exists() else []
+        return f"----- {name} -----\n" + "\n".join(lines)
 
     def _spawn(self, fp: FleetProcess) -> FleetProcess:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -232,7 +289,8 @@ class RenderedFleet(LocalFleet):
     def start(self, timeout_s: float = 300.0) -> "RenderedFleet":
         try:
             self.run_init()
-            for spec in sorted(self.plan.procs, key=lambda s: s.role != "scheduler"):
+            services = [s for s in self.plan.procs if s.fleet_service]
+            for spec in sorted(services, key=lambda s: s.role != "scheduler"):
                 fp = FleetProcess(spec.name, spec.role, spec.port, spec.argv, self.log_dir / f"{spec.name}.log")
                 self._envs[spec.name] = spec.env
                 if spec.role == "scheduler":
@@ -240,8 +298,33 @@ class RenderedFleet(LocalFleet):
                 else:
                     self.pools.setdefault(spec.role, []).append(self._spawn(fp))
             self.wait_serving(timeout_s)
+            for spec in self.plan.procs:
+                if not spec.fleet_service:
+                    with open(self.log_dir / f"{spec.name}.log", "ab") as log:
+                        self.others[spec.name] = subprocess.Popen(
+                            spec.argv, cwd=str(REPO_ROOT), env={**self._env(), **spec.env}, stdout=log,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def stop(self) -> dict[str, int | None]:
+        """The other processes first (they call the scheduler), then the fleet."""
+        codes: dict[str, int | None] = {}
+        for proc in self.others.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for name, proc in self.others.items():
+            try:
+                codes[name] = proc.wait(timeout=self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                codes[name] = proc.wait(timeout=10)
+        for proc in self.others.values():  # nothing of theirs is left in their sessions
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return {**codes, **super().stop()}
 

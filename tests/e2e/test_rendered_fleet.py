@@ -1,21 +1,27 @@
 """What the chart would run is a working fleet: each values file is rendered with the real helm,
-the container command/args/env of every fleet Deployment are started as local processes (GPU
-card mapped to the tiny card, cluster names to loopback ports: tests/rendered_fleet.py), and a
-request sent through the rendered scheduler must succeed.
+the container command/args/env of every Deployment are started as local processes (GPU card
+mapped to the tiny card, cluster names to loopback ports: tests/rendered_fleet.py), and a
+request sent through the rendered scheduler must succeed — and, where the values enable Dynamo
+with file discovery (gpu-production: frontend and worker in one pod), one through the rendered
+Dynamo frontend's /v1/videos as well.
 
-Not started here: the Dynamo frontend/worker Deployments (their wiring is checked by
-tests/unit/test_helm_chart.py and run by tests/e2e/test_dynamo_e2e.py) and the bundled Redis,
-which the test's own redis-server plays (its Service maps to it).
+Not started here: the bundled Redis, which the test's own redis-server plays (its Service and
+the external-Redis Secret map to it), and Dynamo with etcd discovery (dynamo-etcd), for which
+no etcd runs here (tests/unit/test_helm_chart.py checks that wiring).
 """
 from __future__ import annotations
 
+import json
 import os
+import time
+import urllib.error
+import urllib.request
 
 import pytest
 import yaml
 
 from fastvideo3.client import FleetClient
-from tests.fleet_fixture import dump_logs, pool_describe
+from tests.fleet_fixture import dump_logs, pool_describe, wait_until
 from tests.rendered_fleet import LocalPlan, RenderedFleet, weights_archive
 from tests.unit.helm_render import VALUES_DIR, find_helm, name, render
 
@@ -50,9 +56,12 @@ def test_rendered_fleet_serves_a_request(helm: str, case: str, tmp_path, redis_u
         values = tmp_path / "values.yaml"
         values.write_text(yaml.safe_dump(data))
     objects = render(helm, [values])
-    deployments = {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in objects
-                   if d["kind"] == "Deployment"}
-    replaced = deployments & {"redis", "frontend", "dynamo-worker"}
+    by_component = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d for d in objects
+                    if d["kind"] == "Deployment"}
+    deployments = set(by_component)
+    replaced = deployments & {"redis"}
+    if "frontend" in by_component and _discovery(by_component["frontend"]) == "etcd":
+        replaced |= deployments & {"frontend", "dynamo-worker"}
     plan = LocalPlan(
         objects, tmp_path,
         secrets={("fastvideo3-redis", "url"): redis_url},  # gpu-production's external Redis Secret
@@ -61,8 +70,10 @@ def test_rendered_fleet_serves_a_request(helm: str, case: str, tmp_path, redis_u
         download_urls={DOWNLOAD_URL:
                        weights_archive(tmp_path / "wan.tar.gz").resolve().as_uri()},
     )
-    started = {p.name for p in plan.procs}
+    started = {p.name.split("-")[0] if p.name.endswith("-worker") else p.name for p in plan.procs}
     assert started == deployments - replaced and "scheduler" in started and "denoiser" in started
+    dynamo = case.startswith("gpu-production")
+    assert ("frontend" in started) == dynamo
     if case.startswith("gpu-production"):
         # the rendered pools load from the mounted checkpoint root (mapped to a local directory)
         den = next(p for p in plan.procs if p.name == "denoiser")
@@ -79,8 +90,50 @@ def test_rendered_fleet_serves_a_request(helm: str, case: str, tmp_path, redis_u
         with FleetClient(fleet.target) as client:
             video = client.generate("a red circle moving left", **REQUEST)
         assert video.frames.shape[0] == REQUEST["num_frames"]
+        if dynamo:
+            _through_dynamo(fleet, plan)
+        codes = fleet.stop()  # every process stops cleanly on SIGTERM, as in a pod
+        assert codes and all(code == 0 for code in codes.values()), codes
     except BaseException:
         dump_logs(fleet)
+        for other in fleet.others:
+            print(fleet.log_of(other))
         raise
     finally:
         fleet.stop()
+
+
+def _discovery(frontend: dict) -> str:
+    (c,) = [c for c in frontend["spec"]["template"]["spec"]["containers"] if c["name"] == "frontend"]
+    return next(e["value"] for e in c["env"] if e["name"] == "DYN_DISCOVERY_BACKEND")
+
+
+def _through_dynamo(fleet: RenderedFleet, plan) -> None:
+    """The rendered frontend serves the fleet's card once the rendered worker registered it."""
+    (frontend,) = [p for p in plan.procs if p.name == "frontend"]
+    base = f"http://127.0.0.1:{frontend.ports['http']}"
+
+    def models() -> list[str]:
+        for name, proc in fleet.others.items():
+            if proc.poll() is not None:
+                raise AssertionError(f"{name} exited with {proc.returncode}\n{fleet.log_of(name)}")
+        try:
+            with urllib.request.urlopen(f"{base}/v1/models", timeout=5) as r:
+                return [m["id"] for m in json.loads(r.read())["data"]]
+        except (OSError, ValueError):
+            return []
+
+    wait_until(lambda: "wan-tiny" in models(), 240, "wan-tiny in the rendered frontend's /v1/models", 0.5)
+    body = {"model": "wan-tiny", "prompt": "a blue square moving up", "size": "64x64",
+            "response_format": "b64_json", "nvext": {"num_frames": 5, "num_inference_steps": 2}}
+    req = urllib.request.Request(f"{base}/v1/videos", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            status, reply = r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        status, reply = e.code, json.loads(e.read() or b"{}")
+    assert status == 200, reply
+    assert reply["status"] == "completed" and reply["data"][0]["b64_json"], reply
+    print(f"through the rendered Dynamo frontend in {time.monotonic() - t0:.1f}s")
