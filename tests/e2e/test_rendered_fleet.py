@@ -22,6 +22,7 @@ import yaml
 
 from fastvideo3.client import FleetClient
 from tests.fleet_fixture import dump_logs, pool_describe, wait_until
+from tests.redis_server import RedisServer
 from tests.rendered_fleet import LocalPlan, RenderedFleet, weights_archive
 from tests.unit.helm_render import VALUES_DIR, find_helm, name, render
 
@@ -48,7 +49,14 @@ def helm() -> str:
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_rendered_fleet_serves_a_request(helm: str, case: str, tmp_path, redis_url: str) -> None:
+def test_rendered_fleet_serves_a_request(helm: str, case: str, tmp_path) -> None:
+    # a Redis of its own: every rendered scheduler uses the same state namespace, and a case
+    # must not resume another's requests
+    with RedisServer(kind="process") as redis:
+        _run_case(helm, case, tmp_path, redis.url)
+
+
+def _run_case(helm: str, case: str, tmp_path, redis_url: str) -> None:
     values = VALUES_DIR / CASES[case]
     if case.endswith("-download"):
         data = yaml.safe_load(values.read_text())
