@@ -40,8 +40,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fleet.launcher import REPO_ROOT, FleetProcess, LocalFleet
 
 WEIGHTS_DIR = REPO_ROOT / "fastvideo3" / "weights"

@@ -114,9 +114,11 @@ def verify_checkpoint(card: ModelCard, kinds: frozenset[str] = ALL_KINDS,
     # deleted single shard); files of other roles are not this pod's business (no hashing
     # of a text encoder in a denoiser pod)
     mine = _role_paths(card, kinds)
-    ours = [p for p in digests if p in needed or p in mine or any(p.startswith(d) for d in mine if d.endswith("/"))]
-    wanted = ours + [p for p in needed if p not in digests and not (("*" in p) and any(
-        o.startswith(p.split("*")[0]) for o in ours))]
+    ours = sorted(p for p in digests
+                  if p in needed or p in mine or any(p.startswith(d) for d in mine if d.endswith("/")))
+    missing_dirs = [p for p in needed if p.endswith("/")]  # reported first: the whole component is absent
+    wanted = missing_dirs + ours + [p for p in needed if p not in digests and p not in missing_dirs and not (
+        "*" in p and any(o.startswith(p.split("*")[0]) for o in ours))]
     checked: dict[str, str] = {}
     for rel in wanted:
         path = root / rel
@@ -168,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             files = component_files(card, kinds)
             missing = [f for f in files if f.endswith("/") or "*" in f or not (root / f).is_file()]
             if missing:
-                raise CardError(f"checkpoint file {missing[0]} is missing under {root}", field=f"checkpoint.{missing[0]}")
+                raise CardError(f"checkpoint file {missing[0]} is missing under {root}",
+                                field=f"checkpoint.{missing[0]}")
             print(yaml.safe_dump({card.model_id: {f: file_digest(root / f) for f in files}}, sort_keys=True), end="")
         else:
             checked = verify_checkpoint(card, kinds)

@@ -4,6 +4,7 @@ exit status 2."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -137,7 +138,7 @@ def test_pool_with_a_corrupt_file_stays_not_serving_and_names_it(tmp_path: Path)
             "--checkpoint-root", str(root), "--load-failure-hold", "240", "--exit-with-parent"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                env={**__import__("os").environ, "PYTHONPATH": str(REPO_ROOT)})
+                                env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     try:
         info = wait_until(lambda: (d := _describe(port)) and d["state"] == "failed" and d, 240,
                           "Describe state=failed")
@@ -162,7 +163,7 @@ def test_pool_without_hold_exits_at_once_naming_the_file(tmp_path: Path) -> None
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "services.decoder", "--port", str(free_port()), "--card", "wan-tiny",
                            "--checkpoint-root", str(root)], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=240, env={**__import__("os").environ, "PYTHONPATH": str(REPO_ROOT)})
+                          timeout=240, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert done.returncode == 2, done.stdout + done.stderr
     assert "checkpoint file wan-tiny/vae.safetensors is missing" in done.stdout + done.stderr
     assert time.monotonic() - started < 240
