@@ -122,9 +122,9 @@ def _through_dynamo(fleet: RenderedFleet, plan) -> None:
     base = f"http://127.0.0.1:{frontend.ports['http']}"
 
     def models() -> list[str]:
-        for name, proc in fleet.others.items():
+        for other, proc in fleet.others.items():
             if proc.poll() is not None:
-                raise AssertionError(f"{name} exited with {proc.returncode}\n{fleet.log_of(name)}")
+                raise AssertionError(f"{other} exited with {proc.returncode}\n{fleet.log_of(other)}")
         try:
             with urllib.request.urlopen(f"{base}/v1/models", timeout=5) as r:
                 return [m["id"] for m in json.loads(r.read())["data"]]

@@ -16,7 +16,13 @@ try:
     from helm_render import CHART_DIR, VALUES_DIR, HelmError, Rendered, find_helm, name, render
 except ImportError:  # tests/unit imported as a package
     from tests.unit.helm_render import (  # type: ignore[no-redef]
-        CHART_DIR, VALUES_DIR, HelmError, Rendered, find_helm, name, render,
+        CHART_DIR,
+        VALUES_DIR,
+        HelmError,
+        Rendered,
+        find_helm,
+        name,
+        render,
     )
 
 CARD = "wan2.1-t2v-1.3b"
