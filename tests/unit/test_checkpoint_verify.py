@@ -175,3 +175,14 @@ def test_card_file_with_its_own_root_drops_the_base_digests(tmp_path: Path) -> N
     assert load_card_file(tmp_path / "a.yaml").checkpoint.digests == {}
     (tmp_path / "b.yaml").write_text("extends: wan-tiny\nmodel_id: same-weights\n")
     assert load_card_file(tmp_path / "b.yaml").checkpoint.digests == get_card("wan-tiny").checkpoint.digests
+
+
+def test_pool_start_flags(capsys) -> None:
+    from services.common.pool import parse_args
+    cfg = parse_args("denoiser", ["--port", "0", "--host", "0.0.0.0", "--advertise-host", "10.1.2.3",
+                                  "--checkpoint-root", "/models/w", "--load-failure-hold", "30"])
+    assert (cfg.public_host, cfg.checkpoint_root, cfg.load_failure_hold_s) == ("10.1.2.3", "/models/w", 30.0)
+    assert parse_args("decoder", ["--port", "0"]).public_host == "127.0.0.1"
+    with pytest.raises(SystemExit):
+        parse_args("decoder", ["--port", "0", "--load-failure-hold", "-1"])
+    assert "--load-failure-hold must be >= 0 (got -1.0)" in capsys.readouterr().err
