@@ -14,8 +14,12 @@ ARG ROLE
 # TORCH_INDEX_URL for a CPU-only image.
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=""
+# The CUDA version of that torch build (torch.version.cuda), or "cpu": PyPI's default torch 2.13.0
+# is built for CUDA 13.0. Checked after the install and recorded in the image's labels.
+ARG TORCH_CUDA=13.0
 ARG DYNAMO_VERSION=1.6.1
-# Project extras to install; empty = the role's default (see the case below).
+# Project extras to install; empty = the role's default (see the case below): the pools get
+# `transport` (NIXL) for GPU-to-GPU tensor moves; every name must be an extra of pyproject.toml.
 ARG EXTRAS=""
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN case "${ROLE}" in \
@@ -24,7 +28,10 @@ RUN case "${ROLE}" in \
     esac
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-RUN pip install "torch==${TORCH_VERSION}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+RUN pip install "torch==${TORCH_VERSION}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
+    && python -c "import sys, torch; v, c = torch.__version__.split('+')[0], torch.version.cuda or 'cpu'; \
+sys.exit(0 if (v, c) == ('${TORCH_VERSION}', '${TORCH_CUDA}') else \
+f'installed torch {v} (cuda {c}) is not TORCH_VERSION=${TORCH_VERSION} TORCH_CUDA=${TORCH_CUDA}')"
 # ai-dynamo's own requirements include a placeholder package that cannot be installed; its
 # real runtime needs come from the project's `dynamo` extra, so the two wheels go in bare.
 RUN if [ "${ROLE}" = dynamo ]; then \
@@ -37,16 +44,21 @@ RUN extras="${EXTRAS}"; \
       case "${ROLE}" in \
         scheduler|gateway) extras=services ;; \
         dynamo) extras=services,dynamo ;; \
-        *) extras=services,gpu ;; \
+        encoder|denoiser|decoder|reward) extras=services,transport ;; \
       esac; \
     fi; \
-    pip install ".[${extras}]" \
+    echo "torch==${TORCH_VERSION}" > /tmp/torch-constraint.txt \
+    && pip install -c /tmp/torch-constraint.txt ".[${extras}]" \
     && python -c "import fastvideo3, services, fleet"
 
 FROM ${PYTHON_IMAGE}
 ARG ROLE
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_CUDA=13.0
 LABEL org.opencontainers.image.title="fastvideo3-${ROLE}" \
-      org.opencontainers.image.description="fastvideo3 ${ROLE} service"
+      org.opencontainers.image.description="fastvideo3 ${ROLE} service" \
+      io.fastvideo3.torch.version="${TORCH_VERSION}" \
+      io.fastvideo3.torch.cuda="${TORCH_CUDA}"
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -47,6 +47,17 @@ TINY_TRAINING_COMMAND = ("python bench/train_tiny.py --device cpu --size 128: --
                          "twice, then --stages distill, each with --init-from the previous run "
                          "(exact commands: bench/results/train_cpu.json)")
 
+#: full-content digests of the shipped weight files (relative to fastvideo3/weights). A pool checks
+#: the files it loads against them at start; after retraining, regenerate with
+#: ``python -m fastvideo3.card.verify --card wan-tiny --print-digests`` (and wan-tiny-4step).
+SHIPPED_DIGESTS = {
+    "wan-tiny/text_encoder.safetensors": "sha256:fd4b1bf38d87751443a6c665a1e76d884d2394306d94264785c78e3a68eb012e",
+    "wan-tiny/transformer.safetensors": "sha256:5105101f6543714434be230c93541eb99c17346acd01d6714d0a413d040dfe44",
+    "wan-tiny/vae.safetensors": "sha256:4a29bdce528e5771a370b31c1877f8664ecf046feb2d6e39cc5b77c3925b14d1",
+    "wan-tiny-4step/transformer.safetensors":
+        "sha256:85eb9de6d1837ab9fab7430757ea8098f85f178ce9af2b90acc52701333c2d9d",
+}
+
 WAN_1_3B_DIT = dict(
     patch_size=[1, 2, 2], num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
     text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
@@ -79,7 +90,9 @@ def _tiny(model_id: str, description: str, components: dict[str, ComponentSpec],
         loops=loops,
         recipe=recipe,
         precision=precision or PrecisionContract(),
-        checkpoint=CheckpointManifest(root=None, seed=0, required_for=_T2V_TASKS),
+        checkpoint=CheckpointManifest(root=None, seed=0, required_for=_T2V_TASKS, digests={
+            c.subfolder: SHIPPED_DIGESTS[c.subfolder] for c in components.values()
+            if c.source == "shipped" and c.subfolder in SHIPPED_DIGESTS}),
         # sizes are multiples of 32: the VAE's 8x times the DiT's 4x4 latent patch
         limits=Limits(max_frames=65, min_size=32, max_height=512, max_width=512, size_multiple=32,
                       default_frames=33, default_height=128, default_width=128, default_guidance=guidance),
@@ -239,6 +252,9 @@ def load_card_file(path: str | Path) -> ModelCard:
     base = data.pop("extends", None)
     if base is not None:  # a card file may start from a built-in card and override fields
         merged = get_card(base).model_dump(mode="json")
+        ck = data.get("checkpoint")
+        if isinstance(ck, dict) and "root" in ck and "digests" not in ck:
+            merged["checkpoint"]["digests"] = {}  # the base's digests describe its own files, not this root's
         _deep_update(merged, data)
         data = merged
     try:

@@ -7,9 +7,10 @@ lives in :meth:`ModelCard._check_consistency`. Request-time checks against a car
 """
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fastvideo3.errors import RecipeMismatch
 
@@ -72,6 +73,29 @@ class CheckpointManifest(_Spec):
     seed: int = 0
     required_for: dict[str, list[str]] = Field(default_factory=dict)  # task -> component ids
     optional_for: dict[str, list[str]] = Field(default_factory=dict)
+    #: weight files, relative to the root (for shipped components: to the package's weights
+    #: directory unless ``root`` is set) -> ``sha256:<64 hex>`` of the whole file. A pool checks
+    #: them at start (fastvideo3/card/verify.py) and refuses to serve on a missing or wrong file.
+    digests: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("digests")
+    @classmethod
+    def _digests(cls, v: dict[str, str]) -> dict[str, str]:
+        check_digests(v)
+        return v
+
+
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def check_digests(digests: dict[str, str]) -> None:
+    """Relative paths inside the root, each with a ``sha256:<64 lowercase hex>`` digest."""
+    for path, digest in digests.items():
+        parts = path.split("/")
+        if not path or path.startswith("/") or ".." in parts or "" in parts:
+            raise ValueError(f"digests: {path!r} must be a relative path inside the checkpoint root")
+        if not _DIGEST.match(digest):
+            raise ValueError(f"digests.{path}: {digest!r} is not sha256:<64 lowercase hex>")
 
 
 class SamplerSpec(_Spec):

@@ -53,6 +53,15 @@ class PoolConfig:
     tls_key: str | None = None
     tls_ca: str | None = None
     auth_token_file: str | None = None
+    checkpoint_root: str | None = None
+    checkpoint_digests: str | None = None
+    advertise_host: str | None = None
+    load_failure_hold_s: float = 0.0
+
+    @property
+    def public_host(self) -> str:
+        """The host other processes reach this replica at (TensorRefs, Describe, replica id)."""
+        return self.advertise_host or self.host
 
     def security(self):
         from services.common.auth import from_args
@@ -63,7 +72,15 @@ def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
     p = argparse.ArgumentParser(prog=f"python -m services.{role}", description=f"fastvideo3 {role} pool")
     p.add_argument("--port", type=int, required=True, help="gRPC port (0 = any free port)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--advertise-host", default=None,
+                   help="address other processes reach this replica at (default: --host), e.g. the pod IP")
     p.add_argument("--card", default="wan-tiny", help="a card name, card file or diffusers directory")
+    p.add_argument("--checkpoint-root", default=None,
+                   help="directory the card's weights load from (replaces the card's checkpoint.root)")
+    p.add_argument("--checkpoint-digests", default=None,
+                   help="YAML file {card: {relative path: sha256:HEX}} checked with the card's own digests")
+    p.add_argument("--load-failure-hold", type=float, default=0.0, dest="load_failure_hold_s",
+                   help="when loading fails, stay up NOT_SERVING this many seconds (Describe tells why), then exit")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (auto)")
     p.add_argument("--precision", default=None, help="fp32, bf16 (card default for the device)")
     p.add_argument("--transport", default="auto",
@@ -93,6 +110,8 @@ def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
     add_args(p)
     a = vars(p.parse_args(argv))
     a["inject_fault"] = tuple(a["inject_fault"])
+    if a["load_failure_hold_s"] < 0:
+        p.error(f"--load-failure-hold must be >= 0 (got {a['load_failure_hold_s']})")
     return PoolConfig(role=role, **a)
 
 
@@ -116,6 +135,7 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
         self.telemetry: Any = None  # telemetry.hooks.PoolTelemetry, set by run_pool
         self.counters = {"execute_rpcs": 0, "release_rpcs": 0, "describe_rpcs": 0, "expired_units": 0}
         self.started = time.time()
+        self.load_error: dict | None = None  # why loading failed: {code, field, message}
 
     def attach(self, executor, transport, card) -> None:
         self.executor, self.transport, self.card = executor, transport, card
@@ -245,10 +265,12 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
         base = {"role": cfg.role, "replica_id": self.replica_id, "kinds": KINDS.get(cfg.role, []),
                 "max_batch_units": cfg.max_batch_units}
         state = "serving" if self.host.serving and not self.host.draining else (
-            "draining" if self.host.draining else "loading")
+            "draining" if self.host.draining else "failed" if self.load_error else "loading")
         info: dict[str, Any] = {"state": state, "inflight_rpcs": self.host.inflight,
                                 "rpc_counters": dict(self.counters), "fake": cfg.fake,
                                 "uptime_s": round(time.time() - self.started, 3)}
+        if self.load_error is not None:
+            info["load_error"] = self.load_error
         if self.executor is None:
             return {**base, "description_json": json.dumps(info).encode()}
         d = self.executor.describe()
@@ -261,7 +283,7 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
         info.update({"executor": d, "resident_regions": regions, "transport_caps": caps,
                      "transport_chosen": ts.get("published_by_backend", {}), "transport_default": ts.get("backend"),
                      "weights_digest": d.get("weights_digest", "")})
-        address = f"{cfg.host}:{self.host.port}"
+        address = f"{cfg.public_host}:{self.host.port}"
         endpoints = [common_pb2.TransferEndpoint(backend=b, address=address if b == "grpc" else "",
                                                  replica_id=self.replica_id) for b in caps["backends"]]
         return {
@@ -297,12 +319,12 @@ def run_pool(role: str, build: BuildFn, argv: list[str] | None = None) -> int:
     security = cfg.security()
     security.install()
     host = ServiceHost([SERVICE], cfg.host, cfg.port, security=security)
-    replica_id = cfg.replica_id or f"{role}@{cfg.host}:{cfg.port}"
+    replica_id = cfg.replica_id or f"{role}@{cfg.public_host}:{cfg.port}"
     servicer = RolePoolServicer(cfg, host, replica_id)
     pool_pb2_grpc.add_RolePoolServicer_to_server(servicer, host.server)
     port = host.start()
     if not cfg.replica_id and cfg.port == 0:
-        servicer.replica_id = replica_id = f"{role}@{cfg.host}:{port}"
+        servicer.replica_id = replica_id = f"{role}@{cfg.public_host}:{port}"
     host.install_signals()
     if cfg.exit_with_parent:
         host.watch_parent()
@@ -313,6 +335,14 @@ def run_pool(role: str, build: BuildFn, argv: list[str] | None = None) -> int:
         from fastvideo3.errors import FastVideoError
         msg = e.one_line() if isinstance(e, FastVideoError) else f"{type(e).__name__}: {e}"
         log.error("cannot load the %s pool: %s", role, msg)
+        servicer.load_error = {"code": getattr(e, "code", "INTERNAL"), "field": getattr(e, "field", None),
+                               "message": msg}
+        if cfg.load_failure_hold_s > 0:  # health stays NOT_SERVING; Describe says why
+            log.error("staying up NOT_SERVING for %.0f s (Describe: state=failed), then exiting",
+                      cfg.load_failure_hold_s)
+            end = time.monotonic() + cfg.load_failure_hold_s
+            while not host.stop_event.wait(0.2) and time.monotonic() < end:  # timed: signals stay handled
+                pass
         host.request_stop()
         host.wait_and_drain(1.0)
         return 2 if isinstance(e, FastVideoError) and e.code in ("INVALID_ARGUMENT", "NOT_FOUND") else 1
@@ -340,7 +370,15 @@ def _load(cfg: PoolConfig, build: BuildFn, replica_id: str, host: ServiceHost, p
     from services.common.fake import FakeExecutor
     from services.common.transport_set import TransportSet, parse_backends
     card = resolve_card(cfg.card)
-    transport = TransportSet(replica_id, parse_backends(cfg.transport), advertise=f"{cfg.host}:{port}",
+    if cfg.checkpoint_root:
+        from fastvideo3.card.registry import bind_checkpoint
+        card = bind_checkpoint(card, cfg.checkpoint_root)
+    if not cfg.fake:  # every file this role loads is present and matches its digest, or no start
+        from fastvideo3.card.verify import ROLE_KINDS, load_digest_file, verify_checkpoint
+        extra = load_digest_file(cfg.checkpoint_digests, card.model_id) if cfg.checkpoint_digests else None
+        checked = verify_checkpoint(card, ROLE_KINDS.get(cfg.role, frozenset()), extra)
+        log.info("checkpoint verified: %d file digest(s) match", len(checked))
+    transport = TransportSet(replica_id, parse_backends(cfg.transport), advertise=f"{cfg.public_host}:{port}",
                              handler_sink=host.late_handlers)
     try:
         if cfg.fake:
