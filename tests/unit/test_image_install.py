@@ -25,7 +25,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (REPO_ROOT / "Dockerfile").read_text()
-ROLES = ("scheduler", "encoder", "denoiser", "decoder", "reward", "dynamo")
+ROLES = ("scheduler", "encoder", "denoiser", "decoder", "reward", "dynamo", "gateway")
 POOLS = ("encoder", "denoiser", "decoder", "reward")
 
 

@@ -9,7 +9,7 @@ generic ephemeral volume). The volume is mounted at the source's mountPath and t
 {{/* Cards whose weights ship inside the image: no model source needed. Kept equal to the
 built-in registry's cards without diffusers_dir components (tests/unit/test_chart_models.py). */}}
 {{- define "fastvideo3.selfContainedCards" -}}
-wan-tiny wan-tiny-4step wan-tiny-seeded
+wan-tiny wan-tiny-4step wan-tiny-seeded wan-tiny-fp8
 {{- end -}}
 
 {{- define "fastvideo3.modelMountPath" -}}
