@@ -37,7 +37,7 @@ class TextFeatureCache:
         self.cache = cache if cache is not None else FeatureCache(max_bytes)
         self._tokenizer: dict[int, str] = {}
 
-    def key(self, executor, texts: list[str]) -> CacheKey:
+    def key(self, executor, texts: list[str], adapter_versions: tuple[str, ...] = ()) -> CacheKey:
         tok = self._tokenizer.get(id(executor))
         if tok is None:
             tok = self._tokenizer[id(executor)] = _tokenizer_version(executor)
@@ -46,11 +46,11 @@ class TextFeatureCache:
             weights_version=executor.encoder.digest, precision=executor.precision,
             device=str(executor.device).split(":")[0], max_len=executor.encoder.max_len,
             shape_sig=f"texts={len(texts)}", input_hash=input_hash(list(texts)),
-            tokenizer_version=tok, contract_version=TEXT_CONTRACT,
+            tokenizer_version=tok, adapter_versions=tuple(adapter_versions), contract_version=TEXT_CONTRACT,
         )
 
-    def encode(self, executor, texts: list[str], request_id: str):
-        key = self.key(executor, texts)
+    def encode(self, executor, texts: list[str], request_id: str, adapter_versions: tuple[str, ...] = ()):
+        key = self.key(executor, texts, adapter_versions)
         hit = self.cache.lookup(key, request_id)
         if hit is not None:
             return hit

@@ -26,6 +26,7 @@ class DenoiseState(LoopState):
     precision: str
     embeds: dict[str, dict]  # name -> TensorRef dict, fetched once by the pool
     latent_norms: list[float] = []
+    adapters: list[dict] = []  # [{"id", "version", "scale"}]: applied per row by the denoiser
     outputs: dict[str, dict] = {}
 
 
@@ -45,6 +46,7 @@ class DenoiseLoop:
             latent_shape=list(latent_shape(card, request.num_frames, request.height, request.width)),
             precision=request.precision,
             embeds={k: ctx[k] for k in ("prompt_embeds", "negative_embeds") if k in ctx},
+            adapters=[dict(a) for a in getattr(request, "adapters", ())],
         )
 
     def shape_sig(self, state: DenoiseState) -> str:
@@ -62,6 +64,7 @@ class DenoiseLoop:
                 "step": k, "timestep": state.timesteps[k], "sigmas": state.sigmas, "guidance": state.guidance,
                 "cfg_policy": state.cfg_policy, "sampler": state.sampler, "solver_order": state.solver_order,
                 "seed": state.seed, "latent_shape": state.latent_shape, "final": k == state.num_steps - 1,
+                **({"adapters": [dict(a) for a in state.adapters]} if state.adapters else {}),
             },
             resources=Resources(),
         )

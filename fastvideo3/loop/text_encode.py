@@ -10,6 +10,7 @@ class TextEncodeState(LoopState):
     prompts: dict[str, str]  # output name -> text
     max_len: int
     outputs: dict[str, dict] = {}
+    adapter_versions: list[str] = []  # enter the prompt cache's key
 
 
 class TextEncodeLoop:
@@ -20,14 +21,16 @@ class TextEncodeLoop:
         if request.cfg_policy != "none":
             prompts["negative_embeds"] = request.negative_prompt
         return TextEncodeState(request_id=request.request_id, loop_id=self.loop_id, model_id=card.model_id,
-                               prompts=prompts, max_len=card.max_text_tokens)
+                               prompts=prompts, max_len=card.max_text_tokens,
+                               adapter_versions=list(getattr(request, "adapter_versions", ())))
 
     def next(self, state: TextEncodeState) -> WorkPlan | Done:
         if state.done:
             return Done(self.finalize(state))
         return WorkPlan(loop_id=self.loop_id, request_id=state.request_id, kind="encoder_chunk", role="encoder",
                         shape_sig=f"encoder_chunk|{state.model_id}|{state.max_len}",
-                        params={"prompts": state.prompts})
+                        params={"prompts": state.prompts,
+                                **({"adapter_versions": state.adapter_versions} if state.adapter_versions else {})})
 
     def advance(self, state: TextEncodeState, result: StepResult) -> TextEncodeState:
         missing = set(state.prompts) - set(result.outputs)

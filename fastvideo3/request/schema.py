@@ -11,9 +11,11 @@ import uuid
 from dataclasses import asdict, dataclass
 
 from fastvideo3.card.spec import ModelCard
-from fastvideo3.errors import InvalidRequest
+from fastvideo3.errors import InvalidRequest, NotFound
 
 MAX_SEED = 2**63 - 1
+MAX_ADAPTERS = 4
+MAX_ADAPTER_SCALE = 8.0
 ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
 
 
@@ -33,6 +35,8 @@ class GenerateRequest:
     request_id: str | None = None
     slo_class: str = "interactive"
     deadline_s: float | None = None
+    #: LoRA adapters to apply, in order: ``[{"id": "style-a", "scale": 0.7}, ...]``
+    adapters: list | None = None
 
 
 @dataclass(frozen=True)
@@ -55,13 +59,48 @@ class ResolvedRequest:
     precision: str
     slo_class: str
     deadline_s: float
+    #: ``({"id", "version", "scale"}, ...)``: each adapter pinned to the version loaded at admission
+    adapters: tuple = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "ResolvedRequest":
+        d = dict(d)
+        d["adapters"] = tuple(dict(a) for a in d.get("adapters", ()))
         return cls(**d)
+
+    @property
+    def adapter_versions(self) -> tuple[str, ...]:
+        """``id@version*scale`` per adapter, in order (cache keys, provenance, identity)."""
+        return tuple(f"{a['id']}@{a['version']}*{a['scale']:g}" for a in self.adapters)
+
+
+def resolve_adapters(value, loaded: dict[str, str] | None) -> tuple:
+    """Check the requested adapters and pin each to its loaded version (``loaded``: id -> version).
+    An adapter that is not loaded is NOT_FOUND, naming it, before anything runs."""
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_ADAPTERS:
+        raise InvalidRequest("must be a list of {id, scale}", field="adapters", limit=f"<= {MAX_ADAPTERS} adapters")
+    out, seen = [], set()
+    for i, item in enumerate(value):
+        if not isinstance(item, dict) or set(item) - {"id", "scale"} or "id" not in item:
+            raise InvalidRequest("must be {id, scale}", field=f"adapters[{i}]")
+        aid = item["id"]
+        if not isinstance(aid, str) or not 1 <= len(aid) <= 128 or not set(aid) <= ID_CHARS:
+            raise InvalidRequest("must be 1-128 characters of [A-Za-z0-9-_.:]", field=f"adapters[{i}].id",
+                                 limit="1..128 chars")
+        if aid in seen:
+            raise InvalidRequest(f"adapter {aid!r} named twice", field=f"adapters[{i}].id")
+        seen.add(aid)
+        scale = _float(f"adapters[{i}].scale", item.get("scale", 1.0), -MAX_ADAPTER_SCALE, MAX_ADAPTER_SCALE)
+        version = (loaded or {}).get(aid)
+        if version is None:
+            raise NotFound(f"adapter {aid!r} is not loaded", field=f"adapters[{i}].id", details={"adapter": aid})
+        out.append({"id": aid, "version": version, "scale": scale})
+    return tuple(out)
 
 
 def _int(name: str, v, lo: int, hi: int) -> int:
@@ -81,7 +120,9 @@ def _float(name: str, v, lo: float, hi: float) -> float:
     return float(v)
 
 
-def resolve(req: GenerateRequest, card: ModelCard, *, precision: str = "fp32") -> ResolvedRequest:
+def resolve(req: GenerateRequest, card: ModelCard, *, precision: str = "fp32",
+            adapters: dict[str, str] | None = None) -> ResolvedRequest:
+    """``adapters``: the adapters loaded now (id -> version) that the request may name."""
     lim = card.limits
     den = card.denoise
     if not isinstance(req.prompt, str) or not req.prompt.strip():
@@ -126,9 +167,10 @@ def resolve(req: GenerateRequest, card: ModelCard, *, precision: str = "fp32") -
     if not isinstance(rid, str) or not 1 <= len(rid) <= 128 or not set(rid) <= ID_CHARS:
         raise InvalidRequest("must be 1-128 characters of [A-Za-z0-9-_.:]", field="request_id", limit="1..128 chars")
     card.check_recipe(loop="diffusion_denoise", steps=steps, sampler=sampler, precision=precision)
+    lora = resolve_adapters(req.adapters, adapters)
     return ResolvedRequest(
         request_id=rid, model_id=card.model_id, prompt=req.prompt, negative_prompt=neg, num_frames=frames,
         height=sizes["height"], width=sizes["width"], num_inference_steps=steps, guidance_scale=guidance,
         seed=seed, flow_shift=shift, sampler=sampler, cfg_policy=cfg, precision=precision,
-        slo_class=req.slo_class, deadline_s=deadline,
+        slo_class=req.slo_class, deadline_s=deadline, adapters=lora,
     )

@@ -59,7 +59,17 @@ class Engine:
 
     # -- requests ------------------------------------------------------------------------
     def resolve(self, prompt: str, **kw) -> ResolvedRequest:
-        return resolve(GenerateRequest(prompt=prompt, **kw), self.card, precision=self.precision)
+        return resolve(GenerateRequest(prompt=prompt, **kw), self.card, precision=self.precision,
+                       adapters=dict(self.denoiser.adapters.current))
+
+    # -- adapters -------------------------------------------------------------------------
+    def load_adapter(self, adapter_id: str, path: str | None = None, tensors: dict | None = None) -> dict:
+        """Load a LoRA (a file in the diffusers/PEFT or Wan-trainer layout); requests admitted from
+        now on that name ``adapter_id`` run this version."""
+        return self.denoiser.load_adapter(adapter_id, path, tensors)
+
+    def unload_adapter(self, adapter_id: str, wait_s: float = 0.0) -> list[str]:
+        return self.denoiser.unload_adapter(adapter_id, wait_s)
 
     def submit(self, prompt: str, **kw) -> RequestRun:
         return self.scheduler.submit(self.resolve(prompt, **kw), self.card)
@@ -95,7 +105,7 @@ class Engine:
     def generate(self, prompt: str, *, negative_prompt: str | None = None, num_frames: int | None = None,
                  height: int | None = None, width: int | None = None, num_inference_steps: int | None = None,
                  guidance_scale: float | None = None, seed: int | None = None, flow_shift: float | None = None,
-                 sampler: str | None = None, cfg_policy: str | None = None,
+                 sampler: str | None = None, cfg_policy: str | None = None, adapters: list | None = None,
                  request_id: str | None = None, on_event: Callable[[Event], None] | None = None) -> Video:
         prev = self.scheduler.on_event
         self.scheduler.on_event = on_event or prev
@@ -103,7 +113,7 @@ class Engine:
             run = self.submit(prompt, negative_prompt=negative_prompt, num_frames=num_frames, height=height,
                               width=width, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
                               seed=seed, flow_shift=flow_shift, sampler=sampler, cfg_policy=cfg_policy,
-                              request_id=request_id)
+                              adapters=adapters, request_id=request_id)
             self.run(until=lambda: run.status in TERMINAL)
         finally:
             self.scheduler.on_event = prev
@@ -117,6 +127,10 @@ class Engine:
             "request": r.to_dict(),
             "weights": {"transformer": self.denoiser.weights_digest, "text_encoder": self.encoder.encoder.digest,
                         "vae": self.decoder.vae.digest},
+            "adapters": [dict(a) for a in r.adapters],
+            "runtime": {"fingerprint": self.denoiser.runtime.fingerprint_hex,
+                        "adapters": list(r.adapter_versions),
+                        "adapter_mode": self.denoiser.adapters.describe()["mode"]},
             "timings_s": {k: round(v, 4) for k, v in run.phase_seconds.items()},
             "latent_norms": run.ctx.get("payloads", {}).get("diffusion_denoise", {}).get("latent_norms", []),
             "fps": self.card.limits.fps,

@@ -13,11 +13,14 @@ from dataclasses import dataclass, field
 import torch
 
 from fastvideo3.card.spec import ModelCard
-from fastvideo3.errors import ErrorInfo, FastVideoError, InvalidRequest, NumericFault, ResourceExhausted, Unavailable
+from fastvideo3.errors import (ErrorInfo, FailedPrecondition, FastVideoError, InvalidRequest, NumericFault,
+                               ResourceExhausted, Unavailable)
 from fastvideo3.loop import cfg as cfg_policy
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.loop.samplers import SamplerHistory, sampler_step
 from fastvideo3.models.wan.components import TextEncoder, VideoDecoder, load_dit, precision_dtype
+from fastvideo3.request.schema import ID_CHARS
+from fastvideo3.runtime.adapters import adapter_refs
 from fastvideo3.runtime.workunit import WorkUnit
 from fastvideo3.transport.ref import TensorRef
 
@@ -96,7 +99,8 @@ class EncoderExecutor(_Base):
             try:
                 prompts: dict[str, str] = unit.params["prompts"]
                 names = list(prompts)
-                embeds = self._encode([prompts[n] for n in names], unit.request_id)
+                embeds = self._encode([prompts[n] for n in names], unit.request_id,
+                                      tuple(unit.params.get("adapter_versions", ())))
                 refs = {n: self.transport.publish(unit.request_id, n, embeds[i : i + 1]).to_dict()
                         for i, n in enumerate(names)}
                 out.append(StepResult(unit.unit_id, unit.request_id, outputs=refs))
@@ -104,10 +108,12 @@ class EncoderExecutor(_Base):
                 out.append(_fail(unit, e))
         return out
 
-    def _encode(self, texts: list[str], request_id: str) -> torch.Tensor:
+    def _encode(self, texts: list[str], request_id: str, adapter_versions: tuple[str, ...] = ()) -> torch.Tensor:
         if self.cache is None:
             return self.encoder.encode(texts)
-        return self.cache.encode(self, texts, request_id)  # the request holds its entries until release
+        # the adapters' versions are in the key: an entry made under one version is never served
+        # to a request running another
+        return self.cache.encode(self, texts, request_id, adapter_versions)  # the request holds its entries until release
 
     def release(self, request_id: str) -> None:
         if self.cache is not None:
@@ -137,9 +143,10 @@ class DenoiserExecutor(_Base):
     role = "denoiser"
 
     def __init__(self, card: ModelCard, transport, device=None, precision=None, batching: bool = True,
-                 fast: bool | None = None):
+                 fast: bool | None = None, lora_slots: int = 8, lora_max_rank: int = 64):
         super().__init__(card, transport, device, precision)
         self.dit, self.weights_digest = load_dit(card, self.device, self.dtype)
+        self.base_weights_digest = self.weights_digest
         # The fast path (fused kernels; CUDA graphs for buckets captured by prepare_graphs) is the
         # default on CUDA only: on a CPU the executor runs the reference DiT, exactly as before.
         self.fast = self.device.startswith("cuda") if fast is None else bool(fast)
@@ -147,6 +154,15 @@ class DenoiserExecutor(_Base):
         if self.fast:
             from fastvideo3.models.wan.fast import FastWanDiT
             self._forward = FastWanDiT(self.dit)
+        # LoRA adapters (fastvideo3.runtime.adapters): a per-row delta on the adapted layers of
+        # whichever forward runs (hooks on the reference model, calls inside the fast path)
+        from fastvideo3.models.wan.lora import adapted_linears, layer_shapes
+        from fastvideo3.runtime.adapters import AdapterStore
+        self.adapters = AdapterStore(layer_shapes(self.dit.cfg), self.device, self.dtype, slots=lora_slots,
+                                     max_rank=lora_max_rank)
+        self.adapters.hook(self.dit, adapted_linears(self.dit, self.dit.cfg))
+        if self.fast:
+            self._forward.lora = self.adapters
         # The model as the pool sees it: a runtime export (identity, fingerprint, ports, stages,
         # graphs, state regions), with buckets at the card's default shape until prepare_graphs
         # declares others. Prepared buckets run through its SWAP ports and the "dit" stage.
@@ -187,7 +203,54 @@ class DenoiserExecutor(_Base):
     def release(self, request_id: str) -> None:
         with self._lock:
             self.regions.pop(request_id, None)
+        self.adapters.release(request_id)
         super().release(request_id)
+
+    # -- adapters (fastvideo3.runtime.adapters) -----------------------------------------------
+    def _read_adapter(self, adapter_id: str, path: str | None, tensors: dict | None):
+        from fastvideo3.models.wan.lora import load_lora_file, parse_lora
+        if not isinstance(adapter_id, str) or not 1 <= len(adapter_id) <= 128 or not set(adapter_id) <= ID_CHARS:
+            raise InvalidRequest("must be 1-128 characters of [A-Za-z0-9-_.:]", field="adapter_id", limit="1..128 chars")
+        if type(self._forward).__name__ == "Fp8FastWanDiT":
+            raise FailedPrecondition("the FP8 fast path takes no LoRA adapters", field="adapter_id")
+        if tensors is not None:
+            return parse_lora(tensors, self.dit.cfg, adapter_id, self.adapters.max_rank)
+        if not path:
+            raise InvalidRequest("an adapter needs a file", field="adapter_path")
+        return load_lora_file(path, self.dit.cfg, adapter_id, self.adapters.max_rank)
+
+    def load_adapter(self, adapter_id: str, path: str | None = None, tensors: dict | None = None) -> dict:
+        """Load (or reload) an adapter while serving; returns its id, version, rank and bytes. Reading
+        and checking the file happens outside the step lock; only the registration takes it."""
+        adapter = self._read_adapter(adapter_id, path, tensors)
+        return self.adapters.load(adapter, source=str(path or "memory"))
+
+    def unload_adapter(self, adapter_id: str, wait_s: float = 0.0) -> list[str]:
+        """Remove every version of an adapter, waiting up to ``wait_s`` for requests using it."""
+        return self.adapters.unload(adapter_id, wait_s)
+
+    def merge_adapter(self, adapter_id: str, scale: float, path: str | None = None, tensors: dict | None = None) -> dict:
+        """Dedicate this pool to one adapter merged into its weights (no per-row delta). Start-up
+        only: refused once adapters are loaded or requests are resident."""
+        from fastvideo3.models.wan.lora import merge_into_
+        from fastvideo3.runtime.adapters import _Entry
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not -8.0 <= float(scale) <= 8.0:
+            raise InvalidRequest(f"{scale!r}", field="scale", limit="[-8, 8]")
+        adapter = self._read_adapter(adapter_id, path, tensors)
+        with self._lock:
+            if self.regions or self.adapters.entries or self.adapters.merged:
+                raise FailedPrecondition("merge an adapter before any other adapter or request", field="merge_adapter")
+            merge_into_(self.dit, adapter, float(scale))
+            store = self.adapters
+            store.entries[(adapter_id, adapter.version)] = _Entry(adapter, str(path or "memory"))
+            store.current[adapter_id] = adapter.version
+            store.merged = (adapter_id, adapter.version, float(scale))
+            # what ran is now other weights: the digest, and with it the runtime identity, says so
+            self.weights_digest = f"{self.base_weights_digest}+lora:{adapter_id}@{adapter.version}*{float(scale):g}"
+            self.runtime.release()
+            from fastvideo3.models.wan.runtime_export import default_buckets
+            self.runtime, self._prepared = self._build_runtime(default_buckets(self.card)), set()
+        return {"id": adapter_id, "version": adapter.version, "scale": float(scale), "mode": "merged"}
 
     # -- snapshot / restore (fastvideo3.runtime.resident) ----------------------------------
     @property
@@ -220,6 +283,7 @@ class DenoiserExecutor(_Base):
         d["resident_regions"] = len(self.regions)
         d["weights_digest"] = self.weights_digest
         d["dit_path"] = "fast" if self.fast else "reference"
+        d["adapters"] = self.adapters.describe()
         d["graph_buckets"] = sorted(self._prepared)
         rt = self.runtime
         d["runtime_export"] = {"fingerprint": rt.fingerprint_hex, "graphs": list(rt.identity.graph_names),
@@ -263,8 +327,8 @@ class DenoiserExecutor(_Base):
     def _dit(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
         from fastvideo3.models.wan.runtime_export import bucket_key
         key = bucket_key(x.shape[0], x.shape[1:], text.shape[1])
-        if key not in self._prepared or text.shape[2] != self.dit.cfg.text_dim:
-            return self._forward(x, t, text)
+        if key not in self._prepared or text.shape[2] != self.dit.cfg.text_dim or self.adapters.active:
+            return self._forward(x, t, text)  # eager: captured graphs hold no adapter deltas
         rt = self.runtime
         rt.prepare(key)  # selects the prepared bucket; captures nothing
         rt.set_input("latents", x)
@@ -297,6 +361,9 @@ class DenoiserExecutor(_Base):
         p = unit.params
         if p.get("cfg_policy") not in cfg_policy.POLICIES:
             raise InvalidRequest(f"unknown cfg policy {p.get('cfg_policy')!r}", field="cfg_policy")
+        # unknown adapter: NOT_FOUND naming it, before the request's first step; pinned from here
+        # until the request is released, so an unload never yanks it mid-request
+        self.adapters.acquire(unit.request_id, adapter_refs(p.get("adapters")))
         needed = {"prompt_embeds"} | ({"negative_embeds"} if p["cfg_policy"] != "none" else set())
         if not needed <= set(unit.inputs) | set(self.regions.get(unit.request_id, Region(torch.empty(0), SamplerHistory())).embeds):
             raise InvalidRequest(f"missing inputs {sorted(needed - set(unit.inputs))}", field="inputs")
@@ -319,7 +386,9 @@ class DenoiserExecutor(_Base):
                     index.append((i, b))
             x = torch.cat(lat).to(self.dtype)
             t = torch.tensor(ts, dtype=torch.float32, device=self.device)
-            out = self._dit(x, t, torch.cat(txt))
+            rows = [adapter_refs(chunk[i][0].params.get("adapters")) for i, _ in index]
+            with self.adapters.batch(rows):
+                out = self._dit(x, t, torch.cat(txt))
             self.counters["forwards"] += 1
             self.counters["rows"] += len(index)
             self.counters["max_batch_rows"] = max(self.counters["max_batch_rows"], len(index))

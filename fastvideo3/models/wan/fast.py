@@ -130,6 +130,8 @@ class FastWanDiT:
         self.gelu_epilogue = (gelu_epilogue and self.device.type == "cuda"
                               and _gelu_epilogue_is_tanh(str(self.device)))
         self.heads, self.head_dim = cfg.num_attention_heads, cfg.attention_head_dim
+        #: per-row LoRA deltas (an AdapterStore; fastvideo3.runtime.adapters), None for none
+        self.lora = None
         hw = 2 * (self.head_dim // 6)
         self.rope_split = (self.head_dim - 2 * hw, hw)
         with torch.no_grad():
@@ -189,10 +191,16 @@ class FastWanDiT:
             m = mod[i]
             # self-attention: fused QKV, QK-norm + RoPE, attention on strided views
             qkv = F.linear(hidden, blk.qkv_w, blk.qkv_b)
+            lora = self.lora if self.lora is not None and self.lora.active else None
+            if lora:
+                for j, part in enumerate(("to_q", "to_k", "to_v")):
+                    lora.delta_(f"blocks.{i}.attn1.{part}", hidden, qkv[..., j * d:(j + 1) * d])
             qk = qk_norm_rope(qkv, blk.qk_norm, parts=2, eps=eps, heads=heads, rope=rope, impl=impl)
             o = attention(qk[..., :d].view(b, n, heads, hd), qk[..., d:].view(b, n, heads, hd),
                           qkv[..., 2 * d:].view(b, n, heads, hd), self.attention)
             y = F.linear(o.reshape(b, n, d), blk.out_w, blk.out_b)
+            if lora:
+                lora.delta_(f"blocks.{i}.attn1.to_out.0", o.reshape(b, n, d), y)
             # gated residual + the cross-attention norm
             if blk.norm2_w is not None:
                 hidden = add_norm(x, y, m[:, 2], blk.norm2_w, blk.norm2_b, modulate=False, eps=eps, impl=impl)
@@ -200,13 +208,24 @@ class FastWanDiT:
                 x.copy_((x.float() + y.float() * m[:, 2].unsqueeze(1)).to(x.dtype))
                 hidden = x.clone()
             # cross-attention on the precomputed text K/V
-            q = qk_norm_rope(F.linear(hidden, blk.q2_w, blk.q2_b), blk.q2_norm, parts=1, eps=eps, heads=heads,
-                             impl=impl)
+            q = F.linear(hidden, blk.q2_w, blk.q2_b)
+            if lora:
+                lora.delta_(f"blocks.{i}.attn2.to_q", hidden, q)
+            q = qk_norm_rope(q, blk.q2_norm, parts=1, eps=eps, heads=heads, impl=impl)
             o = attention(q.view(b, n, heads, hd), k_all[i], v_all[i], self.cross_attention)
             y = F.linear(o.reshape(b, n, d), blk.out2_w, blk.out2_b)
+            if lora:
+                lora.delta_(f"blocks.{i}.attn2.to_out.0", o.reshape(b, n, d), y)
             hidden = add_norm(x, y, None, m[:, 4], m[:, 3], modulate=True, eps=eps, impl=impl)
             # FFN; its gated residual is fused with the next norm (the next block's, or the head's)
-            y = F.linear(self._gelu_linear(hidden, blk.ff1_w, blk.ff1_b), blk.ff2_w, blk.ff2_b)
+            if lora:  # the delta goes in before the GELU: no epilogue fusion
+                f1 = F.linear(hidden, blk.ff1_w, blk.ff1_b)
+                lora.delta_(f"blocks.{i}.ffn.net.0.proj", hidden, f1)
+                f1 = F.gelu(f1, approximate="tanh")
+                y = F.linear(f1, blk.ff2_w, blk.ff2_b)
+                lora.delta_(f"blocks.{i}.ffn.net.2", f1, y)
+            else:
+                y = F.linear(self._gelu_linear(hidden, blk.ff1_w, blk.ff1_b), blk.ff2_w, blk.ff2_b)
             scale, shift = (mod[i + 1, :, 1], mod[i + 1, :, 0]) if i + 1 < len(self.blocks) else (
                 final[:, 1], final[:, 0])
             hidden = add_norm(x, y, m[:, 5], scale, shift, modulate=True, eps=eps, impl=impl)
@@ -225,6 +244,10 @@ class FastWanDiT:
         b, t, d = ctx.shape
         layers = len(self.blocks)
         kv = self._kv_projection(ctx).view(b, t, layers, 2, d)
+        if self.lora is not None and self.lora.active:
+            for i in range(layers):
+                self.lora.delta_(f"blocks.{i}.attn2.to_k", ctx, kv[:, :, i, 0])
+                self.lora.delta_(f"blocks.{i}.attn2.to_v", ctx, kv[:, :, i, 1])
         k = F.rms_norm(kv[:, :, :, 0].float(), (d,), eps=self.cfg.eps) * self.k_norm
         k = k.to(ctx.dtype).permute(2, 0, 1, 3).contiguous().view(layers, b, t, self.heads, self.head_dim)
         v = kv[:, :, :, 1].permute(2, 0, 1, 3).contiguous().view(layers, b, t, self.heads, self.head_dim)

@@ -1,0 +1,118 @@
+"""Segmented low-rank delta: each row of a batch gets its own LoRA adapter (or none).
+
+``lora_delta_(x, y, a, b, slots, scales)`` adds, for every batch row ``r`` with ``slots[r] >= 0``,
+
+    y[r] += scales[r] * (x[r] @ a[slots[r]].T) @ b[slots[r]].T
+
+in place. ``a`` is ``[S, R, K]`` and ``b`` ``[S, OUT, R]``: the stacked down/up weights of the
+adapters resident in ``S`` slots, zero-padded to one rank ``R`` (padding adds exact zeros), so a
+batch that mixes adapters is one launch per adapted layer whatever the mix (what Punica's SGMV
+and S-LoRA do for language models). ``x`` is ``[B, N, K]``, ``y`` ``[B, N, OUT]``; both may be
+strided views along the last dimension (a slice of a fused QKV output).
+
+Numerics (both implementations): the down projection accumulates in fp32, is scaled, then
+rounded once to the activation dtype; the up projection accumulates in fp32 and the sum with
+``y`` is rounded once -- as PEFT's ``lora_B(lora_A(x)) * scaling`` added to the base output.
+
+``impl="triton"``: one fused kernel (down projection of a token tile kept in registers, then
+the up projection tile by tile, added into ``y``); rows without an adapter exit at once. On a CPU
+it runs only under ``TRITON_INTERPRET=1``. ``impl="torch"``: a loop over the slots in use.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def segmented_lora(X, Y, A, B, SLOT, SCALE, N, K, OUT,
+                       sxb, sxn, syb, syn, sas, sar, sbs, sbo,
+                       R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BO: tl.constexpr,
+                       IEEE: tl.constexpr):
+        pid_m = tl.program_id(0)
+        row = tl.program_id(1)
+        slot = tl.load(SLOT + row)
+        if slot >= 0:
+            scale = tl.load(SCALE + row)
+            offs_m = pid_m * BM + tl.arange(0, BM)
+            offs_r = tl.arange(0, R)
+            m_ok = offs_m[:, None] < N
+            acc = tl.zeros((BM, R), dtype=tl.float32)
+            for k0 in range(0, K, BK):
+                offs_k = k0 + tl.arange(0, BK)
+                k_ok = offs_k < K
+                x = tl.load(X + row * sxb + offs_m[:, None] * sxn + offs_k[None, :], mask=m_ok & k_ok[None, :],
+                            other=0.0)
+                a = tl.load(A + slot * sas + offs_r[None, :] * sar + offs_k[:, None], mask=k_ok[:, None], other=0.0)
+                if IEEE:
+                    acc += tl.dot(x, a, input_precision="ieee")
+                else:
+                    acc += tl.dot(x, a)
+            xa = (acc * scale).to(X.dtype.element_ty)
+            for o0 in range(0, OUT, BO):
+                offs_o = o0 + tl.arange(0, BO)
+                o_ok = offs_o < OUT
+                bt = tl.load(B + slot * sbs + offs_o[None, :] * sbo + offs_r[:, None], mask=o_ok[None, :], other=0.0)
+                if IEEE:
+                    d = tl.dot(xa, bt, input_precision="ieee")
+                else:
+                    d = tl.dot(xa, bt)
+                ptr = Y + row * syb + offs_m[:, None] * syn + offs_o[None, :]
+                mask = m_ok & o_ok[None, :]
+                y = tl.load(ptr, mask=mask, other=0.0)
+                tl.store(ptr, (y.to(tl.float32) + d).to(Y.dtype.element_ty), mask=mask)
+
+    return segmented_lora
+
+
+def _check(x, y, a, b, slots, scales) -> None:
+    if x.dim() != 3 or y.dim() != 3 or x.shape[:2] != y.shape[:2]:
+        raise ValueError(f"x {tuple(x.shape)} and y {tuple(y.shape)} must be [B, N, K] and [B, N, OUT]")
+    if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[1] != b.shape[2]:
+        raise ValueError(f"a {tuple(a.shape)} / b {tuple(b.shape)} must be [S, R, K] / [S, OUT, R]")
+    if a.shape[2] != x.shape[2] or b.shape[1] != y.shape[2]:
+        raise ValueError(f"adapter dims {tuple(a.shape)}/{tuple(b.shape)} do not fit x {tuple(x.shape)} y {tuple(y.shape)}")
+    if slots.shape != (x.shape[0],) or scales.shape != (x.shape[0],):
+        raise ValueError("slots and scales need one entry per row")
+
+
+def lora_delta_(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, slots: torch.Tensor,
+                scales: torch.Tensor, impl: str = "torch") -> torch.Tensor:
+    """Add each row's low-rank delta into ``y`` (see the module docstring); returns ``y``.
+    ``slots``: int32 [B] (-1: no adapter), ``scales``: fp32 [B], both on ``x``'s device."""
+    _check(x, y, a, b, slots, scales)
+    if impl == "triton":
+        return _triton(x, y, a, b, slots, scales)
+    if impl != "torch":
+        raise ValueError(f"impl must be 'triton' or 'torch', got {impl!r}")
+    for s in torch.unique(slots).tolist():  # host sync: the CPU path only
+        if s < 0:
+            continue
+        rows = (slots == s).nonzero().flatten()
+        xa = torch.matmul(x[rows].float(), a[s].float().t()) * scales[rows].view(-1, 1, 1)
+        d = torch.matmul(xa.to(x.dtype).float(), b[s].float().t())
+        y[rows] = (y[rows].float() + d).to(y.dtype)
+    return y
+
+
+def _triton(x, y, a, b, slots, scales):
+    import triton
+    if x.stride(2) != 1 or y.stride(2) != 1 or not a.is_contiguous() or not b.is_contiguous():
+        raise ValueError("the Triton path needs unit stride along the feature dims and contiguous adapters")
+    bsz, n, k = x.shape
+    out, r = y.shape[2], a.shape[1]
+    if r < 16 or r & (r - 1):
+        raise ValueError(f"the Triton path needs a power-of-two rank >= 16, got {r}")
+    bm = 64 if n >= 64 else 16
+    grid = (triton.cdiv(n, bm), bsz)
+    _kernel()[grid](x, y, a, b, slots, scales, n, k, out,
+                    x.stride(0), x.stride(1), y.stride(0), y.stride(1),
+                    a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                    R=r, BM=bm, BK=64, BO=64, IEEE=x.dtype == torch.float32)
+    return y

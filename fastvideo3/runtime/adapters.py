@@ -1,0 +1,293 @@
+"""The denoiser pool's LoRA adapters: loaded and unloaded while serving, several per batch.
+
+:class:`AdapterStore` holds every loaded adapter version on the host and a fixed number of device
+*slots* (the memory budget): per adapted layer one stacked ``down`` tensor ``[slots, R, in]`` and
+one ``up`` tensor ``[slots, out, R]``, rank zero-padded to ``R``. A batch that mixes adapters is
+then one segmented low-rank launch per layer (:func:`fastvideo3.kernels.lora.lora_delta_`), rows
+pointing at their slot (or at none).
+
+Versions and lifetimes:
+
+* an adapter is named ``(id, version)``; the version is its content digest. Loading a new
+  version of an id makes it the *current* one; older versions stay loaded for the requests that
+  were admitted with them (never yanked mid-request) until no request uses them and the host
+  budget needs the room, or until the id is unloaded;
+* a request pins the versions it names at its first step (:meth:`acquire`) and unpins them
+  when the pool releases it; a pinned adapter keeps its slot;
+* when every slot is taken, placing an adapter evicts the least recently used unpinned one
+  (its host copy stays, so it comes back on demand); if all slots are pinned the request is
+  refused with RESOURCE_EXHAUSTED and a retry hint;
+* :meth:`unload` removes every version of an id, waiting (up to a deadline) for the requests
+  that use it, and refusing (FAILED_PRECONDITION) if they are still running at the deadline.
+
+A pool dedicated to one adapter may instead *merge* it into the weights (:meth:`merge`): no
+per-row delta at all; such a pool serves only requests naming exactly that adapter and scale.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from fastvideo3.errors import FailedPrecondition, InvalidRequest, NotFound, ResourceExhausted
+
+DEFAULT_SLOTS = 8
+DEFAULT_MAX_RANK = 64
+DEFAULT_HOST_BYTES = 4 << 30
+MAX_ADAPTERS_PER_REQUEST = 4
+
+
+@dataclass
+class _Entry:
+    adapter: object  # LoraAdapter (host, fp32)
+    source: str
+    users: set[str] = field(default_factory=set)
+    slot: int | None = None
+    last_used: float = 0.0
+
+
+def adapter_refs(value) -> list[tuple[str, str, float]]:
+    """Unit params ``adapters`` -> ``[(id, version, scale)]`` (validated)."""
+    out = []
+    for item in value or []:
+        aid, ver, scale = item["id"], item["version"], float(item["scale"])
+        out.append((str(aid), str(ver), scale))
+    return out
+
+
+class AdapterStore:
+    def __init__(self, shapes: dict[str, tuple[int, int]], device: str, dtype: torch.dtype, *,
+                 slots: int = DEFAULT_SLOTS, max_rank: int = DEFAULT_MAX_RANK,
+                 host_max_bytes: int = DEFAULT_HOST_BYTES, impl: str | None = None):
+        if slots < 1:
+            raise InvalidRequest(f"{slots} adapter slots", field="lora_slots", limit=">= 1")
+        if max_rank < 16 or max_rank & (max_rank - 1):
+            raise InvalidRequest(f"{max_rank}", field="lora_max_rank", limit="a power of two >= 16")
+        self.shapes, self.device, self.dtype = shapes, device, dtype
+        self.n_slots, self.max_rank, self.host_max_bytes = slots, max_rank, host_max_bytes
+        self.impl = impl or ("triton" if str(device).startswith("cuda") else "torch")
+        self.entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+        self.current: dict[str, str] = {}
+        self.down: dict[str, torch.Tensor] = {}
+        self.up: dict[str, torch.Tensor] = {}
+        self.merged: tuple[str, str, float] | None = None
+        self.counters = {"loads": 0, "unloads": 0, "evictions": 0, "placements": 0}
+        self._cond = threading.Condition()
+        self._plan: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    # -- sizes ----------------------------------------------------------------------------
+    @property
+    def slot_bytes(self) -> int:
+        el = torch.empty(0, dtype=self.dtype).element_size()
+        return sum(self.max_rank * (i + o) * el for i, o in self.shapes.values())
+
+    @property
+    def device_bytes(self) -> int:
+        return self.slot_bytes * self.n_slots if self.down else 0
+
+    def _host_bytes(self) -> int:
+        return sum(e.adapter.nbytes for e in self.entries.values())
+
+    # -- load / unload ----------------------------------------------------------------------
+    def load(self, adapter, source: str = "") -> dict:
+        """Add a version (idempotent); it becomes the id's current version."""
+        if adapter.rank > self.max_rank:
+            raise InvalidRequest(f"adapter {adapter.adapter_id} has rank {adapter.rank}", field="adapter",
+                                 limit=f"rank <= {self.max_rank}")
+        if self.merged is not None:
+            raise FailedPrecondition("this pool serves one merged adapter; it loads no others", field="adapter")
+        key = (adapter.adapter_id, adapter.version)
+        with self._cond:
+            if key not in self.entries:
+                self._make_host_room(adapter.nbytes)
+                self.entries[key] = _Entry(adapter, source, last_used=time.monotonic())
+                self.counters["loads"] += 1
+            self.current[adapter.adapter_id] = adapter.version
+            self.entries.move_to_end(key)
+            return {"id": key[0], "version": key[1], "rank": adapter.rank, "bytes": adapter.nbytes}
+
+    def _make_host_room(self, need: int) -> None:
+        while self._host_bytes() + need > self.host_max_bytes:
+            victim = next((k for k, e in self.entries.items()
+                           if not e.users and self.current.get(k[0]) != k[1]), None)
+            victim = victim or next((k for k, e in self.entries.items() if not e.users), None)
+            if victim is None:
+                raise ResourceExhausted("every loaded adapter is in use", field="adapter",
+                                        limit=f"{self.host_max_bytes} host bytes", retry_after_s=5.0)
+            self._drop(victim)
+
+    def _drop(self, key) -> None:
+        e = self.entries.pop(key)
+        if self.current.get(key[0]) == key[1]:
+            del self.current[key[0]]
+        if e.slot is not None:
+            self._clear_slot(e.slot)
+
+    def unload(self, adapter_id: str, wait_s: float = 0.0) -> list[str]:
+        """Remove every version of ``adapter_id``; waits up to ``wait_s`` for requests using it.
+        Returns the versions removed."""
+        if not 0.0 <= wait_s <= 3600.0:
+            raise InvalidRequest(f"{wait_s}", field="wait_s", limit="[0, 3600]")
+        with self._cond:
+            keys = [k for k in self.entries if k[0] == adapter_id]
+            if not keys:
+                raise NotFound(f"adapter {adapter_id!r} is not loaded", field="adapter_id")
+            if self.merged is not None and self.merged[0] == adapter_id:
+                raise FailedPrecondition(f"adapter {adapter_id!r} is merged into the weights; restart the pool "
+                                         "to remove it", field="adapter_id")
+            deadline = time.monotonic() + wait_s
+            while any(self.entries[k].users for k in keys if k in self.entries):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    users = sorted({u for k in keys if k in self.entries for u in self.entries[k].users})
+                    raise FailedPrecondition(f"adapter {adapter_id!r} is in use by {len(users)} request(s)",
+                                             field="adapter_id", details={"requests": users[:8]})
+                self._cond.wait(left)
+            removed = [k[1] for k in keys if k in self.entries]
+            for k in keys:
+                if k in self.entries:
+                    self._drop(k)
+            self.counters["unloads"] += 1
+            return removed
+
+    # -- requests -------------------------------------------------------------------------
+    def check(self, refs: list[tuple[str, str, float]]) -> None:
+        """Refuse (before anything steps) a request naming an adapter not loaded here."""
+        if len(refs) > MAX_ADAPTERS_PER_REQUEST:
+            raise InvalidRequest(f"{len(refs)} adapters", field="adapters", limit=f"<= {MAX_ADAPTERS_PER_REQUEST}")
+        if self.merged is not None:
+            want = [self.merged]
+            if [(a, v, round(s, 6)) for a, v, s in refs] != [(a, v, round(s, 6)) for a, v, s in want]:
+                raise FailedPrecondition(f"this pool has adapter {self.merged[0]}@{self.merged[1]} (scale "
+                                         f"{self.merged[2]}) merged into its weights and serves only it",
+                                         field="adapters")
+            return
+        for aid, ver, _ in refs:
+            if (aid, ver) not in self.entries:
+                known = self.current.get(aid)
+                hint = f" (loaded version: {known})" if known else ""
+                raise NotFound(f"adapter {aid}@{ver} is not loaded{hint}", field="adapters",
+                               details={"adapter": aid, "version": ver})
+
+    def acquire(self, request_id: str, refs: list[tuple[str, str, float]]) -> None:
+        """Pin the request's adapters and make them device resident."""
+        self.check(refs)
+        if self.merged is not None:
+            return
+        with self._cond:
+            for aid, ver, _ in refs:
+                e = self.entries[(aid, ver)]
+                e.users.add(request_id)
+                e.last_used = time.monotonic()
+                self.entries.move_to_end((aid, ver))
+                if e.slot is None:
+                    self._place(e)
+
+    def release(self, request_id: str) -> None:
+        with self._cond:
+            for e in self.entries.values():
+                e.users.discard(request_id)
+            self._cond.notify_all()
+
+    def users(self, adapter_id: str) -> int:
+        with self._cond:
+            return len({u for k, e in self.entries.items() if k[0] == adapter_id for u in e.users})
+
+    # -- device slots ---------------------------------------------------------------------
+    def _alloc(self) -> None:
+        s, r = self.n_slots, self.max_rank
+        for name, (k_in, k_out) in self.shapes.items():
+            self.down[name] = torch.zeros(s, r, k_in, device=self.device, dtype=self.dtype)
+            self.up[name] = torch.zeros(s, k_out, r, device=self.device, dtype=self.dtype)
+
+    def _clear_slot(self, slot: int) -> None:
+        for name in self.down:
+            self.down[name][slot].zero_()
+            self.up[name][slot].zero_()
+
+    def _place(self, e: _Entry) -> None:
+        if not self.down:
+            self._alloc()
+        used = {x.slot for x in self.entries.values() if x.slot is not None}
+        free = [s for s in range(self.n_slots) if s not in used]
+        if not free:
+            victims = sorted((x for x in self.entries.values() if x.slot is not None and not x.users),
+                             key=lambda x: x.last_used)
+            if not victims:
+                raise ResourceExhausted("every adapter slot is held by running requests", field="adapters",
+                                        limit=f"{self.n_slots} slots", retry_after_s=2.0)
+            free = [victims[0].slot]
+            victims[0].slot = None
+            self.counters["evictions"] += 1
+        slot = free[0]
+        self._clear_slot(slot)
+        for name, (down, up) in e.adapter.layers.items():
+            r = down.shape[0]
+            self.down[name][slot, :r].copy_(down)
+            self.up[name][slot, :, :r].copy_(up)
+        e.slot = slot
+        self.counters["placements"] += 1
+
+    # -- the per-row delta -----------------------------------------------------------------
+    @contextmanager
+    def batch(self, row_refs: list[list[tuple[str, str, float]]]):
+        """Within the block, the adapted layers add each row's delta (rows as in the forward)."""
+        if self.merged is not None or not any(row_refs):
+            yield
+            return
+        width = max(len(r) for r in row_refs)
+        slots = torch.full((width, len(row_refs)), -1, dtype=torch.int32)
+        scales = torch.zeros((width, len(row_refs)), dtype=torch.float32)
+        for row, refs in enumerate(row_refs):
+            for j, (aid, ver, scale) in enumerate(refs):
+                e = self.entries[(aid, ver)]  # pinned by acquire: resident and slotted
+                slots[j, row], scales[j, row] = e.slot, scale
+        self._plan = (slots.to(self.device), scales.to(self.device))
+        try:
+            yield
+        finally:
+            self._plan = None
+
+    @property
+    def active(self) -> bool:
+        return self._plan is not None
+
+    def delta_(self, layer: str, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Add the current batch's per-row delta of ``layer`` to ``y`` (no-op outside a batch)."""
+        if self._plan is None:
+            return
+        from fastvideo3.kernels.lora import lora_delta_
+        slots, scales = self._plan
+        for j in range(slots.shape[0]):
+            lora_delta_(x, y, self.down[layer], self.up[layer], slots[j], scales[j], impl=self.impl)
+
+    def hook(self, model: torch.nn.Module, linears: dict[str, torch.nn.Module]) -> list:
+        """Forward hooks on the reference model's adapted layers; returns their handles."""
+        handles = []
+        for name, mod in linears.items():
+            def fn(_mod, args, out, _name=name):
+                if self._plan is not None:
+                    self.delta_(_name, args[0], out)
+                return out
+            handles.append(mod.register_forward_hook(fn))
+        return handles
+
+    def describe(self) -> dict:
+        with self._cond:
+            return {
+                "mode": "merged" if self.merged else "per_row",
+                "merged": ({"id": self.merged[0], "version": self.merged[1], "scale": self.merged[2]}
+                           if self.merged else None),
+                "slots": self.n_slots, "max_rank": self.max_rank, "kernel": self.impl,
+                "device_bytes": self.device_bytes, "host_bytes": self._host_bytes(),
+                "host_max_bytes": self.host_max_bytes,
+                "adapters": [{"id": k[0], "version": k[1], "current": self.current.get(k[0]) == k[1],
+                              "rank": e.adapter.rank, "bytes": e.adapter.nbytes, "slot": e.slot,
+                              "in_use": len(e.users), "source": e.source}
+                             for k, e in self.entries.items()],
+                "counters": dict(self.counters),
+            }
