@@ -83,7 +83,7 @@ def detect_layout(keys) -> str:
 def content_digest(tensors: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for k in sorted(tensors):
-        t = tensors[k].detach().contiguous().cpu()
+        t = tensors[k].detach().contiguous().cpu().reshape(-1)
         h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return "sha256:" + h.hexdigest()[:32]
