@@ -208,7 +208,7 @@ class FleetClient:
                 sampler: str | None = None, cfg_policy: str | None = None, output_format: str = "mp4",
                 rewards: list[str] | tuple[str, ...] = (), request_id: str | None = None, model: str = "",
                 deadline_s: float | None = None, fps: int | None = None, slo_class: str = "",
-                metadata: dict[str, str] | None = None, detached: bool = False):
+                metadata: dict[str, str] | None = None, detached: bool = False, adapters: list | None = None):
         """The wire GenerateRequest for these (diffusers-named) parameters. ``detached``: the
         request outlives this client's stream and can be re-attached by id (job-style APIs)."""
         from fastvideo3.v1 import scheduler_pb2
@@ -216,6 +216,8 @@ class FleetClient:
                                             output_format=output_format, slo_class=slo_class,
                                             reward_scorers=list(rewards), metadata=dict(metadata or {}),
                                             detached=detached)
+        for a in adapters or []:  # [{"id": ..., "scale": ...}]: LoRA adapters loaded in the fleet
+            msg.adapters.add(id=a["id"], scale=float(a.get("scale", 1.0)))
         for name, value in (("negative_prompt", negative_prompt), ("num_frames", num_frames), ("height", height),
                             ("width", width), ("num_inference_steps", num_inference_steps),
                             ("guidance_scale", guidance_scale), ("seed", seed), ("flow_shift", flow_shift),
@@ -292,6 +294,27 @@ class FleetClient:
                 "field": s.error.field or None} if s.HasField("error") else None)
         return {"request_id": s.request_id, "state": STATES[s.state], "card_id": s.card_id, "phase": s.phase,
                 "step": s.step, "total": s.total, "last_seq": s.last_seq, "error": err}
+
+    def load_adapter(self, adapter_id: str, path: str, timeout_s: float = 300.0) -> dict[str, Any]:
+        """Admin: load a LoRA file (readable by the pools) into every denoiser replica."""
+        from fastvideo3.v1 import adapter_pb2
+        try:
+            r = self.stub.LoadAdapter(adapter_pb2.LoadAdapterRequest(adapter_id=adapter_id, path=str(path)),
+                                      timeout=timeout_s)
+        except grpc.RpcError as err:
+            raise error_from_rpc(err) from None
+        return {"id": r.adapter_id, "version": r.version, "rank": r.rank, "bytes": r.bytes,
+                "replicas": list(r.replicas)}
+
+    def unload_adapter(self, adapter_id: str, wait_s: float = 0.0) -> list[str]:
+        """Admin: refuse new requests naming the adapter, remove it once its requests are done."""
+        from fastvideo3.v1 import adapter_pb2
+        try:
+            r = self.stub.UnloadAdapter(adapter_pb2.UnloadAdapterRequest(adapter_id=adapter_id, wait_s=wait_s),
+                                        timeout=self.rpc_timeout_s + wait_s)
+        except grpc.RpcError as err:
+            raise error_from_rpc(err) from None
+        return list(r.versions)
 
     def describe(self) -> dict[str, Any]:
         """The fleet's DeploymentCard and live counters, as plain data."""

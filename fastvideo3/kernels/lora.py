@@ -34,7 +34,7 @@ def _kernel():
     def segmented_lora(X, Y, A, B, SLOT, SCALE, N, K, OUT,
                        sxb, sxn, syb, syn, sas, sar, sbs, sbo,
                        R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BO: tl.constexpr,
-                       IEEE: tl.constexpr):
+                       IEEE: tl.constexpr, F32DOT: tl.constexpr):
         pid_m = tl.program_id(0)
         row = tl.program_id(1)
         slot = tl.load(SLOT + row)
@@ -50,15 +50,21 @@ def _kernel():
                 x = tl.load(X + row * sxb + offs_m[:, None] * sxn + offs_k[None, :], mask=m_ok & k_ok[None, :],
                             other=0.0)
                 a = tl.load(A + slot * sas + offs_r[None, :] * sar + offs_k[:, None], mask=k_ok[:, None], other=0.0)
+                if F32DOT:
+                    x, a = x.to(tl.float32), a.to(tl.float32)
                 if IEEE:
                     acc += tl.dot(x, a, input_precision="ieee")
                 else:
                     acc += tl.dot(x, a)
             xa = (acc * scale).to(X.dtype.element_ty)
+            if F32DOT:
+                xa = xa.to(tl.float32)
             for o0 in range(0, OUT, BO):
                 offs_o = o0 + tl.arange(0, BO)
                 o_ok = offs_o < OUT
                 bt = tl.load(B + slot * sbs + offs_o[None, :] * sbo + offs_r[:, None], mask=o_ok[None, :], other=0.0)
+                if F32DOT:
+                    bt = bt.to(tl.float32)
                 if IEEE:
                     d = tl.dot(xa, bt, input_precision="ieee")
                 else:
@@ -101,6 +107,13 @@ def lora_delta_(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tens
     return y
 
 
+def _interpreting() -> bool:
+    # Triton's CPU interpreter computes bf16/fp16 tl.dot wrongly (checked with triton 3.9):
+    # there the operands go up to fp32 first, which is what the GPU's tensor cores accumulate in
+    import os
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def _triton(x, y, a, b, slots, scales):
     import triton
     if x.stride(2) != 1 or y.stride(2) != 1 or not a.is_contiguous() or not b.is_contiguous():
@@ -114,5 +127,6 @@ def _triton(x, y, a, b, slots, scales):
     _kernel()[grid](x, y, a, b, slots, scales, n, k, out,
                     x.stride(0), x.stride(1), y.stride(0), y.stride(1),
                     a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                    R=r, BM=bm, BK=64, BO=64, IEEE=x.dtype == torch.float32)
+                    R=r, BM=bm, BK=64, BO=64, IEEE=x.dtype == torch.float32,
+                    F32DOT=x.dtype == torch.float32 or _interpreting())
     return y

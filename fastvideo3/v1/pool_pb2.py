@@ -22,11 +22,12 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from fastvideo3.v1 import adapter_pb2 as fastvideo3_dot_v1_dot_adapter__pb2
 from fastvideo3.v1 import common_pb2 as fastvideo3_dot_v1_dot_common__pb2
 from fastvideo3.v1 import work_pb2 as fastvideo3_dot_v1_dot_work__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66\x61stvideo3/v1/pool.proto\x12\rfastvideo3.v1\x1a\x1a\x66\x61stvideo3/v1/common.proto\x1a\x18\x66\x61stvideo3/v1/work.proto\"J\n\x0e\x45xecuteRequest\x12&\n\x05units\x18\x01 \x03(\x0b\x32\x17.fastvideo3.v1.WorkUnit\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\t\"z\n\x0f\x45xecuteResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.fastvideo3.v1.StepResult\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\t\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\x15\n\rbatch_seconds\x18\x04 \x01(\x01\"\x15\n\x13\x44\x65scribePoolRequest\"\xa8\x04\n\x0fPoolDescription\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61rd_ids\x18\x02 \x03(\t\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\x1b\n\x13runtime_fingerprint\x18\x04 \x01(\t\x12\r\n\x05kinds\x18\x05 \x03(\t\x12\x17\n\x0fmax_batch_units\x18\x06 \x01(\x05\x12\x18\n\x10resident_buffers\x18\x07 \x01(\x03\x12\x16\n\x0eresident_bytes\x18\x08 \x01(\x03\x12\x43\n\x0b\x63\x61\x63he_stats\x18\t \x03(\x0b\x32..fastvideo3.v1.PoolDescription.CacheStatsEntry\x12\x1a\n\x12transport_backends\x18\n \x03(\t\x12;\n\x12transfer_endpoints\x18\x0b \x03(\x0b\x32\x1f.fastvideo3.v1.TransferEndpoint\x12>\n\x08\x63ounters\x18\x0c \x03(\x0b\x32,.fastvideo3.v1.PoolDescription.CountersEntry\x12\x0e\n\x06\x64\x65vice\x18\r \x01(\t\x12\x18\n\x10\x64\x65scription_json\x18\x0e \x01(\x0c\x1a\x31\n\x0f\x43\x61\x63heStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"8\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nbuffer_ids\x18\x02 \x03(\t\"C\n\x0fReleaseResponse\x12\x18\n\x10released_buffers\x18\x01 \x01(\x03\x12\x16\n\x0ereleased_bytes\x18\x02 \x01(\x03\"%\n\x0fSnapshotRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"t\n\x10SnapshotResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62lob\x18\x02 \x01(\x0c\x12\x1b\n\x13runtime_fingerprint\x18\x03 \x01(\t\x12\x0f\n\x07regions\x18\x04 \x03(\t\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\t\"a\n\x0eRestoreRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62lob\x18\x02 \x01(\x0c\x12\x1b\n\x13runtime_fingerprint\x18\x03 \x01(\t\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\t\"M\n\x0fRestoreResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12&\n\x04refs\x18\x02 \x03(\x0b\x32\x18.fastvideo3.v1.TensorRef2\x85\x03\n\x08RolePool\x12H\n\x07\x45xecute\x12\x1d.fastvideo3.v1.ExecuteRequest\x1a\x1e.fastvideo3.v1.ExecuteResponse\x12N\n\x08\x44\x65scribe\x12\".fastvideo3.v1.DescribePoolRequest\x1a\x1e.fastvideo3.v1.PoolDescription\x12H\n\x07Release\x12\x1d.fastvideo3.v1.ReleaseRequest\x1a\x1e.fastvideo3.v1.ReleaseResponse\x12K\n\x08Snapshot\x12\x1e.fastvideo3.v1.SnapshotRequest\x1a\x1f.fastvideo3.v1.SnapshotResponse\x12H\n\x07Restore\x12\x1d.fastvideo3.v1.RestoreRequest\x1a\x1e.fastvideo3.v1.RestoreResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66\x61stvideo3/v1/pool.proto\x12\rfastvideo3.v1\x1a\x1b\x66\x61stvideo3/v1/adapter.proto\x1a\x1a\x66\x61stvideo3/v1/common.proto\x1a\x18\x66\x61stvideo3/v1/work.proto\"J\n\x0e\x45xecuteRequest\x12&\n\x05units\x18\x01 \x03(\x0b\x32\x17.fastvideo3.v1.WorkUnit\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\t\"z\n\x0f\x45xecuteResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.fastvideo3.v1.StepResult\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\t\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\x15\n\rbatch_seconds\x18\x04 \x01(\x01\"\x15\n\x13\x44\x65scribePoolRequest\"\xa8\x04\n\x0fPoolDescription\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61rd_ids\x18\x02 \x03(\t\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\x1b\n\x13runtime_fingerprint\x18\x04 \x01(\t\x12\r\n\x05kinds\x18\x05 \x03(\t\x12\x17\n\x0fmax_batch_units\x18\x06 \x01(\x05\x12\x18\n\x10resident_buffers\x18\x07 \x01(\x03\x12\x16\n\x0eresident_bytes\x18\x08 \x01(\x03\x12\x43\n\x0b\x63\x61\x63he_stats\x18\t \x03(\x0b\x32..fastvideo3.v1.PoolDescription.CacheStatsEntry\x12\x1a\n\x12transport_backends\x18\n \x03(\t\x12;\n\x12transfer_endpoints\x18\x0b \x03(\x0b\x32\x1f.fastvideo3.v1.TransferEndpoint\x12>\n\x08\x63ounters\x18\x0c \x03(\x0b\x32,.fastvideo3.v1.PoolDescription.CountersEntry\x12\x0e\n\x06\x64\x65vice\x18\r \x01(\t\x12\x18\n\x10\x64\x65scription_json\x18\x0e \x01(\x0c\x1a\x31\n\x0f\x43\x61\x63heStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"8\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nbuffer_ids\x18\x02 \x03(\t\"C\n\x0fReleaseResponse\x12\x18\n\x10released_buffers\x18\x01 \x01(\x03\x12\x16\n\x0ereleased_bytes\x18\x02 \x01(\x03\"%\n\x0fSnapshotRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"t\n\x10SnapshotResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62lob\x18\x02 \x01(\x0c\x12\x1b\n\x13runtime_fingerprint\x18\x03 \x01(\t\x12\x0f\n\x07regions\x18\x04 \x03(\t\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\t\"a\n\x0eRestoreRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62lob\x18\x02 \x01(\x0c\x12\x1b\n\x13runtime_fingerprint\x18\x03 \x01(\t\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\t\"M\n\x0fRestoreResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12&\n\x04refs\x18\x02 \x03(\x0b\x32\x18.fastvideo3.v1.TensorRef2\xaf\x04\n\x08RolePool\x12H\n\x07\x45xecute\x12\x1d.fastvideo3.v1.ExecuteRequest\x1a\x1e.fastvideo3.v1.ExecuteResponse\x12N\n\x08\x44\x65scribe\x12\".fastvideo3.v1.DescribePoolRequest\x1a\x1e.fastvideo3.v1.PoolDescription\x12H\n\x07Release\x12\x1d.fastvideo3.v1.ReleaseRequest\x1a\x1e.fastvideo3.v1.ReleaseResponse\x12K\n\x08Snapshot\x12\x1e.fastvideo3.v1.SnapshotRequest\x1a\x1f.fastvideo3.v1.SnapshotResponse\x12H\n\x07Restore\x12\x1d.fastvideo3.v1.RestoreRequest\x1a\x1e.fastvideo3.v1.RestoreResponse\x12L\n\x0bLoadAdapter\x12!.fastvideo3.v1.LoadAdapterRequest\x1a\x1a.fastvideo3.v1.AdapterInfo\x12Z\n\rUnloadAdapter\x12#.fastvideo3.v1.UnloadAdapterRequest\x1a$.fastvideo3.v1.UnloadAdapterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,30 +38,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_POOLDESCRIPTION_CACHESTATSENTRY']._serialized_options = b'8\001'
   _globals['_POOLDESCRIPTION_COUNTERSENTRY']._loaded_options = None
   _globals['_POOLDESCRIPTION_COUNTERSENTRY']._serialized_options = b'8\001'
-  _globals['_EXECUTEREQUEST']._serialized_start=97
-  _globals['_EXECUTEREQUEST']._serialized_end=171
-  _globals['_EXECUTERESPONSE']._serialized_start=173
-  _globals['_EXECUTERESPONSE']._serialized_end=295
-  _globals['_DESCRIBEPOOLREQUEST']._serialized_start=297
-  _globals['_DESCRIBEPOOLREQUEST']._serialized_end=318
-  _globals['_POOLDESCRIPTION']._serialized_start=321
-  _globals['_POOLDESCRIPTION']._serialized_end=873
-  _globals['_POOLDESCRIPTION_CACHESTATSENTRY']._serialized_start=775
-  _globals['_POOLDESCRIPTION_CACHESTATSENTRY']._serialized_end=824
-  _globals['_POOLDESCRIPTION_COUNTERSENTRY']._serialized_start=826
-  _globals['_POOLDESCRIPTION_COUNTERSENTRY']._serialized_end=873
-  _globals['_RELEASEREQUEST']._serialized_start=875
-  _globals['_RELEASEREQUEST']._serialized_end=931
-  _globals['_RELEASERESPONSE']._serialized_start=933
-  _globals['_RELEASERESPONSE']._serialized_end=1000
-  _globals['_SNAPSHOTREQUEST']._serialized_start=1002
-  _globals['_SNAPSHOTREQUEST']._serialized_end=1039
-  _globals['_SNAPSHOTRESPONSE']._serialized_start=1041
-  _globals['_SNAPSHOTRESPONSE']._serialized_end=1157
-  _globals['_RESTOREREQUEST']._serialized_start=1159
-  _globals['_RESTOREREQUEST']._serialized_end=1256
-  _globals['_RESTORERESPONSE']._serialized_start=1258
-  _globals['_RESTORERESPONSE']._serialized_end=1335
-  _globals['_ROLEPOOL']._serialized_start=1338
-  _globals['_ROLEPOOL']._serialized_end=1727
+  _globals['_EXECUTEREQUEST']._serialized_start=126
+  _globals['_EXECUTEREQUEST']._serialized_end=200
+  _globals['_EXECUTERESPONSE']._serialized_start=202
+  _globals['_EXECUTERESPONSE']._serialized_end=324
+  _globals['_DESCRIBEPOOLREQUEST']._serialized_start=326
+  _globals['_DESCRIBEPOOLREQUEST']._serialized_end=347
+  _globals['_POOLDESCRIPTION']._serialized_start=350
+  _globals['_POOLDESCRIPTION']._serialized_end=902
+  _globals['_POOLDESCRIPTION_CACHESTATSENTRY']._serialized_start=804
+  _globals['_POOLDESCRIPTION_CACHESTATSENTRY']._serialized_end=853
+  _globals['_POOLDESCRIPTION_COUNTERSENTRY']._serialized_start=855
+  _globals['_POOLDESCRIPTION_COUNTERSENTRY']._serialized_end=902
+  _globals['_RELEASEREQUEST']._serialized_start=904
+  _globals['_RELEASEREQUEST']._serialized_end=960
+  _globals['_RELEASERESPONSE']._serialized_start=962
+  _globals['_RELEASERESPONSE']._serialized_end=1029
+  _globals['_SNAPSHOTREQUEST']._serialized_start=1031
+  _globals['_SNAPSHOTREQUEST']._serialized_end=1068
+  _globals['_SNAPSHOTRESPONSE']._serialized_start=1070
+  _globals['_SNAPSHOTRESPONSE']._serialized_end=1186
+  _globals['_RESTOREREQUEST']._serialized_start=1188
+  _globals['_RESTOREREQUEST']._serialized_end=1285
+  _globals['_RESTORERESPONSE']._serialized_start=1287
+  _globals['_RESTORERESPONSE']._serialized_end=1364
+  _globals['_ROLEPOOL']._serialized_start=1367
+  _globals['_ROLEPOOL']._serialized_end=1926
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from fastvideo3.v1 import adapter_pb2 as _adapter_pb2
 from fastvideo3.v1 import common_pb2 as _common_pb2
 from fastvideo3.v1 import work_pb2 as _work_pb2
 from google.protobuf.internal import containers as _containers

@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from fastvideo3.v1 import adapter_pb2 as fastvideo3_dot_v1_dot_adapter__pb2
 from fastvideo3.v1 import pool_pb2 as fastvideo3_dot_v1_dot_pool__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -60,6 +61,16 @@ class RolePoolStub:
                 request_serializer=fastvideo3_dot_v1_dot_pool__pb2.RestoreRequest.SerializeToString,
                 response_deserializer=fastvideo3_dot_v1_dot_pool__pb2.RestoreResponse.FromString,
                 _registered_method=True)
+        self.LoadAdapter = channel.unary_unary(
+                '/fastvideo3.v1.RolePool/LoadAdapter',
+                request_serializer=fastvideo3_dot_v1_dot_adapter__pb2.LoadAdapterRequest.SerializeToString,
+                response_deserializer=fastvideo3_dot_v1_dot_adapter__pb2.AdapterInfo.FromString,
+                _registered_method=True)
+        self.UnloadAdapter = channel.unary_unary(
+                '/fastvideo3.v1.RolePool/UnloadAdapter',
+                request_serializer=fastvideo3_dot_v1_dot_adapter__pb2.UnloadAdapterRequest.SerializeToString,
+                response_deserializer=fastvideo3_dot_v1_dot_adapter__pb2.UnloadAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class RolePoolServicer:
@@ -102,6 +113,20 @@ class RolePoolServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadAdapter(self, request, context):
+        """Load a LoRA adapter while serving (denoiser pools); idempotent per version.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadAdapter(self, request, context):
+        """Remove every version of an adapter, waiting up to wait_s for the requests using it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolePoolServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -129,6 +154,16 @@ def add_RolePoolServicer_to_server(servicer, server):
                     servicer.Restore,
                     request_deserializer=fastvideo3_dot_v1_dot_pool__pb2.RestoreRequest.FromString,
                     response_serializer=fastvideo3_dot_v1_dot_pool__pb2.RestoreResponse.SerializeToString,
+            ),
+            'LoadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadAdapter,
+                    request_deserializer=fastvideo3_dot_v1_dot_adapter__pb2.LoadAdapterRequest.FromString,
+                    response_serializer=fastvideo3_dot_v1_dot_adapter__pb2.AdapterInfo.SerializeToString,
+            ),
+            'UnloadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadAdapter,
+                    request_deserializer=fastvideo3_dot_v1_dot_adapter__pb2.UnloadAdapterRequest.FromString,
+                    response_serializer=fastvideo3_dot_v1_dot_adapter__pb2.UnloadAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -267,6 +302,60 @@ class RolePool:
             '/fastvideo3.v1.RolePool/Restore',
             fastvideo3_dot_v1_dot_pool__pb2.RestoreRequest.SerializeToString,
             fastvideo3_dot_v1_dot_pool__pb2.RestoreResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fastvideo3.v1.RolePool/LoadAdapter',
+            fastvideo3_dot_v1_dot_adapter__pb2.LoadAdapterRequest.SerializeToString,
+            fastvideo3_dot_v1_dot_adapter__pb2.AdapterInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fastvideo3.v1.RolePool/UnloadAdapter',
+            fastvideo3_dot_v1_dot_adapter__pb2.UnloadAdapterRequest.SerializeToString,
+            fastvideo3_dot_v1_dot_adapter__pb2.UnloadAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -22,11 +22,12 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from fastvideo3.v1 import adapter_pb2 as fastvideo3_dot_v1_dot_adapter__pb2
 from fastvideo3.v1 import common_pb2 as fastvideo3_dot_v1_dot_common__pb2
 from fastvideo3.v1 import deployment_pb2 as fastvideo3_dot_v1_dot_deployment__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x66\x61stvideo3/v1/scheduler.proto\x12\rfastvideo3.v1\x1a\x1a\x66\x61stvideo3/v1/common.proto\x1a\x1e\x66\x61stvideo3/v1/deployment.proto\"\x87\x06\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x1c\n\x0fnegative_prompt\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x17\n\nnum_frames\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12\x13\n\x06height\x18\x06 \x01(\x05H\x02\x88\x01\x01\x12\x12\n\x05width\x18\x07 \x01(\x05H\x03\x88\x01\x01\x12 \n\x13num_inference_steps\x18\x08 \x01(\x05H\x04\x88\x01\x01\x12\x1b\n\x0eguidance_scale\x18\t \x01(\x01H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\n \x01(\x04H\x06\x88\x01\x01\x12\x17\n\nflow_shift\x18\x0b \x01(\x01H\x07\x88\x01\x01\x12\x14\n\x07sampler\x18\x0c \x01(\tH\x08\x88\x01\x01\x12\x10\n\x03\x66ps\x18\r \x01(\x05H\t\x88\x01\x01\x12\x15\n\routput_format\x18\x0e \x01(\t\x12\x11\n\tslo_class\x18\x0f \x01(\t\x12\x17\n\ndeadline_s\x18\x10 \x01(\x01H\n\x88\x01\x01\x12\x16\n\x0ereward_scorers\x18\x11 \x03(\t\x12\x10\n\x08previews\x18\x12 \x01(\x08\x12\x18\n\x10\x63\x61pture_behavior\x18\x13 \x01(\x08\x12>\n\x08metadata\x18\x14 \x03(\x0b\x32,.fastvideo3.v1.GenerateRequest.MetadataEntry\x12\x17\n\ncfg_policy\x18\x15 \x01(\tH\x0b\x88\x01\x01\x12\x10\n\x08\x64\x65tached\x18\x16 \x01(\x08\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x12\n\x10_negative_promptB\r\n\x0b_num_framesB\t\n\x07_heightB\x08\n\x06_widthB\x16\n\x14_num_inference_stepsB\x11\n\x0f_guidance_scaleB\x07\n\x05_seedB\r\n\x0b_flow_shiftB\n\n\x08_samplerB\x06\n\x04_fpsB\r\n\x0b_deadline_sB\r\n\x0b_cfg_policy\"\x83\x03\n\rGenerateEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x14\n\x0ctime_unix_ms\x18\x03 \x01(\x03\x12+\n\x08\x61\x63\x63\x65pted\x18\n \x01(\x0b\x32\x17.fastvideo3.v1.AcceptedH\x00\x12\'\n\x06queued\x18\x0b \x01(\x0b\x32\x15.fastvideo3.v1.QueuedH\x00\x12+\n\x08progress\x18\x0c \x01(\x0b\x32\x17.fastvideo3.v1.ProgressH\x00\x12)\n\x07preview\x18\r \x01(\x0b\x32\x16.fastvideo3.v1.PreviewH\x00\x12+\n\x08\x61rtifact\x18\x0e \x01(\x0b\x32\x17.fastvideo3.v1.ArtifactH\x00\x12*\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x19.fastvideo3.v1.ErrorEventH\x00\x12+\n\x08\x66inished\x18\x10 \x01(\x0b\x32\x17.fastvideo3.v1.FinishedH\x00\x42\x07\n\x05\x65vent\"\x94\x01\n\x08\x41\x63\x63\x65pted\x12\x0f\n\x07\x63\x61rd_id\x18\x01 \x01(\t\x12\x0f\n\x07program\x18\x02 \x01(\t\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\x1b\n\x13num_inference_steps\x18\x04 \x01(\x05\x12\x1d\n\x15predicted_gpu_seconds\x18\x05 \x01(\x01\x12\x1c\n\x14resolved_params_json\x18\x06 \x01(\x0c\"4\n\x06Queued\x12\x10\n\x08position\x18\x01 \x01(\x05\x12\x18\n\x10\x65stimated_wait_s\x18\x02 \x01(\x01\"\xb0\x01\n\x08Progress\x12\x0c\n\x04step\x18\x01 \x01(\x05\x12\r\n\x05total\x18\x02 \x01(\x05\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x11\n\telapsed_s\x18\x04 \x01(\x01\x12\x35\n\x07metrics\x18\x05 \x03(\x0b\x32$.fastvideo3.v1.Progress.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"8\n\x07Preview\x12\x0c\n\x04step\x18\x01 \x01(\x05\x12\x11\n\tmime_type\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x99\x01\n\x08\x41rtifact\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tmime_type\x18\x02 \x01(\t\x12\x13\n\x0b\x63hunk_index\x18\x03 \x01(\x05\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\x13\n\x0btotal_bytes\x18\x06 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x07 \x01(\t\x12\x14\n\x0csidecar_json\x18\x08 \x01(\x0c\"1\n\nErrorEvent\x12#\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x14.fastvideo3.v1.Error\"\xa0\x02\n\x08\x46inished\x12\x31\n\x05state\x18\x01 \x01(\x0e\x32\".fastvideo3.v1.RequestStatus.State\x12\x35\n\x07timings\x18\x02 \x03(\x0b\x32$.fastvideo3.v1.Finished.TimingsEntry\x12\x35\n\x07rewards\x18\x03 \x03(\x0b\x32$.fastvideo3.v1.Finished.RewardsEntry\x12\x13\n\x0bgpu_seconds\x18\x04 \x01(\x01\x1a.\n\x0cTimingsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a.\n\x0cRewardsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"3\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"j\n\x0e\x43\x61ncelResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tcancelled\x18\x02 \x01(\x08\x12\x31\n\x05state\x18\x03 \x01(\x0e\x32\".fastvideo3.v1.RequestStatus.State\"\'\n\x11GetRequestRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xd9\x02\n\rRequestStatus\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x31\n\x05state\x18\x02 \x01(\x0e\x32\".fastvideo3.v1.RequestStatus.State\x12\x0f\n\x07\x63\x61rd_id\x18\x03 \x01(\t\x12\r\n\x05phase\x18\x04 \x01(\t\x12\x0c\n\x04step\x18\x05 \x01(\x05\x12\r\n\x05total\x18\x06 \x01(\x05\x12#\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x14.fastvideo3.v1.Error\x12\x17\n\x0f\x63reated_unix_ms\x18\x08 \x01(\x03\x12\x17\n\x0fupdated_unix_ms\x18\t \x01(\x03\x12\x10\n\x08last_seq\x18\n \x01(\x04\"[\n\x05State\x12\x0f\n\x0bUNSPECIFIED\x10\x00\x12\n\n\x06QUEUED\x10\x01\x12\x0b\n\x07RUNNING\x10\x02\x12\r\n\tSUCCEEDED\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\x12\r\n\tCANCELLED\x10\x05\"\x1a\n\x18\x44\x65scribeSchedulerRequest\"i\n\nPoolStatus\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0f\n\x07healthy\x18\x04 \x01(\x08\x12\x17\n\x0fin_flight_units\x18\x05 \x01(\x05\"\xea\x02\n\x14SchedulerDescription\x12+\n\x04\x63\x61rd\x18\x01 \x01(\x0b\x32\x1d.fastvideo3.v1.DeploymentCard\x12\x17\n\x0fqueued_requests\x18\x02 \x01(\x05\x12\x18\n\x10running_requests\x18\x03 \x01(\x05\x12(\n\x05pools\x18\x04 \x03(\x0b\x32\x19.fastvideo3.v1.PoolStatus\x12\x1a\n\x12\x62udget_gpu_seconds\x18\x05 \x01(\x01\x12\x1c\n\x14reserved_gpu_seconds\x18\x06 \x01(\x01\x12\x43\n\x08\x63ounters\x18\x07 \x03(\x0b\x32\x31.fastvideo3.v1.SchedulerDescription.CountersEntry\x12\x18\n\x10\x64\x65scription_json\x18\x08 \x01(\x0c\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\xc6\x02\n\tScheduler\x12J\n\x08Generate\x12\x1e.fastvideo3.v1.GenerateRequest\x1a\x1c.fastvideo3.v1.GenerateEvent0\x01\x12\x45\n\x06\x43\x61ncel\x12\x1c.fastvideo3.v1.CancelRequest\x1a\x1d.fastvideo3.v1.CancelResponse\x12L\n\nGetRequest\x12 .fastvideo3.v1.GetRequestRequest\x1a\x1c.fastvideo3.v1.RequestStatus\x12X\n\x08\x44\x65scribe\x12\'.fastvideo3.v1.DescribeSchedulerRequest\x1a#.fastvideo3.v1.SchedulerDescriptionb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x66\x61stvideo3/v1/scheduler.proto\x12\rfastvideo3.v1\x1a\x1b\x66\x61stvideo3/v1/adapter.proto\x1a\x1a\x66\x61stvideo3/v1/common.proto\x1a\x1e\x66\x61stvideo3/v1/deployment.proto\"\xb4\x06\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x1c\n\x0fnegative_prompt\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x17\n\nnum_frames\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12\x13\n\x06height\x18\x06 \x01(\x05H\x02\x88\x01\x01\x12\x12\n\x05width\x18\x07 \x01(\x05H\x03\x88\x01\x01\x12 \n\x13num_inference_steps\x18\x08 \x01(\x05H\x04\x88\x01\x01\x12\x1b\n\x0eguidance_scale\x18\t \x01(\x01H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\n \x01(\x04H\x06\x88\x01\x01\x12\x17\n\nflow_shift\x18\x0b \x01(\x01H\x07\x88\x01\x01\x12\x14\n\x07sampler\x18\x0c \x01(\tH\x08\x88\x01\x01\x12\x10\n\x03\x66ps\x18\r \x01(\x05H\t\x88\x01\x01\x12\x15\n\routput_format\x18\x0e \x01(\t\x12\x11\n\tslo_class\x18\x0f \x01(\t\x12\x17\n\ndeadline_s\x18\x10 \x01(\x01H\n\x88\x01\x01\x12\x16\n\x0ereward_scorers\x18\x11 \x03(\t\x12\x10\n\x08previews\x18\x12 \x01(\x08\x12\x18\n\x10\x63\x61pture_behavior\x18\x13 \x01(\x08\x12>\n\x08metadata\x18\x14 \x03(\x0b\x32,.fastvideo3.v1.GenerateRequest.MetadataEntry\x12\x17\n\ncfg_policy\x18\x15 \x01(\tH\x0b\x88\x01\x01\x12\x10\n\x08\x64\x65tached\x18\x16 \x01(\x08\x12+\n\x08\x61\x64\x61pters\x18\x1e \x03(\x0b\x32\x19.fastvideo3.v1.AdapterRef\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x12\n\x10_negative_promptB\r\n\x0b_num_framesB\t\n\x07_heightB\x08\n\x06_widthB\x16\n\x14_num_inference_stepsB\x11\n\x0f_guidance_scaleB\x07\n\x05_seedB\r\n\x0b_flow_shiftB\n\n\x08_samplerB\x06\n\x04_fpsB\r\n\x0b_deadline_sB\r\n\x0b_cfg_policy\"\x83\x03\n\rGenerateEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x14\n\x0ctime_unix_ms\x18\x03 \x01(\x03\x12+\n\x08\x61\x63\x63\x65pted\x18\n \x01(\x0b\x32\x17.fastvideo3.v1.AcceptedH\x00\x12\'\n\x06queued\x18\x0b \x01(\x0b\x32\x15.fastvideo3.v1.QueuedH\x00\x12+\n\x08progress\x18\x0c \x01(\x0b\x32\x17.fastvideo3.v1.ProgressH\x00\x12)\n\x07preview\x18\r \x01(\x0b\x32\x16.fastvideo3.v1.PreviewH\x00\x12+\n\x08\x61rtifact\x18\x0e \x01(\x0b\x32\x17.fastvideo3.v1.ArtifactH\x00\x12*\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x19.fastvideo3.v1.ErrorEventH\x00\x12+\n\x08\x66inished\x18\x10 \x01(\x0b\x32\x17.fastvideo3.v1.FinishedH\x00\x42\x07\n\x05\x65vent\"\x94\x01\n\x08\x41\x63\x63\x65pted\x12\x0f\n\x07\x63\x61rd_id\x18\x01 \x01(\t\x12\x0f\n\x07program\x18\x02 \x01(\t\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\x1b\n\x13num_inference_steps\x18\x04 \x01(\x05\x12\x1d\n\x15predicted_gpu_seconds\x18\x05 \x01(\x01\x12\x1c\n\x14resolved_params_json\x18\x06 \x01(\x0c\"4\n\x06Queued\x12\x10\n\x08position\x18\x01 \x01(\x05\x12\x18\n\x10\x65stimated_wait_s\x18\x02 \x01(\x01\"\xb0\x01\n\x08Progress\x12\x0c\n\x04step\x18\x01 \x01(\x05\x12\r\n\x05total\x18\x02 \x01(\x05\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x11\n\telapsed_s\x18\x04 \x01(\x01\x12\x35\n\x07metrics\x18\x05 \x03(\x0b\x32$.fastvideo3.v1.Progress.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"8\n\x07Preview\x12\x0c\n\x04step\x18\x01 \x01(\x05\x12\x11\n\tmime_type\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x99\x01\n\x08\x41rtifact\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tmime_type\x18\x02 \x01(\t\x12\x13\n\x0b\x63hunk_index\x18\x03 \x01(\x05\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\x13\n\x0btotal_bytes\x18\x06 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x07 \x01(\t\x12\x14\n\x0csidecar_json\x18\x08 \x01(\x0c\"1\n\nErrorEvent\x12#\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x14.fastvideo3.v1.Error\"\xa0\x02\n\x08\x46inished\x12\x31\n\x05state\x18\x01 \x01(\x0e\x32\".fastvideo3.v1.RequestStatus.State\x12\x35\n\x07timings\x18\x02 \x03(\x0b\x32$.fastvideo3.v1.Finished.TimingsEntry\x12\x35\n\x07rewards\x18\x03 \x03(\x0b\x32$.fastvideo3.v1.Finished.RewardsEntry\x12\x13\n\x0bgpu_seconds\x18\x04 \x01(\x01\x1a.\n\x0cTimingsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a.\n\x0cRewardsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"3\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"j\n\x0e\x43\x61ncelResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tcancelled\x18\x02 \x01(\x08\x12\x31\n\x05state\x18\x03 \x01(\x0e\x32\".fastvideo3.v1.RequestStatus.State\"\'\n\x11GetRequestRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xd9\x02\n\rRequestStatus\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x31\n\x05state\x18\x02 \x01(\x0e\x32\".fastvideo3.v1.RequestStatus.State\x12\x0f\n\x07\x63\x61rd_id\x18\x03 \x01(\t\x12\r\n\x05phase\x18\x04 \x01(\t\x12\x0c\n\x04step\x18\x05 \x01(\x05\x12\r\n\x05total\x18\x06 \x01(\x05\x12#\n\x05\x65rror\x18\x07 \x01(\x0b\x32\x14.fastvideo3.v1.Error\x12\x17\n\x0f\x63reated_unix_ms\x18\x08 \x01(\x03\x12\x17\n\x0fupdated_unix_ms\x18\t \x01(\x03\x12\x10\n\x08last_seq\x18\n \x01(\x04\"[\n\x05State\x12\x0f\n\x0bUNSPECIFIED\x10\x00\x12\n\n\x06QUEUED\x10\x01\x12\x0b\n\x07RUNNING\x10\x02\x12\r\n\tSUCCEEDED\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\x12\r\n\tCANCELLED\x10\x05\"\x1a\n\x18\x44\x65scribeSchedulerRequest\"i\n\nPoolStatus\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0f\n\x07healthy\x18\x04 \x01(\x08\x12\x17\n\x0fin_flight_units\x18\x05 \x01(\x05\"\xea\x02\n\x14SchedulerDescription\x12+\n\x04\x63\x61rd\x18\x01 \x01(\x0b\x32\x1d.fastvideo3.v1.DeploymentCard\x12\x17\n\x0fqueued_requests\x18\x02 \x01(\x05\x12\x18\n\x10running_requests\x18\x03 \x01(\x05\x12(\n\x05pools\x18\x04 \x03(\x0b\x32\x19.fastvideo3.v1.PoolStatus\x12\x1a\n\x12\x62udget_gpu_seconds\x18\x05 \x01(\x01\x12\x1c\n\x14reserved_gpu_seconds\x18\x06 \x01(\x01\x12\x43\n\x08\x63ounters\x18\x07 \x03(\x0b\x32\x31.fastvideo3.v1.SchedulerDescription.CountersEntry\x12\x18\n\x10\x64\x65scription_json\x18\x08 \x01(\x0c\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\xf0\x03\n\tScheduler\x12J\n\x08Generate\x12\x1e.fastvideo3.v1.GenerateRequest\x1a\x1c.fastvideo3.v1.GenerateEvent0\x01\x12\x45\n\x06\x43\x61ncel\x12\x1c.fastvideo3.v1.CancelRequest\x1a\x1d.fastvideo3.v1.CancelResponse\x12L\n\nGetRequest\x12 .fastvideo3.v1.GetRequestRequest\x1a\x1c.fastvideo3.v1.RequestStatus\x12X\n\x08\x44\x65scribe\x12\'.fastvideo3.v1.DescribeSchedulerRequest\x1a#.fastvideo3.v1.SchedulerDescription\x12L\n\x0bLoadAdapter\x12!.fastvideo3.v1.LoadAdapterRequest\x1a\x1a.fastvideo3.v1.AdapterInfo\x12Z\n\rUnloadAdapter\x12#.fastvideo3.v1.UnloadAdapterRequest\x1a$.fastvideo3.v1.UnloadAdapterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,50 +44,50 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FINISHED_REWARDSENTRY']._serialized_options = b'8\001'
   _globals['_SCHEDULERDESCRIPTION_COUNTERSENTRY']._loaded_options = None
   _globals['_SCHEDULERDESCRIPTION_COUNTERSENTRY']._serialized_options = b'8\001'
-  _globals['_GENERATEREQUEST']._serialized_start=109
-  _globals['_GENERATEREQUEST']._serialized_end=884
-  _globals['_GENERATEREQUEST_METADATAENTRY']._serialized_start=664
-  _globals['_GENERATEREQUEST_METADATAENTRY']._serialized_end=711
-  _globals['_GENERATEEVENT']._serialized_start=887
-  _globals['_GENERATEEVENT']._serialized_end=1274
-  _globals['_ACCEPTED']._serialized_start=1277
-  _globals['_ACCEPTED']._serialized_end=1425
-  _globals['_QUEUED']._serialized_start=1427
-  _globals['_QUEUED']._serialized_end=1479
-  _globals['_PROGRESS']._serialized_start=1482
-  _globals['_PROGRESS']._serialized_end=1658
-  _globals['_PROGRESS_METRICSENTRY']._serialized_start=1612
-  _globals['_PROGRESS_METRICSENTRY']._serialized_end=1658
-  _globals['_PREVIEW']._serialized_start=1660
-  _globals['_PREVIEW']._serialized_end=1716
-  _globals['_ARTIFACT']._serialized_start=1719
-  _globals['_ARTIFACT']._serialized_end=1872
-  _globals['_ERROREVENT']._serialized_start=1874
-  _globals['_ERROREVENT']._serialized_end=1923
-  _globals['_FINISHED']._serialized_start=1926
-  _globals['_FINISHED']._serialized_end=2214
-  _globals['_FINISHED_TIMINGSENTRY']._serialized_start=2120
-  _globals['_FINISHED_TIMINGSENTRY']._serialized_end=2166
-  _globals['_FINISHED_REWARDSENTRY']._serialized_start=2168
-  _globals['_FINISHED_REWARDSENTRY']._serialized_end=2214
-  _globals['_CANCELREQUEST']._serialized_start=2216
-  _globals['_CANCELREQUEST']._serialized_end=2267
-  _globals['_CANCELRESPONSE']._serialized_start=2269
-  _globals['_CANCELRESPONSE']._serialized_end=2375
-  _globals['_GETREQUESTREQUEST']._serialized_start=2377
-  _globals['_GETREQUESTREQUEST']._serialized_end=2416
-  _globals['_REQUESTSTATUS']._serialized_start=2419
-  _globals['_REQUESTSTATUS']._serialized_end=2764
-  _globals['_REQUESTSTATUS_STATE']._serialized_start=2673
-  _globals['_REQUESTSTATUS_STATE']._serialized_end=2764
-  _globals['_DESCRIBESCHEDULERREQUEST']._serialized_start=2766
-  _globals['_DESCRIBESCHEDULERREQUEST']._serialized_end=2792
-  _globals['_POOLSTATUS']._serialized_start=2794
-  _globals['_POOLSTATUS']._serialized_end=2899
-  _globals['_SCHEDULERDESCRIPTION']._serialized_start=2902
-  _globals['_SCHEDULERDESCRIPTION']._serialized_end=3264
-  _globals['_SCHEDULERDESCRIPTION_COUNTERSENTRY']._serialized_start=3217
-  _globals['_SCHEDULERDESCRIPTION_COUNTERSENTRY']._serialized_end=3264
-  _globals['_SCHEDULER']._serialized_start=3267
-  _globals['_SCHEDULER']._serialized_end=3593
+  _globals['_GENERATEREQUEST']._serialized_start=138
+  _globals['_GENERATEREQUEST']._serialized_end=958
+  _globals['_GENERATEREQUEST_METADATAENTRY']._serialized_start=738
+  _globals['_GENERATEREQUEST_METADATAENTRY']._serialized_end=785
+  _globals['_GENERATEEVENT']._serialized_start=961
+  _globals['_GENERATEEVENT']._serialized_end=1348
+  _globals['_ACCEPTED']._serialized_start=1351
+  _globals['_ACCEPTED']._serialized_end=1499
+  _globals['_QUEUED']._serialized_start=1501
+  _globals['_QUEUED']._serialized_end=1553
+  _globals['_PROGRESS']._serialized_start=1556
+  _globals['_PROGRESS']._serialized_end=1732
+  _globals['_PROGRESS_METRICSENTRY']._serialized_start=1686
+  _globals['_PROGRESS_METRICSENTRY']._serialized_end=1732
+  _globals['_PREVIEW']._serialized_start=1734
+  _globals['_PREVIEW']._serialized_end=1790
+  _globals['_ARTIFACT']._serialized_start=1793
+  _globals['_ARTIFACT']._serialized_end=1946
+  _globals['_ERROREVENT']._serialized_start=1948
+  _globals['_ERROREVENT']._serialized_end=1997
+  _globals['_FINISHED']._serialized_start=2000
+  _globals['_FINISHED']._serialized_end=2288
+  _globals['_FINISHED_TIMINGSENTRY']._serialized_start=2194
+  _globals['_FINISHED_TIMINGSENTRY']._serialized_end=2240
+  _globals['_FINISHED_REWARDSENTRY']._serialized_start=2242
+  _globals['_FINISHED_REWARDSENTRY']._serialized_end=2288
+  _globals['_CANCELREQUEST']._serialized_start=2290
+  _globals['_CANCELREQUEST']._serialized_end=2341
+  _globals['_CANCELRESPONSE']._serialized_start=2343
+  _globals['_CANCELRESPONSE']._serialized_end=2449
+  _globals['_GETREQUESTREQUEST']._serialized_start=2451
+  _globals['_GETREQUESTREQUEST']._serialized_end=2490
+  _globals['_REQUESTSTATUS']._serialized_start=2493
+  _globals['_REQUESTSTATUS']._serialized_end=2838
+  _globals['_REQUESTSTATUS_STATE']._serialized_start=2747
+  _globals['_REQUESTSTATUS_STATE']._serialized_end=2838
+  _globals['_DESCRIBESCHEDULERREQUEST']._serialized_start=2840
+  _globals['_DESCRIBESCHEDULERREQUEST']._serialized_end=2866
+  _globals['_POOLSTATUS']._serialized_start=2868
+  _globals['_POOLSTATUS']._serialized_end=2973
+  _globals['_SCHEDULERDESCRIPTION']._serialized_start=2976
+  _globals['_SCHEDULERDESCRIPTION']._serialized_end=3338
+  _globals['_SCHEDULERDESCRIPTION_COUNTERSENTRY']._serialized_start=3291
+  _globals['_SCHEDULERDESCRIPTION_COUNTERSENTRY']._serialized_end=3338
+  _globals['_SCHEDULER']._serialized_start=3341
+  _globals['_SCHEDULER']._serialized_end=3837
 # @@protoc_insertion_point(module_scope)

@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from fastvideo3.v1 import adapter_pb2 as fastvideo3_dot_v1_dot_adapter__pb2
 from fastvideo3.v1 import scheduler_pb2 as fastvideo3_dot_v1_dot_scheduler__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -55,6 +56,16 @@ class SchedulerStub:
                 request_serializer=fastvideo3_dot_v1_dot_scheduler__pb2.DescribeSchedulerRequest.SerializeToString,
                 response_deserializer=fastvideo3_dot_v1_dot_scheduler__pb2.SchedulerDescription.FromString,
                 _registered_method=True)
+        self.LoadAdapter = channel.unary_unary(
+                '/fastvideo3.v1.Scheduler/LoadAdapter',
+                request_serializer=fastvideo3_dot_v1_dot_adapter__pb2.LoadAdapterRequest.SerializeToString,
+                response_deserializer=fastvideo3_dot_v1_dot_adapter__pb2.AdapterInfo.FromString,
+                _registered_method=True)
+        self.UnloadAdapter = channel.unary_unary(
+                '/fastvideo3.v1.Scheduler/UnloadAdapter',
+                request_serializer=fastvideo3_dot_v1_dot_adapter__pb2.UnloadAdapterRequest.SerializeToString,
+                response_deserializer=fastvideo3_dot_v1_dot_adapter__pb2.UnloadAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -89,6 +100,22 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadAdapter(self, request, context):
+        """Admin: load a LoRA adapter into every denoiser replica; requests admitted afterwards that
+        name it run this version.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadAdapter(self, request, context):
+        """Admin: stop admitting requests that name the adapter, then remove it from every denoiser
+        replica once the requests using it are done (or refuse after wait_s).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -111,6 +138,16 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Describe,
                     request_deserializer=fastvideo3_dot_v1_dot_scheduler__pb2.DescribeSchedulerRequest.FromString,
                     response_serializer=fastvideo3_dot_v1_dot_scheduler__pb2.SchedulerDescription.SerializeToString,
+            ),
+            'LoadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadAdapter,
+                    request_deserializer=fastvideo3_dot_v1_dot_adapter__pb2.LoadAdapterRequest.FromString,
+                    response_serializer=fastvideo3_dot_v1_dot_adapter__pb2.AdapterInfo.SerializeToString,
+            ),
+            'UnloadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadAdapter,
+                    request_deserializer=fastvideo3_dot_v1_dot_adapter__pb2.UnloadAdapterRequest.FromString,
+                    response_serializer=fastvideo3_dot_v1_dot_adapter__pb2.UnloadAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -222,6 +259,60 @@ class Scheduler:
             '/fastvideo3.v1.Scheduler/Describe',
             fastvideo3_dot_v1_dot_scheduler__pb2.DescribeSchedulerRequest.SerializeToString,
             fastvideo3_dot_v1_dot_scheduler__pb2.SchedulerDescription.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fastvideo3.v1.Scheduler/LoadAdapter',
+            fastvideo3_dot_v1_dot_adapter__pb2.LoadAdapterRequest.SerializeToString,
+            fastvideo3_dot_v1_dot_adapter__pb2.AdapterInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fastvideo3.v1.Scheduler/UnloadAdapter',
+            fastvideo3_dot_v1_dot_adapter__pb2.UnloadAdapterRequest.SerializeToString,
+            fastvideo3_dot_v1_dot_adapter__pb2.UnloadAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -259,6 +259,39 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
         except FastVideoError as e:
             abort(context, e)
 
+    # -- adapters (denoiser pools) ---------------------------------------------------------
+    def LoadAdapter(self, request, context):  # noqa: N802
+        """Load a LoRA while serving; reading the file takes no step lock (see the executor)."""
+        from fastvideo3.errors import FastVideoError
+        from fastvideo3.v1 import adapter_pb2
+        from services.common.errors import abort
+        try:
+            with self.host.work():
+                info = self._adapter_executor(context).load_adapter(request.adapter_id, request.path or None)
+                log.info("adapter %s loaded (version %s)", info["id"], info["version"])
+                return adapter_pb2.AdapterInfo(adapter_id=info["id"], version=info["version"], rank=info["rank"],
+                                               bytes=info["bytes"], replicas=[self.replica_id])
+        except FastVideoError as e:
+            abort(context, e)
+
+    def UnloadAdapter(self, request, context):  # noqa: N802
+        from fastvideo3.errors import FastVideoError
+        from fastvideo3.v1 import adapter_pb2
+        from services.common.errors import abort
+        try:
+            with self.host.work():
+                versions = self._adapter_executor(context).unload_adapter(request.adapter_id, request.wait_s)
+                log.info("adapter %s unloaded (%s)", request.adapter_id, ", ".join(versions))
+                return adapter_pb2.UnloadAdapterResponse(adapter_id=request.adapter_id, versions=versions)
+        except FastVideoError as e:
+            abort(context, e)
+
+    def _adapter_executor(self, context):
+        if self.executor is None or not hasattr(self.executor, "load_adapter"):
+            context.abort(grpc_status("UNIMPLEMENTED"), f"a {self.cfg.role} pool takes no adapters"
+                          + (" (--fake)" if self.cfg.fake else ""))
+        return self.executor
+
     # -- Describe -----------------------------------------------------------------------
     def description(self) -> dict:
         cfg = self.cfg

@@ -128,6 +128,22 @@ class RemoteExecutor:
                                       checksum="sha256:" + hashlib.sha256(blob).hexdigest())
         self._call(self.stub.Restore, req, self.control_timeout_s)
 
+    # -- adapters (RolePool LoadAdapter / UnloadAdapter) --------------------------------------
+    def load_adapter(self, adapter_id: str, path: str | None = None, tensors=None) -> dict:
+        from fastvideo3.v1 import adapter_pb2
+        if tensors is not None:
+            raise ValueError("a remote pool loads adapters from a file path")
+        # reading and checking a file can take a while: the control deadline is not enough
+        resp = self._call(self.stub.LoadAdapter, adapter_pb2.LoadAdapterRequest(adapter_id=adapter_id, path=path or ""),
+                          self.rpc_timeout_s)
+        return {"id": resp.adapter_id, "version": resp.version, "rank": resp.rank, "bytes": resp.bytes}
+
+    def unload_adapter(self, adapter_id: str, wait_s: float = 0.0) -> list[str]:
+        from fastvideo3.v1 import adapter_pb2
+        resp = self._call(self.stub.UnloadAdapter, adapter_pb2.UnloadAdapterRequest(adapter_id=adapter_id, wait_s=wait_s),
+                          self.control_timeout_s + wait_s)
+        return list(resp.versions)
+
     def release(self, request_id: str) -> None:
         """Free the request on the replica. While it does not answer, the release is kept and
         sent once it serves again (a hung replica must not hold the scheduler, nor leak)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import threading
 import time
 from typing import Any
 
@@ -52,6 +53,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 self.weights[key] = info.get("weights_digest", "")
                 if role == "reward":
                     self.scorers = sorted((info.get("executor") or {}).get("scorers") or {})
+        # the adapters requests may name (id -> version); a restarted scheduler learns the ones
+        # every denoiser replica already holds
+        self.adapters: dict[str, str] = _common_adapters(replicas.get("denoiser", []))
+        self._adapter_lock = threading.Lock()
 
     # -- Generate -----------------------------------------------------------------------------
     def prepare(self, msg) -> tuple[Any, tuple[str, ...], dict]:
@@ -60,9 +65,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             raise NotFound(f"this fleet serves {self.card.model_id!r}, not {msg.model!r}", field="model",
                            limit=self.card.model_id)
         kw = {name: getattr(msg, name) for name in _OPTIONAL if msg.HasField(name)}
+        if msg.adapters:
+            kw["adapters"] = [{"id": a.id, "scale": a.scale} for a in msg.adapters]
         req = GenerateRequest(prompt=msg.prompt, request_id=msg.request_id or None,
                               slo_class=msg.slo_class or "interactive", **kw)
-        resolved = resolve(req, self.card, precision=self.precision)
+        resolved = resolve(req, self.card, precision=self.precision, adapters=dict(self.adapters))
         fmt = msg.output_format or "mp4"
         if fmt not in OUTPUT_FORMATS:
             raise InvalidRequest(f"unknown output format {fmt!r}", field="output_format",
@@ -123,6 +130,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             "recipe": self.card.recipe.model_dump(mode="json"),
             "request": r.to_dict(),
             "weights": {k: v for k, v in self.weights.items() if k != "reward"},
+            "adapters": [dict(a) for a in r.adapters],
+            "runtime": {"adapters": list(r.adapter_versions),
+                        "fingerprints": {role: self.replicas[role][i].fingerprint for role, i in run.placement.items()
+                                         if role == "denoiser"}},
             "timings_s": {k: round(v, 4) for k, v in data.get("phase_seconds", {}).items()},
             "latent_norms": run.ctx.get("payloads", {}).get("diffusion_denoise", {}).get("latent_norms", []),
             "fps": run.ctx.get("fps", self.card.limits.fps),
@@ -134,6 +145,46 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                       "batching": self.runtime.batching,
                       "replicas": {role: self.replicas[role][i].replica_id for role, i in run.placement.items()}},
         }
+
+    # -- adapters (admin) ----------------------------------------------------------------------
+    def LoadAdapter(self, request, context):  # noqa: N802
+        """Load into every denoiser replica; only when all hold the same version do new requests
+        get it (a replica that fails leaves the previous version in force)."""
+        from fastvideo3.v1 import adapter_pb2
+        try:
+            with self.host.work(), self._adapter_lock:
+                reps = self.replicas.get("denoiser", [])
+                if not reps:
+                    raise FailedPrecondition("this fleet has no denoiser pool", field="adapter_id")
+                infos = [rep.load_adapter(request.adapter_id, request.path) for rep in reps]
+                versions = {i["version"] for i in infos}
+                if len(versions) != 1:
+                    raise FailedPrecondition(f"replicas loaded different versions {sorted(versions)}", field="path")
+                self.adapters[request.adapter_id] = infos[0]["version"]
+                log.info("adapter %s now at version %s", request.adapter_id, infos[0]["version"])
+                return adapter_pb2.AdapterInfo(adapter_id=request.adapter_id, version=infos[0]["version"],
+                                               rank=infos[0]["rank"], bytes=infos[0]["bytes"],
+                                               replicas=[r.replica_id for r in reps])
+        except FastVideoError as e:
+            abort(context, e)
+
+    def UnloadAdapter(self, request, context):  # noqa: N802
+        """New requests naming the adapter are refused from now on; the pools remove it once the
+        requests using it are done (waiting up to ``wait_s``)."""
+        from fastvideo3.v1 import adapter_pb2
+        try:
+            with self.host.work():
+                if not 0.0 <= request.wait_s <= 3600.0:
+                    raise InvalidRequest(f"{request.wait_s}", field="wait_s", limit="[0, 3600]")
+                with self._adapter_lock:
+                    if self.adapters.pop(request.adapter_id, None) is None:
+                        raise NotFound(f"adapter {request.adapter_id!r} is not loaded", field="adapter_id")
+                versions: set[str] = set()
+                for rep in self.replicas.get("denoiser", []):
+                    versions.update(rep.unload_adapter(request.adapter_id, request.wait_s))
+                return adapter_pb2.UnloadAdapterResponse(adapter_id=request.adapter_id, versions=sorted(versions))
+        except FastVideoError as e:
+            abort(context, e)
 
     # -- Cancel / GetRequest ------------------------------------------------------------------
     def Cancel(self, request, context):  # noqa: N802
@@ -214,3 +265,19 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         for role, reps in self.replicas.items():
             out[f"pools.{role}.healthy_replicas"] = float(sum(r.healthy for r in reps))
         return out
+
+
+def _common_adapters(replicas) -> dict[str, str]:
+    """id -> version of the current adapters every replica reports in its last Describe."""
+    seen: list[dict[str, str]] = []
+    for rep in replicas:
+        desc = rep.last_description
+        info = json.loads(desc.description_json or b"{}") if desc is not None else {}
+        entries = ((info.get("executor") or {}).get("adapters") or {}).get("adapters", [])
+        seen.append({a["id"]: a["version"] for a in entries if a.get("current")})
+    if not seen:
+        return {}
+    common = dict(seen[0])
+    for other in seen[1:]:
+        common = {k: v for k, v in common.items() if other.get(k) == v}
+    return common
