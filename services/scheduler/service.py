@@ -177,11 +177,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 if not 0.0 <= request.wait_s <= 3600.0:
                     raise InvalidRequest(f"{request.wait_s}", field="wait_s", limit="[0, 3600]")
                 with self._adapter_lock:
-                    if self.adapters.pop(request.adapter_id, None) is None:
+                    version = self.adapters.pop(request.adapter_id, None)
+                    if version is None:
                         raise NotFound(f"adapter {request.adapter_id!r} is not loaded", field="adapter_id")
                 versions: set[str] = set()
-                for rep in self.replicas.get("denoiser", []):
-                    versions.update(rep.unload_adapter(request.adapter_id, request.wait_s))
+                try:
+                    for rep in self.replicas.get("denoiser", []):
+                        versions.update(rep.unload_adapter(request.adapter_id, request.wait_s))
+                except FastVideoError:  # refused (still in use): requests may name it again
+                    with self._adapter_lock:
+                        self.adapters.setdefault(request.adapter_id, version)
+                    raise
                 return adapter_pb2.UnloadAdapterResponse(adapter_id=request.adapter_id, versions=sorted(versions))
         except FastVideoError as e:
             abort(context, e)

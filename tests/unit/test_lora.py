@@ -1,0 +1,187 @@
+"""LoRA adapters on a CPU: the key maps and their refusals, versions, the adapter store (slots,
+LRU, pins, unload waiting or refused), request validation, cache keys, and the denoiser refusing
+an unknown adapter before its first step."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from fastvideo3.errors import FailedPrecondition, InvalidRequest, NotFound, ResourceExhausted
+from fastvideo3.models.wan.dit import WanDiTConfig
+from fastvideo3.models.wan.lora import ADAPTED_LAYERS, layer_shapes, lora_key_map, parse_lora
+from fastvideo3.request.schema import resolve_adapters
+from fastvideo3.runtime.adapters import AdapterStore
+from tests.parity.test_lora import random_lora, to_wan_layout
+
+pytestmark = pytest.mark.timeout(120)
+CFG = WanDiTConfig(num_attention_heads=2, attention_head_dim=16, ffn_dim=48, text_dim=24, freq_dim=16,
+                   num_layers=2, rope_max_seq_len=32)
+
+
+def test_key_maps_are_explicit_and_complete():
+    diff, wan = lora_key_map(CFG, "diffusers"), lora_key_map(CFG, "wan")
+    assert len(diff) == 2 * len(ADAPTED_LAYERS) * CFG.num_layers
+    assert len(wan) == 3 * len(ADAPTED_LAYERS) * CFG.num_layers
+    assert diff["transformer.blocks.1.attn1.to_q.lora_A.weight"] == ("blocks.1.attn1.to_q", "down")
+    assert wan["diffusion_model.blocks.0.self_attn.o.lora_up.weight"] == ("blocks.0.attn1.to_out.0", "up")
+    assert wan["diffusion_model.blocks.1.ffn.0.alpha"] == ("blocks.1.ffn.net.0.proj", "alpha")
+
+
+def test_both_layouts_give_the_same_adapter():
+    sd = random_lora(CFG, 8, 0)
+    a, b = parse_lora(sd, CFG, "x"), parse_lora(to_wan_layout(sd, alpha=4.0), CFG, "x")
+    assert a.layout == "diffusers" and b.layout == "wan" and a.rank == b.rank == 8
+    for name in a.layers:
+        assert torch.allclose(a.layers[name][1], b.layers[name][1], atol=1e-6)
+        assert torch.equal(a.layers[name][0], b.layers[name][0])
+
+
+def test_version_is_the_content_digest():
+    sd = random_lora(CFG, 4, 0)
+    v1 = parse_lora(sd, CFG, "x").version
+    assert parse_lora({k: v.clone() for k, v in sd.items()}, CFG, "other-id").version == v1
+    key = next(iter(sd))
+    sd[key] = sd[key].clone()
+    sd[key][0, 0] += 1e-3
+    assert parse_lora(sd, CFG, "x").version != v1
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda sd: sd.update({"transformer.blocks.0.norm2.lora_A.weight": torch.zeros(4, 32)}), "blocks.0.norm2"),
+    (lambda sd: sd.update({"transformer.blocks.9.attn1.to_q.lora_A.weight": torch.zeros(4, 32)}), "blocks.9"),
+    (lambda sd: sd.update({"transformer.blocks.0.attn1.to_q.lora_A.weight": torch.zeros(4, 31)}),
+     "blocks.0.attn1.to_q down weight has shape"),
+    (lambda sd: sd.update({"transformer.blocks.1.ffn.net.2.lora_B.weight": torch.zeros(32, 5)}),
+     "blocks.1.ffn.net.2 up weight has shape"),
+    (lambda sd: sd.pop("transformer.blocks.0.attn2.to_v.lora_B.weight"), "blocks.0.attn2.to_v has no up"),
+    (lambda sd: sd.update({"diffusion_model.blocks.0.self_attn.q.alpha": torch.tensor(1.0)}), "mixes"),
+    (lambda sd: sd.update({"transformer.blocks.0.attn1.to_k.lora_A.weight": torch.full((4, 32), float("nan"))}),
+     "non-finite"),
+])
+def test_unknown_or_misshaped_keys_are_refused_by_name(edit, match):
+    sd = random_lora(CFG, 4, 0)
+    edit(sd)
+    with pytest.raises(InvalidRequest, match=match) as err:
+        parse_lora(sd, CFG, "x")
+    assert err.value.field == "adapter"
+
+
+def _store(slots=2):
+    return AdapterStore(layer_shapes(CFG), "cpu", torch.float32, slots=slots, max_rank=16)
+
+
+def _adapter(seed, aid="a", rank=4):
+    return parse_lora(random_lora(CFG, rank, seed), CFG, aid)
+
+
+def test_store_lru_eviction_and_pins():
+    store = _store(slots=2)
+    a, b, c = _adapter(1, "a"), _adapter(2, "b"), _adapter(3, "c")
+    for ad in (a, b, c):
+        store.load(ad)
+    ref = lambda ad: [(ad.adapter_id, ad.version, 1.0)]  # noqa: E731
+    store.acquire("r1", ref(a))
+    store.acquire("r2", ref(b))
+    with pytest.raises(ResourceExhausted, match="slot"):  # both slots pinned by running requests
+        store.acquire("r3", ref(c))
+    store.release("r1")
+    store.acquire("r3", ref(c))  # evicts a (least recently used, unpinned); its host copy stays
+    assert store.counters["evictions"] == 1
+    entries = {k[0]: e for k, e in store.entries.items()}
+    assert entries["a"].slot is None and entries["c"].slot is not None
+    store.release("r2")
+    store.acquire("r4", ref(a))  # comes back on demand, into b's slot (b is the LRU unpinned one)
+    assert entries["a"].slot is not None and entries["b"].slot is None
+    # the slot holds exactly a's weights, zero-padded to the store's rank
+    layer = next(iter(a.layers))
+    down = store.down[layer][entries["a"].slot]
+    assert torch.equal(down[:4], a.layers[layer][0]) and down[4:].abs().max() == 0
+
+
+def test_unknown_adapter_is_not_found_by_name():
+    store = _store()
+    store.load(_adapter(1, "a"))
+    with pytest.raises(NotFound, match=r"adapter ghost@sha256:00 is not loaded"):
+        store.acquire("r", [("ghost", "sha256:00", 1.0)])
+
+
+def test_new_version_keeps_the_old_one_for_its_requests():
+    store = _store()
+    v1, v2 = _adapter(1, "a"), _adapter(2, "a")
+    store.load(v1)
+    store.acquire("old", [("a", v1.version, 1.0)])
+    store.load(v2)
+    assert store.current["a"] == v2.version
+    store.check([("a", v1.version, 1.0)])  # still served to requests admitted with it
+    store.acquire("new", [("a", v2.version, 1.0)])
+    assert {k[1] for k in store.entries} == {v1.version, v2.version}
+
+
+def test_unload_in_use_is_refused_or_waits():
+    store = _store()
+    ad = _adapter(1, "a")
+    store.load(ad)
+    store.acquire("r1", [("a", ad.version, 1.0)])
+    with pytest.raises(FailedPrecondition, match="in use by 1 request"):
+        store.unload("a", wait_s=0.0)
+    assert ("a", ad.version) in store.entries  # nothing was removed
+    waiting = threading.Event()
+    done: list = []
+
+    def unload():
+        waiting.set()
+        done.append(store.unload("a", wait_s=60.0))
+
+    t = threading.Thread(target=unload)
+    t.start()
+    assert waiting.wait(10)
+    assert not done  # it waits for the request
+    store.release("r1")
+    t.join(30)
+    assert done == [[ad.version]] and not store.entries and "a" not in store.current
+
+
+def test_request_adapters_are_validated_and_pinned_to_versions():
+    loaded = {"a": "sha256:1"}
+    assert resolve_adapters([{"id": "a", "scale": 0.7}], loaded) == ({"id": "a", "version": "sha256:1", "scale": 0.7},)
+    with pytest.raises(NotFound, match="'b' is not loaded") as err:
+        resolve_adapters([{"id": "a"}, {"id": "b", "scale": 1}], loaded)
+    assert err.value.field == "adapters[1].id"
+    for bad, field in (([{"id": "a", "scale": 9.0}], "adapters[0].scale"), ([{"id": "a"}, {"id": "a"}], "adapters[1].id"),
+                       ([{"id": "a b"}], "adapters[0].id"), ([{"id": "a", "weight": 1}], "adapters[0]"),
+                       ([{"id": "a"}] * 5, "adapters")):
+        with pytest.raises(InvalidRequest) as err:
+            resolve_adapters(bad, loaded)
+        assert err.value.field == field
+
+
+def test_prompt_cache_key_carries_adapter_versions():
+    from types import SimpleNamespace
+
+    from fastvideo3.cache.text import TextFeatureCache
+    cache = TextFeatureCache()
+    ex = SimpleNamespace(card=SimpleNamespace(model_id="m", components={}, checkpoint=SimpleNamespace(root="")),
+                         encoder=SimpleNamespace(digest="w", max_len=8, tokenizer=object()), precision="fp32",
+                         device="cpu")
+    k0 = cache.key(ex, ["p"])
+    k1 = cache.key(ex, ["p"], ("a@sha256:1*0.7",))
+    k2 = cache.key(ex, ["p"], ("a@sha256:2*0.7",))
+    assert len({k0.digest(), k1.digest(), k2.digest()}) == 3
+    assert k2.adapter_versions == ("a@sha256:2*0.7",)
+
+
+def test_denoiser_refuses_unknown_adapter_before_its_first_step():
+    from fastvideo3.card import resolve_card
+    from fastvideo3.runtime.engine import Engine
+    with Engine(resolve_card("wan-tiny")) as engine:
+        with pytest.raises(NotFound, match="'nope' is not loaded"):
+            engine.submit("x", adapters=[{"id": "nope", "scale": 1.0}], num_inference_steps=1)
+        # a unit that names a version the pool does not hold fails with NOT_FOUND and leaves nothing
+        run = engine.submit("x", num_frames=5, height=32, width=32, num_inference_steps=1)
+        run.request = run.request.__class__.from_dict(
+            {**run.request.to_dict(), "adapters": ({"id": "gone", "version": "sha256:0", "scale": 1.0},)})
+        engine.run()
+        assert run.status == "FAILED" and run.error.code == "NOT_FOUND" and "gone@sha256:0" in run.error.message
+        assert not engine.denoiser.regions
