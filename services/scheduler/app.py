@@ -41,6 +41,12 @@ class _Gate(scheduler_pb2_grpc.SchedulerServicer):
     def Describe(self, request, context):  # noqa: N802
         return self._get(context).Describe(request, context)
 
+    def LoadAdapter(self, request, context):  # noqa: N802
+        return self._get(context).LoadAdapter(request, context)
+
+    def UnloadAdapter(self, request, context):  # noqa: N802
+        return self._get(context).UnloadAdapter(request, context)
+
 
 def _monitor(replicas: dict[str, list], stop: threading.Event, interval_s: float = 1.0,
              timeout_s: float = 1.0) -> list[threading.Thread]:
