@@ -57,6 +57,10 @@ class PoolConfig:
     checkpoint_digests: str | None = None
     advertise_host: str | None = None
     load_failure_hold_s: float = 0.0
+    lora_slots: int = 8
+    lora_max_rank: int = 64
+    merge_adapter: str | None = None
+    merge_scale: float = 1.0
 
     @property
     def public_host(self) -> str:
@@ -99,6 +103,11 @@ def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
         p.add_argument("--scorers", default="", help="comma list of scorers to host (default: all built-in)")
     if role == "denoiser":
         p.add_argument("--no-batching", action="store_true", help="run each unit of a batch as its own forward")
+        p.add_argument("--lora-slots", type=int, default=8, help="LoRA adapters resident on the device at once")
+        p.add_argument("--lora-max-rank", type=int, default=64, help="largest LoRA rank accepted (a power of two)")
+        p.add_argument("--merge-adapter", default=None, metavar="ID=PATH",
+                       help="dedicate this pool to one LoRA merged into its weights (no per-row delta)")
+        p.add_argument("--merge-scale", type=float, default=1.0, help="the merged adapter's scale")
     p.add_argument("--exit-with-parent", action="store_true", help="stop when the launching process exits")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--fetch-timeout", type=float, default=30.0, dest="fetch_timeout_s",
@@ -112,6 +121,14 @@ def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
     a["inject_fault"] = tuple(a["inject_fault"])
     if a["load_failure_hold_s"] < 0:
         p.error(f"--load-failure-hold must be >= 0 (got {a['load_failure_hold_s']})")
+    if role == "denoiser":
+        if not 1 <= a["lora_slots"] <= 1024:
+            p.error(f"--lora-slots must be in [1, 1024] (got {a['lora_slots']})")
+        r = a["lora_max_rank"]
+        if not 16 <= r <= 512 or r & (r - 1):
+            p.error(f"--lora-max-rank must be a power of two in [16, 512] (got {r})")
+        if a["merge_adapter"] is not None and "=" not in a["merge_adapter"]:
+            p.error(f"--merge-adapter must be ID=PATH (got {a['merge_adapter']!r})")
     return PoolConfig(role=role, **a)
 
 

@@ -106,3 +106,28 @@ def test_load_use_reload_unload_under_load(fleet, tmp_path):
         assert c.load_adapter("style", str(v1_file))["version"] == v1
         back = c.generate("a cat", seed=1, adapters=STYLE, **KW)
         np.testing.assert_allclose(back.frames, first.frames, atol=1e-3)
+
+
+def test_pool_dedicated_to_a_merged_adapter(tmp_path):
+    """A denoiser started with --merge-adapter: Describe reports the merge, the scheduler learns the
+    adapter from it, requests naming it (at its scale) run, others are refused."""
+    from fastvideo3.errors import FailedPrecondition
+    from fleet.launcher import LocalFleet
+    from tests.fleet_fixture import running
+    cfg = WanDiTConfig.from_dict(resolve_card("wan-tiny").components["transformer"].config)
+    path = tmp_path / "style.safetensors"
+    save_file(random_lora(cfg, 8, 1), str(path))
+    merged = LocalFleet(roles=("encoder", "denoiser", "decoder"), log_dir=tmp_path / "logs",
+                        pool_args={"denoiser": ["--merge-adapter", f"style={path}", "--merge-scale", "0.8"]})
+    with running(merged) as fl, FleetClient(fl.target, timeout_s=300) as c:
+        import json
+        info = json.loads(pool_describe(fl.pools["denoiser"][0].target).description_json)
+        ad = info["executor"]["adapters"]
+        assert ad["mode"] == "merged" and ad["merged"]["id"] == "style" and ad["merged"]["scale"] == 0.8
+        assert ad["merged"]["version"] in info["weights_digest"]
+        video = c.generate("a cat", seed=1, adapters=STYLE, **KW)
+        assert video.sidecar["adapters"][0]["version"] == ad["merged"]["version"]
+        with pytest.raises(FailedPrecondition, match="merged into its weights"):
+            c.generate("a cat", seed=1, adapters=[{"id": "style", "scale": 0.5}], **KW)
+        with pytest.raises(FailedPrecondition, match="merged into its weights"):
+            c.generate("a cat", seed=1, **KW)

@@ -185,3 +185,14 @@ def test_denoiser_refuses_unknown_adapter_before_its_first_step():
         engine.run()
         assert run.status == "FAILED" and run.error.code == "NOT_FOUND" and "gone@sha256:0" in run.error.message
         assert not engine.denoiser.regions
+
+
+def test_denoiser_pool_lora_flags():
+    from services.common.pool import parse_args
+    cfg = parse_args("denoiser", ["--port", "0", "--lora-slots", "4", "--lora-max-rank", "32",
+                                  "--merge-adapter", "style=/models/style.safetensors", "--merge-scale", "0.7"])
+    assert (cfg.lora_slots, cfg.lora_max_rank, cfg.merge_adapter, cfg.merge_scale) == (
+        4, 32, "style=/models/style.safetensors", 0.7)
+    for bad in (["--lora-max-rank", "48"], ["--lora-slots", "0"], ["--merge-adapter", "no-path"]):
+        with pytest.raises(SystemExit):
+            parse_args("denoiser", ["--port", "0", *bad])
