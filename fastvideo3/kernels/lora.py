@@ -34,12 +34,17 @@ def _kernel():
     def segmented_lora(X, Y, A, B, SLOT, SCALE, N, K, OUT,
                        sxb, sxn, syb, syn, sas, sar, sbs, sbo,
                        R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BO: tl.constexpr,
-                       IEEE: tl.constexpr, F32DOT: tl.constexpr):
+                       IEEE: tl.constexpr, F32DOT: tl.constexpr, GELU: tl.constexpr):
         pid_m = tl.program_id(0)
         row = tl.program_id(1)
         slot = tl.load(SLOT + row)
-        if slot >= 0:
-            scale = tl.load(SCALE + row)
+        go = slot >= 0  # rows without an adapter are left as they are ...
+        if GELU:
+            go = slot >= -1  # ... unless every row gets the activation
+        if go:
+            has = slot >= 0
+            s = tl.maximum(slot, 0)
+            scale = tl.where(has, tl.load(SCALE + row), 0.0)  # a row without an adapter adds zeros
             offs_m = pid_m * BM + tl.arange(0, BM)
             offs_r = tl.arange(0, R)
             m_ok = offs_m[:, None] < N
@@ -49,7 +54,7 @@ def _kernel():
                 k_ok = offs_k < K
                 x = tl.load(X + row * sxb + offs_m[:, None] * sxn + offs_k[None, :], mask=m_ok & k_ok[None, :],
                             other=0.0)
-                a = tl.load(A + slot * sas + offs_r[None, :] * sar + offs_k[:, None], mask=k_ok[:, None], other=0.0)
+                a = tl.load(A + s * sas + offs_r[None, :] * sar + offs_k[:, None], mask=k_ok[:, None], other=0.0)
                 if F32DOT:
                     x, a = x.to(tl.float32), a.to(tl.float32)
                 if IEEE:
@@ -62,7 +67,7 @@ def _kernel():
             for o0 in range(0, OUT, BO):
                 offs_o = o0 + tl.arange(0, BO)
                 o_ok = offs_o < OUT
-                bt = tl.load(B + slot * sbs + offs_o[None, :] * sbo + offs_r[:, None], mask=o_ok[None, :], other=0.0)
+                bt = tl.load(B + s * sbs + offs_o[None, :] * sbo + offs_r[:, None], mask=o_ok[None, :], other=0.0)
                 if F32DOT:
                     bt = bt.to(tl.float32)
                 if IEEE:
@@ -71,8 +76,10 @@ def _kernel():
                     d = tl.dot(xa, bt)
                 ptr = Y + row * syb + offs_m[:, None] * syn + offs_o[None, :]
                 mask = m_ok & o_ok[None, :]
-                y = tl.load(ptr, mask=mask, other=0.0)
-                tl.store(ptr, (y.to(tl.float32) + d).to(Y.dtype.element_ty), mask=mask)
+                out = tl.load(ptr, mask=mask, other=0.0).to(tl.float32) + d
+                if GELU:  # tanh GELU: 0.5 * (1 + tanh(u)) == sigmoid(2u)
+                    out = out * tl.sigmoid(1.5957691216057308 * (out + 0.044715 * out * out * out))
+                tl.store(ptr, out.to(Y.dtype.element_ty), mask=mask)
 
     return segmented_lora
 
@@ -83,27 +90,38 @@ def _check(x, y, a, b, slots, scales) -> None:
     if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[1] != b.shape[2]:
         raise ValueError(f"a {tuple(a.shape)} / b {tuple(b.shape)} must be [S, R, K] / [S, OUT, R]")
     if a.shape[2] != x.shape[2] or b.shape[1] != y.shape[2]:
-        raise ValueError(f"adapter dims {tuple(a.shape)}/{tuple(b.shape)} do not fit x {tuple(x.shape)} y {tuple(y.shape)}")
+        raise ValueError(f"adapter dims {tuple(a.shape)}/{tuple(b.shape)} do not fit "
+                         f"x {tuple(x.shape)} y {tuple(y.shape)}")
     if slots.shape != (x.shape[0],) or scales.shape != (x.shape[0],):
         raise ValueError("slots and scales need one entry per row")
 
 
 def lora_delta_(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, slots: torch.Tensor,
-                scales: torch.Tensor, impl: str = "torch") -> torch.Tensor:
+                scales: torch.Tensor, impl: str = "torch", act: str | None = None) -> torch.Tensor:
     """Add each row's low-rank delta into ``y`` (see the module docstring); returns ``y``.
-    ``slots``: int32 [B] (-1: no adapter), ``scales``: fp32 [B], both on ``x``'s device."""
+    ``slots``: int32 [B] (-1: no adapter), ``scales``: fp32 [B], both on ``x``'s device.
+    ``act="gelu_tanh"``: then apply the tanh GELU to every row of ``y`` in the same pass (the
+    FFN's first layer, whose activation follows the delta)."""
     _check(x, y, a, b, slots, scales)
+    if act not in (None, "gelu_tanh"):
+        raise ValueError(f"act must be None or 'gelu_tanh', got {act!r}")
     if impl == "triton":
-        return _triton(x, y, a, b, slots, scales)
+        return _triton(x, y, a, b, slots, scales, act == "gelu_tanh")
     if impl != "torch":
         raise ValueError(f"impl must be 'triton' or 'torch', got {impl!r}")
+    acc = y.float() if act else None  # with the activation: round once, after it
     for s in torch.unique(slots).tolist():  # host sync: the CPU path only
         if s < 0:
             continue
         rows = (slots == s).nonzero().flatten()
         xa = torch.matmul(x[rows].float(), a[s].float().t()) * scales[rows].view(-1, 1, 1)
         d = torch.matmul(xa.to(x.dtype).float(), b[s].float().t())
-        y[rows] = (y[rows].float() + d).to(y.dtype)
+        if acc is not None:
+            acc[rows] += d
+        else:
+            y[rows] = (y[rows].float() + d).to(y.dtype)
+    if acc is not None:
+        y.copy_(torch.nn.functional.gelu(acc, approximate="tanh").to(y.dtype))
     return y
 
 
@@ -114,7 +132,7 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _triton(x, y, a, b, slots, scales):
+def _triton(x, y, a, b, slots, scales, gelu: bool = False):
     import triton
     if x.stride(2) != 1 or y.stride(2) != 1 or not a.is_contiguous() or not b.is_contiguous():
         raise ValueError("the Triton path needs unit stride along the feature dims and contiguous adapters")
@@ -128,5 +146,5 @@ def _triton(x, y, a, b, slots, scales):
                     x.stride(0), x.stride(1), y.stride(0), y.stride(1),
                     a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                     R=r, BM=bm, BK=64, BO=64, IEEE=x.dtype == torch.float32,
-                    F32DOT=x.dtype == torch.float32 or _interpreting())
+                    F32DOT=x.dtype == torch.float32 or _interpreting(), GELU=gelu)
     return y

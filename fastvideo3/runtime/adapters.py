@@ -256,14 +256,17 @@ class AdapterStore:
     def active(self) -> bool:
         return self._plan is not None
 
-    def delta_(self, layer: str, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Add the current batch's per-row delta of ``layer`` to ``y`` (no-op outside a batch)."""
+    def delta_(self, layer: str, x: torch.Tensor, y: torch.Tensor, act: str | None = None) -> None:
+        """Add the current batch's per-row delta of ``layer`` to ``y``; with ``act`` apply that
+        activation to all of ``y`` afterwards, in the same pass (must be inside a batch)."""
         if self._plan is None:
-            return
+            raise RuntimeError("delta_ outside AdapterStore.batch()")
         from fastvideo3.kernels.lora import lora_delta_
         slots, scales = self._plan
+        last = slots.shape[0] - 1
         for j in range(slots.shape[0]):
-            lora_delta_(x, y, self.down[layer], self.up[layer], slots[j], scales[j], impl=self.impl)
+            lora_delta_(x, y, self.down[layer], self.up[layer], slots[j], scales[j], impl=self.impl,
+                        act=act if j == last else None)
 
     def hook(self, model: torch.nn.Module, linears: dict[str, torch.nn.Module]) -> list:
         """Forward hooks on the reference model's adapted layers; returns their handles."""

@@ -111,9 +111,9 @@ class EncoderExecutor(_Base):
     def _encode(self, texts: list[str], request_id: str, adapter_versions: tuple[str, ...] = ()) -> torch.Tensor:
         if self.cache is None:
             return self.encoder.encode(texts)
-        # the adapters' versions are in the key: an entry made under one version is never served
-        # to a request running another
-        return self.cache.encode(self, texts, request_id, adapter_versions)  # the request holds its entries until release
+        # the request holds its entries until release; the adapters' versions are in the key, so
+        # an entry made under one version is never served to a request running another
+        return self.cache.encode(self, texts, request_id, adapter_versions)
 
     def release(self, request_id: str) -> None:
         if self.cache is not None:
@@ -210,7 +210,8 @@ class DenoiserExecutor(_Base):
     def _read_adapter(self, adapter_id: str, path: str | None, tensors: dict | None):
         from fastvideo3.models.wan.lora import load_lora_file, parse_lora
         if not isinstance(adapter_id, str) or not 1 <= len(adapter_id) <= 128 or not set(adapter_id) <= ID_CHARS:
-            raise InvalidRequest("must be 1-128 characters of [A-Za-z0-9-_.:]", field="adapter_id", limit="1..128 chars")
+            raise InvalidRequest("must be 1-128 characters of [A-Za-z0-9-_.:]", field="adapter_id",
+                                 limit="1..128 chars")
         if type(self._forward).__name__ == "Fp8FastWanDiT":
             raise FailedPrecondition("the FP8 fast path takes no LoRA adapters", field="adapter_id")
         if tensors is not None:
@@ -229,7 +230,8 @@ class DenoiserExecutor(_Base):
         """Remove every version of an adapter, waiting up to ``wait_s`` for requests using it."""
         return self.adapters.unload(adapter_id, wait_s)
 
-    def merge_adapter(self, adapter_id: str, scale: float, path: str | None = None, tensors: dict | None = None) -> dict:
+    def merge_adapter(self, adapter_id: str, scale: float, path: str | None = None,
+                      tensors: dict | None = None) -> dict:
         """Dedicate this pool to one adapter merged into its weights (no per-row delta). Start-up
         only: refused once adapters are loaded or requests are resident."""
         from fastvideo3.models.wan.lora import merge_into_

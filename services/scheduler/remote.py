@@ -140,8 +140,8 @@ class RemoteExecutor:
 
     def unload_adapter(self, adapter_id: str, wait_s: float = 0.0) -> list[str]:
         from fastvideo3.v1 import adapter_pb2
-        resp = self._call(self.stub.UnloadAdapter, adapter_pb2.UnloadAdapterRequest(adapter_id=adapter_id, wait_s=wait_s),
-                          self.control_timeout_s + wait_s)
+        req = adapter_pb2.UnloadAdapterRequest(adapter_id=adapter_id, wait_s=wait_s)
+        resp = self._call(self.stub.UnloadAdapter, req, self.control_timeout_s + wait_s)
         return list(resp.versions)
 
     def release(self, request_id: str) -> None:

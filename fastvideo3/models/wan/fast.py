@@ -218,10 +218,9 @@ class FastWanDiT:
                 lora.delta_(f"blocks.{i}.attn2.to_out.0", o.reshape(b, n, d), y)
             hidden = add_norm(x, y, None, m[:, 4], m[:, 3], modulate=True, eps=eps, impl=impl)
             # FFN; its gated residual is fused with the next norm (the next block's, or the head's)
-            if lora:  # the delta goes in before the GELU: no epilogue fusion
+            if lora:  # the delta goes in before the GELU: the LoRA pass applies it (no GEMM epilogue)
                 f1 = F.linear(hidden, blk.ff1_w, blk.ff1_b)
-                lora.delta_(f"blocks.{i}.ffn.net.0.proj", hidden, f1)
-                f1 = F.gelu(f1, approximate="tanh")
+                lora.delta_(f"blocks.{i}.ffn.net.0.proj", hidden, f1, act="gelu_tanh")
                 y = F.linear(f1, blk.ff2_w, blk.ff2_b)
                 lora.delta_(f"blocks.{i}.ffn.net.2", f1, y)
             else:

@@ -43,7 +43,8 @@ def layer_shapes(cfg) -> dict[str, tuple[int, int]]:
     out = {}
     for i in range(cfg.num_layers):
         for name in ADAPTED_LAYERS:
-            out[f"blocks.{i}.{name}"] = (f, d) if name == "ffn.net.2" else (d, f) if name == "ffn.net.0.proj" else (d, d)
+            shape = {"ffn.net.0.proj": (d, f), "ffn.net.2": (f, d)}.get(name, (d, d))
+            out[f"blocks.{i}.{name}"] = shape
     return out
 
 
@@ -153,7 +154,8 @@ def load_lora_file(path: str | Path, cfg, adapter_id: str, max_rank: int = MAX_R
     if path.is_dir():
         files = sorted(path.glob("*.safetensors"))
         if len(files) != 1:
-            raise InvalidRequest(f"{path.name}/ holds {len(files)} safetensors files, expected one", field="adapter_path")
+            raise InvalidRequest(f"{path.name}/ holds {len(files)} safetensors files, expected one",
+                                 field="adapter_path")
         path = files[0]
     if not path.is_file():
         raise InvalidRequest(f"no such adapter file {path.name}", field="adapter_path")
