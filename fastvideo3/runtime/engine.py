@@ -69,6 +69,14 @@ class Engine:
         return self.denoiser.load_adapter(adapter_id, path, tensors)
 
     def unload_adapter(self, adapter_id: str, wait_s: float = 0.0) -> list[str]:
+        """Remove an adapter; refused (FAILED_PRECONDITION) while a request here names it (the
+        embedded engine steps only inside ``run``, so there is nothing to wait for)."""
+        from fastvideo3.errors import FailedPrecondition
+        users = [r.request_id for r in self.scheduler.active()
+                 if any(a["id"] == adapter_id for a in r.request.adapters)]
+        if users:
+            raise FailedPrecondition(f"adapter {adapter_id!r} is in use by {len(users)} request(s)",
+                                     field="adapter_id", details={"requests": users[:8]})
         return self.denoiser.unload_adapter(adapter_id, wait_s)
 
     def submit(self, prompt: str, **kw) -> RequestRun:

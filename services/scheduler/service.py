@@ -67,6 +67,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         kw = {name: getattr(msg, name) for name in _OPTIONAL if msg.HasField(name)}
         if msg.adapters:
             kw["adapters"] = [{"id": a.id, "scale": a.scale} for a in msg.adapters]
+            if any(a.id not in self.adapters for a in msg.adapters):
+                self._refresh_adapters()  # loaded through another scheduler replica, perhaps
         req = GenerateRequest(prompt=msg.prompt, request_id=msg.request_id or None,
                               slo_class=msg.slo_class or "interactive", **kw)
         resolved = resolve(req, self.card, precision=self.precision, adapters=dict(self.adapters))
@@ -181,9 +183,19 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     if version is None:
                         raise NotFound(f"adapter {request.adapter_id!r} is not loaded", field="adapter_id")
                 versions: set[str] = set()
+                deadline = time.monotonic() + request.wait_s
                 try:
+                    # admitted requests that have not reached the denoiser yet hold no pin there:
+                    # wait for every request naming it here first, then let the pools remove it
+                    while users := self._requests_naming(request.adapter_id):
+                        if time.monotonic() >= deadline:
+                            raise FailedPrecondition(f"adapter {request.adapter_id!r} is in use by "
+                                                     f"{len(users)} request(s)", field="adapter_id",
+                                                     details={"requests": users[:8]})
+                        time.sleep(0.05)  # bounded by the deadline above
+                    left = max(0.0, deadline - time.monotonic())
                     for rep in self.replicas.get("denoiser", []):
-                        versions.update(rep.unload_adapter(request.adapter_id, request.wait_s))
+                        versions.update(rep.unload_adapter(request.adapter_id, left))
                 except FastVideoError:  # refused (still in use): requests may name it again
                     with self._adapter_lock:
                         self.adapters.setdefault(request.adapter_id, version)
@@ -191,6 +203,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 return adapter_pb2.UnloadAdapterResponse(adapter_id=request.adapter_id, versions=sorted(versions))
         except FastVideoError as e:
             abort(context, e)
+
+    def _requests_naming(self, adapter_id: str) -> list[str]:
+        runs = self.runtime.sched.active()
+        return [r.request_id for r in runs if any(a["id"] == adapter_id for a in r.request.adapters)]
+
+    def _refresh_adapters(self) -> None:
+        reps = [r for r in self.replicas.get("denoiser", []) if r.healthy]
+        try:
+            for rep in reps:
+                rep.describe_raw(timeout=min(2.0, rep.control_timeout_s))
+        except FastVideoError:
+            return  # keep what we know; the request is refused NOT_FOUND if it is not there
+        with self._adapter_lock:
+            self.adapters = _common_adapters(reps)
 
     # -- Cancel / GetRequest ------------------------------------------------------------------
     def Cancel(self, request, context):  # noqa: N802

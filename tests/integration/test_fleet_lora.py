@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from fastvideo3.card import resolve_card
 from fastvideo3.client import FleetClient
-from fastvideo3.errors import NotFound
+from fastvideo3.errors import FailedPrecondition, NotFound
 from fastvideo3.models.wan.dit import WanDiTConfig
 from tests.fleet_fixture import fleet_fixture, pool_describe, wait_until
 from tests.parity.test_lora import random_lora
@@ -95,6 +95,8 @@ def test_load_use_reload_unload_under_load(fleet, tmp_path):
         t = threading.Thread(target=long_request)
         t.start()
         assert started.wait(240)
+        with pytest.raises(FailedPrecondition, match="in use by 1 request"):
+            c.unload_adapter("style", wait_s=0.0)  # refused, and nothing changed
         removed = c.unload_adapter("style", wait_s=240)
         t.join(300)
         assert len(result) == 1 and result[0].sidecar["adapters"][0]["version"] == v2
@@ -111,7 +113,6 @@ def test_load_use_reload_unload_under_load(fleet, tmp_path):
 def test_pool_dedicated_to_a_merged_adapter(tmp_path):
     """A denoiser started with --merge-adapter: Describe reports the merge, the scheduler learns the
     adapter from it, requests naming it (at its scale) run, others are refused."""
-    from fastvideo3.errors import FailedPrecondition
     from fleet.launcher import LocalFleet
     from tests.fleet_fixture import running
     cfg = WanDiTConfig.from_dict(resolve_card("wan-tiny").components["transformer"].config)

@@ -185,6 +185,16 @@ def test_denoiser_refuses_unknown_adapter_before_its_first_step():
         engine.run()
         assert run.status == "FAILED" and run.error.code == "NOT_FOUND" and "gone@sha256:0" in run.error.message
         assert not engine.denoiser.regions
+        # an admitted request names its adapter from admission on: unloading it then is refused
+        engine.load_adapter("a", tensors=random_lora(engine.denoiser.dit.cfg, 4, 0))
+        run = engine.submit("x", adapters=[{"id": "a", "scale": 1.0}], num_frames=5, height=32, width=32,
+                            num_inference_steps=1)
+        with pytest.raises(FailedPrecondition, match="in use by 1 request"):
+            engine.unload_adapter("a")
+        engine.run()
+        assert run.status == "SUCCEEDED"
+        engine.result(run)
+        assert engine.unload_adapter("a") and not engine.denoiser.adapters.entries
 
 
 def test_denoiser_pool_lora_flags():
