@@ -156,49 +156,61 @@ def main() -> None:
             result["shapes"][key] = {"skipped": "time limit"}
             write()
             continue
-        x, t, text = inputs(config, frames, height, width, args.rows, device, dtype)
-        big = frames * height * width > 17 * 256 * 256
-        warm, iters = (1, 3) if big else (2, 10)
-        if args.smoke:
-            warm, iters = 1, 2
-
-        def plain():
-            return fast(x, t, text)
-
-        def mixed():
-            with store.batch(rows):
-                return fast(x, t, text)
-
-        base = timed(plain, warm, iters, cuda)
-        lora = timed(mixed, warm, iters, cuda)
-        # the kernel's output against the plain PyTorch path on the same batch
-        want_base = plain().float()
-        got = mixed().float()
-        impl, store.impl = store.impl, "torch"
-        want = mixed().float()
-        store.impl = impl
-        rel = float((got - want).norm() / want.norm())
-        effect = float((want - want_base).norm() / want_base.norm())
-        ms, ms0 = median(lora), median(base)
-        row = {"ms_per_step": round(ms, 3), "ms_per_step_no_lora": round(ms0, 3),
-               "overhead_fraction": round(ms / ms0 - 1.0, 4), "timings_ms": [round(v, 3) for v in lora],
-               "timings_no_lora_ms": [round(v, 3) for v in base],
-               "kernel_vs_torch_rel_error": rel, "lora_effect_rel": effect,
-               "tokens_per_row": int(x.shape[2] * x.shape[3] * x.shape[4] // 4)}
-        if cuda:
-            row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        try:
+            row = run_shape(args, config, fast, store, rows, frames, height, width, device, dtype, cuda)
+        except Exception as e:  # noqa: BLE001 - keep the other shape's numbers
+            result["shapes"][key] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"{key}: failed: {type(e).__name__}: {e}", flush=True)
+            write()
+            continue
         result["shapes"][key] = row
         summary["ms_per_step"][key] = row["ms_per_step"]
         summary["ms_per_step_no_lora"][key] = row["ms_per_step_no_lora"]
         summary["overhead_fraction"][key] = row["overhead_fraction"]
-        print(f"{key}: {ms0:.2f} ms -> {ms:.2f} ms with {args.adapters} adapters "
-              f"({100 * (ms / ms0 - 1):+.1f}%), kernel rel err {rel:.2e}", flush=True)
+        print(f"{key}: {row['ms_per_step_no_lora']:.2f} ms -> {row['ms_per_step']:.2f} ms with {args.adapters} "
+              f"adapters ({100 * row['overhead_fraction']:+.1f}%), kernel rel err "
+              f"{row['kernel_vs_torch_rel_error']:.2e}", flush=True)
         write()
-        del x, t, text
         if cuda:
             torch.cuda.empty_cache()
     result["seconds"] = round(time.monotonic() - t_start, 1)
     write()
+
+
+def run_shape(args, config, fast, store, rows, frames, height, width, device, dtype, cuda) -> dict:
+    """One shape: timings without and with the adapters, and the kernel's check."""
+    x, t, text = inputs(config, frames, height, width, args.rows, device, dtype)
+    big = frames * height * width > 17 * 256 * 256
+    warm, iters = (1, 3) if big else (2, 10)
+    if args.smoke:
+        warm, iters = 1, 2
+
+    def plain():
+        return fast(x, t, text)
+
+    def mixed():
+        with store.batch(rows):
+            return fast(x, t, text)
+
+    base = timed(plain, warm, iters, cuda)
+    lora = timed(mixed, warm, iters, cuda)
+    # the kernel's output against the plain PyTorch path on the same batch
+    want_base = plain().float()
+    got = mixed().float()
+    impl, store.impl = store.impl, "torch"
+    want = mixed().float()
+    store.impl = impl
+    rel = float((got - want).norm() / want.norm())
+    effect = float((want - want_base).norm() / want_base.norm())
+    ms, ms0 = median(lora), median(base)
+    row = {"ms_per_step": round(ms, 3), "ms_per_step_no_lora": round(ms0, 3),
+           "overhead_fraction": round(ms / ms0 - 1.0, 4), "timings_ms": [round(v, 3) for v in lora],
+           "timings_no_lora_ms": [round(v, 3) for v in base],
+           "kernel_vs_torch_rel_error": rel, "lora_effect_rel": effect,
+           "tokens_per_row": int(x.shape[2] * x.shape[3] * x.shape[4] // 4)}
+    if cuda:
+        row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return row
 
 
 if __name__ == "__main__":
