@@ -276,7 +276,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         sched = self.runtime.sched
         desc = {"transport_edges": self.edges, "batching": self.runtime.batching, "config": self.config,
                 "pools": live, "scheduler": counters,
-                "recent_denoise_batch_sizes": list(sched.batch_sizes)[-64:]}
+                "recent_denoise_batch_sizes": list(sched.batch_sizes)[-64:],
+                "adapters": dict(self.adapters)}  # id -> the version new requests get
         card = self.deployment_card
         if sched.pricer is not None:  # publish the live, calibrated cost model
             from services.scheduler.deployment import cost_model_spec

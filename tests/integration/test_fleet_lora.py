@@ -36,6 +36,7 @@ def test_load_use_reload_unload_under_load(fleet, tmp_path):
         with pytest.raises(NotFound, match="'style' is not loaded"):
             c.generate("a cat", adapters=STYLE, **KW)
         v1 = c.load_adapter("style", str(v1_file))["version"]
+        assert c.describe()["description"]["adapters"] == {"style": v1}
         base = c.generate("a cat", seed=1, **KW)
         m0 = _misses(encoder)
         first = c.generate("a cat", seed=1, adapters=STYLE, **KW)
