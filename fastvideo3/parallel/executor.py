@@ -44,7 +44,10 @@ class RankTransport:
     def fetch(self, ref, deadline_s: float | None = None):
         key = ref_key(ref.to_dict())
         if key in self.prefetched:
-            return self.prefetched[key]
+            value = self.prefetched[key]
+            if isinstance(value, BaseException):  # the leader's fetch failed: every rank fails alike
+                raise value
+            return value
         if self.inner is None:
             raise FastVideoError("input was not broadcast by the leader rank", field="inputs")
         return self.inner.fetch(ref, deadline_s=deadline_s)

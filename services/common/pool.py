@@ -121,6 +121,9 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
         self.executor, self.transport, self.card = executor, transport, card
         d = executor.describe()
         self.fingerprint = fingerprint(d.get("weights_digest", ""), d.get("precision", ""), str(d.get("device", "")))
+        if d.get("parallel"):  # a multi-rank replica's identity also names its plan
+            from fastvideo3.runtime.resident import pool_fingerprint
+            self.fingerprint = pool_fingerprint(executor.identity)
 
     # -- RPCs ---------------------------------------------------------------------------
     def Execute(self, request, context):  # noqa: N802 - gRPC naming

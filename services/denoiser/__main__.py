@@ -1,4 +1,7 @@
-"""``python -m services.denoiser --port P --card NAME [...]``: wiring only (see services/common/pool.py)."""
+"""``python -m services.denoiser --port P --card NAME [--nproc N --plan PLAN] [...]``: wiring only
+(see services/common/pool.py; a multi-rank replica is services/denoiser/parallel.py)."""
+import sys
+
 from services.common.pool import main
 
 
@@ -8,4 +11,9 @@ def build(cfg, card, transport):
 
 
 if __name__ == "__main__":
-    main("denoiser", build)
+    from services.denoiser.parallel import split_args
+    par, rest = split_args(sys.argv[1:])
+    if par is None:
+        main("denoiser", build)
+    from services.denoiser.parallel import exit_now, run_parallel
+    exit_now(run_parallel(par, rest))
