@@ -89,6 +89,7 @@ def test_cfg2_x_ulysses2_replica_then_a_rank_killed_mid_request(fleet, embedded)
     i = den.argv.index("--nproc")
     den.argv[i + 1], den.argv[i + 3] = "4", "cfg2xulysses2"
     fleet.restart(den, timeout_s=300)
+    wait_until(lambda: _routable(fleet.target), 120, "the scheduler to route to the restarted replica", 0.5)
     _check_plan(fleet, embedded, "cfg2xulysses2", 4)
 
     pids = _parallel(den.target)["rank_pids"]
@@ -112,6 +113,16 @@ def test_cfg2_x_ulysses2_replica_then_a_rank_killed_mid_request(fleet, embedded)
     assert den.proc.wait(timeout=60) != 0  # rank 0 stopped serving and exited as broken
     for pid in pids[1:]:
         wait_until(lambda pid=pid: not _alive(pid), 60, f"rank pid {pid} to exit")
+
+
+def _routable(target: str) -> bool:
+    """A one-step request succeeds (the scheduler's health monitor has seen the replica again)."""
+    try:
+        with FleetClient(target, timeout_s=60) as c:
+            c.generate("probe", seed=1, output_format="npy", num_frames=1, height=64, width=64, num_inference_steps=1)
+        return True
+    except FastVideoError:
+        return False
 
 
 def _alive(pid: int) -> bool:
