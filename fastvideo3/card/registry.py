@@ -17,8 +17,12 @@ import yaml
 from pydantic import ValidationError
 
 from fastvideo3.card.spec import (
-    CheckpointManifest, ComponentSpec, Limits, LoopSpec, ModelCard, PrecisionContract, RecipeSpec, SamplerSpec,
+    CheckpointManifest, ComponentSpec, Limits, LoopSpec, ModelCard, ParallelismContract, PrecisionContract,
+    RecipeSpec, SamplerSpec,
 )
+
+#: every Wan card may run its denoiser on several ranks (fastvideo3.parallel)
+_WAN_PARALLELISM = ParallelismContract(plans=["single", "sp_ulysses", "sp_ring", "hybrid"], cfg_parallel=True)
 from fastvideo3.errors import CardError, NotFound
 
 TINY_DIT = dict(
@@ -77,6 +81,7 @@ def _tiny(model_id: str, description: str, components: dict[str, ComponentSpec],
         loops=loops,
         recipe=recipe,
         precision=precision or PrecisionContract(),
+        parallelism=_WAN_PARALLELISM,
         checkpoint=CheckpointManifest(root=None, seed=0, required_for=_T2V_TASKS),
         # sizes are multiples of 32: the VAE's 8x times the DiT's 4x4 latent patch
         limits=Limits(max_frames=65, min_size=32, max_height=512, max_width=512, size_multiple=32,
@@ -174,6 +179,7 @@ def _wan_real(model_id: str, dit: dict, desc: str) -> ModelCard:
                           "vae_decode": ["vae"]},
         ),
         limits=Limits(max_frames=129, max_height=1280, max_width=1280),
+        parallelism=_WAN_PARALLELISM,
         max_text_tokens=512,
     )
 
