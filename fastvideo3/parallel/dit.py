@@ -7,7 +7,7 @@ latent that went in and the sampler's elementwise update runs on a shard with no
 rank holds the contiguous shard ``sp_index`` of the padded sequence (:mod:`.plan`).
 
 :class:`ShardedDiT` runs :class:`~fastvideo3.models.wan.dit.WanDiT`'s modules on that shard:
-the patch embedding per token patch, RoPE tables and the
+the patch embedding per token, RoPE tables and the
 per-token modulation on the local tokens only, and the plan's attention installed through the
 one hook the model has (``Attention.attend``) for the duration of a call. Cross-attention needs
 no communication (every rank holds the whole text). With a CFG degree the batch rows are dealt
@@ -137,9 +137,14 @@ class ShardedDiT:
             raise ValueError(f"shard of {ls} tokens does not match a {valid}-token sequence on {mesh.plan.sp} ranks")
         p = self.patch_volume
         # token values are (pt, ph, pw, C); the patch embedding reads one (C, pt, ph, pw) patch per
-        # token (the model's own convolution, batched over tokens: the same sums as the full grid)
-        x = tokens.reshape(b * ls, p, pc // p).transpose(1, 2).reshape(b * ls, pc // p, *self.patch)
-        x = dit.patch_embedding(x.to(dit.patch_embedding.weight.dtype)).view(b, ls, cfg.inner_dim)
+        # token. On a CPU: the model's own convolution batched over tokens (the very sums of the
+        # full grid, so fp32 results match the one-device path exactly); on CUDA: its GEMM.
+        conv = dit.patch_embedding
+        x = tokens.reshape(b * ls, p, pc // p).transpose(1, 2).to(conv.weight.dtype)
+        if x.device.type == "cuda":
+            x = F.linear(x.reshape(b, ls, pc), conv.weight.reshape(cfg.inner_dim, -1), conv.bias)
+        else:
+            x = conv(x.reshape(b * ls, pc // p, *self.patch)).view(b, ls, cfg.inner_dim)
         temb, temb6, ctx = dit.condition_embedder(timestep, text)
         temb6 = temb6.unflatten(1, (6, -1))
         start = mesh.sp_index * ls
