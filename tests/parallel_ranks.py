@@ -104,3 +104,34 @@ def run_plans(rank: int, world: int, port: int, specs: list[str], out: str) -> N
         with open(os.path.join(out, f"report_{world}.json"), "w") as f:
             json.dump(report, f)
     dist.destroy_process_group()
+
+
+def run_spmd(rank: int, world: int, port: int, spec: str, out: str) -> None:
+    """Rank 0 drives a :class:`LeaderExecutor` with the script (inputs exist on rank 0 only: the
+    others get them with each broadcast batch); every other rank serves what it broadcasts."""
+    from fastvideo3.card.registry import wan_tiny
+    from fastvideo3.parallel.executor import ParallelDenoiserExecutor
+    from fastvideo3.parallel.mesh import init_mesh
+    from fastvideo3.parallel.plan import ParallelPlan
+    from fastvideo3.parallel.spmd import LeaderExecutor, serve_worker
+    from fastvideo3.runtime.executors import DenoiserExecutor
+    from fastvideo3.transport import make_transport
+
+    torch.set_num_threads(1)
+    card = wan_tiny()
+    mesh = init_mesh(ParallelPlan.parse(spec), rank, world, f"127.0.0.1:{port}", "cpu", timeout_s=60)
+    if rank != 0:
+        code = serve_worker(ParallelDenoiserExecutor(card, None, mesh, "cpu"))
+        assert code == 0, code
+        return
+    transport = make_transport("inproc", owner="leader")
+    leader = LeaderExecutor(card, transport, mesh, "cpu", heartbeat_s=0.5)
+    got = script(leader, card, transport)
+    leader.release("b")
+    report = {"resident_after_release": sorted(leader.regions), "describe": leader.describe()["parallel"]}
+    ref_t = make_transport("inproc", owner="reference")
+    want = script(DenoiserExecutor(card, ref_t, "cpu"), card, ref_t)
+    report["latent_rel"] = {rid: float((got[rid] - want[rid]).abs().max() / want[rid].abs().max()) for rid in want}
+    leader.stop()
+    with open(os.path.join(out, "spmd.json"), "w") as f:
+        json.dump(report, f)

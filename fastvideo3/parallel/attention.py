@@ -20,15 +20,31 @@ from fastvideo3.parallel.mesh import Mesh
 
 
 def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax attention on head-major ``[B, H, L, D]`` with its log-sum-exp ``[B, H, Lq]`` (fp32)."""
-    if q.device.type == "cpu":
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[:2]
-        return out, lse.float()
-    if q.dtype in (torch.float16, torch.bfloat16):
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False)[:2]
-        return out, lse.float()
-    out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True)[:2]
-    return out, lse[..., : q.shape[2]].float()
+    """Softmax attention on head-major ``[B, H, L, D]`` with its log-sum-exp ``[B, H, Lq]`` (fp32):
+    PyTorch's flash kernels (CPU; CUDA half precision), its memory-efficient kernel (CUDA fp32),
+    else a chunked fp32 computation."""
+    try:
+        if q.device.type == "cpu":
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[:2]
+            return out, lse.float()
+        if q.dtype in (torch.float16, torch.bfloat16):
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False)[:2]
+            return out, lse.float()
+        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True)[:2]
+        return out, lse[..., : q.shape[2]].float()
+    except (RuntimeError, NotImplementedError):  # a kernel that does not take this input
+        return _attention_lse_math(q, k, v)
+
+
+def _attention_lse_math(q, k, v, chunk: int = 4096):
+    scale = q.shape[-1] ** -0.5
+    outs, lses = [], []
+    for i in range(0, q.shape[2], chunk):
+        s = torch.matmul(q[:, :, i:i + chunk].float(), k.float().transpose(-1, -2)) * scale
+        lse = torch.logsumexp(s, dim=-1)
+        outs.append(torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.float()).to(q.dtype))
+        lses.append(lse)
+    return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
 
 
 def _merge(acc: torch.Tensor | None, acc_lse: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor):

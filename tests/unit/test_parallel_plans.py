@@ -89,3 +89,17 @@ def test_token_layout_round_trip():
     t = to_tokens(x, (1, 4, 4))
     assert t.shape == (2, 18, 256)
     assert torch.equal(from_tokens(t, x.shape[1:], (1, 4, 4)), x)
+
+
+def test_leader_broadcasts_every_call_to_the_other_ranks(tmp_path):
+    """SPMD: only rank 0 has the inputs and a transport; the others run what it broadcasts
+    (execute with the fetched inputs, snapshot, restore, release, heartbeats, stop)."""
+    import torch.multiprocessing as mp
+
+    from tests.parallel_ranks import run_spmd
+    mp.start_processes(run_spmd, args=(2, _port(), "ring2", str(tmp_path)), nprocs=2, join=True, start_method="spawn")
+    report = json.loads((tmp_path / "spmd.json").read_text())
+    assert report["resident_after_release"] == ["a", "a2", "c", "d"]
+    assert report["describe"]["spec"] == "ring2" and report["describe"]["broken"] == ""
+    for rid, err in report["latent_rel"].items():
+        assert err < 5e-5, (rid, err)
