@@ -116,7 +116,8 @@ class ShardedDiT:
         padded_rows = -(-rows // c) * c
         if padded_rows != rows:  # an odd batch: the last row runs twice, its copy is dropped
             extra = padded_rows - rows
-            tokens, timestep, text = (torch.cat([t, t[-1:].expand(extra, *t.shape[1:])]) for t in (tokens, timestep, text))
+            tokens, timestep, text = (torch.cat([t, t[-1:].expand(extra, *t.shape[1:])])
+                                      for t in (tokens, timestep, text))
         mine = self.mesh.coords[0]
         out = self._forward(tokens[mine::c], timestep[mine::c], text[mine::c], grid)
         parts = self.mesh.all_gather(out, "cfg", dim=0).chunk(c, dim=0)

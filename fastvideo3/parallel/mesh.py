@@ -106,7 +106,8 @@ def build_mesh(plan: ParallelPlan, rank: int, world: int, device: str, timeout_s
     plan.check_world(world)
     timeout = datetime.timedelta(seconds=timeout_s)
     mesh = Mesh(plan, rank, world)
-    mesh.control = dist.new_group(backend="gloo", timeout=timeout) if backend_for(device) != "gloo" else dist.group.WORLD
+    gloo = backend_for(device) == "gloo"
+    mesh.control = dist.group.WORLD if gloo else dist.new_group(backend="gloo", timeout=timeout)
     for axis, lists in plan.groups().items():
         for ranks in lists:
             g = dist.new_group(ranks, timeout=timeout) if len(ranks) > 1 else None

@@ -56,7 +56,8 @@ class LeaderExecutor(ParallelDenoiserExecutor):
     # -- control channel ---------------------------------------------------------------
     def _send(self, msg) -> None:
         if self.broken:
-            raise Unavailable(f"parallel replica is broken: {self.broken}", field="replica", details={"lost_region": True})
+            raise Unavailable(f"parallel replica is broken: {self.broken}", field="replica",
+                              details={"lost_region": True})
         try:
             _broadcast(self.mesh, msg)
         except Exception as e:  # noqa: BLE001 - any failure of the control group breaks the replica

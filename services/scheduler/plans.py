@@ -40,7 +40,8 @@ def check_plan(card, plan: ParallelPlan | None) -> None:
         return
     for kind in plan.kind.split("+"):
         if kind == "cfg_parallel" and not contract.cfg_parallel:
-            raise FailedPrecondition(f"card {card.model_id} does not allow CFG-parallel", field="parallelism.cfg_parallel")
+            raise FailedPrecondition(f"card {card.model_id} does not allow CFG-parallel",
+                                     field="parallelism.cfg_parallel")
         if kind != "cfg_parallel" and kind not in contract.plans:
             raise FailedPrecondition(f"card {card.model_id} does not allow plan {kind}", field="parallelism.plans",
                                      limit=", ".join(contract.plans))
