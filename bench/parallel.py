@@ -16,7 +16,9 @@ finished is kept.
 
 Overhead mode: one process, 1.3B at 81x480x832, the plain reference forward
 (``WanDiT.forward`` on the latent) against the plan code at degree 1 (``ShardedDiT`` on the
-token layout, no communication), interleaved, medians compared; the goal is < 1%.
+token layout, no communication), interleaved, medians compared; the goal is < 1%. The fused
+one-device fast path (``FastWanDiT``, which a parallel replica does not use) is timed after, for
+context.
 
 ``--preset tiny --device cpu`` runs either mode on a CPU with gloo (a smoke test of the script).
 """
@@ -266,12 +268,20 @@ def overhead(a) -> dict:
         tq += _time(plan, device, 0, 1)
     mp, mq = statistics.median(tp), statistics.median(tq)
     pct = 100.0 * (mq - mp) / mp
+    fast = {}
+    if device.startswith("cuda"):  # context: the fused one-device path a replica of degree 1 serves with
+        try:
+            from fastvideo3.models.wan.fast import FastWanDiT
+            fwd = FastWanDiT(dit)
+            fast = {"fast_path_ms": round(statistics.median(_time(lambda: fwd(x, t, text), device, 1, 5)), 2)}
+        except Exception as e:  # noqa: BLE001 - optional figure
+            fast = {"fast_path_error": f"{type(e).__name__}: {e}"[:300]}
     summary = [{"model": model, "frames": frames, "height": height, "width": width, "plan": p, "gpus": 1,
                 "ms": round(ms, 2), "speedup": round(mp / ms, 4), "efficiency": round(mp / ms, 4)}
                for p, ms in (("none (plain WanDiT.forward)", mp), ("single (plan code, degree 1)", mq))]
     return {"benchmark": "plan code at degree 1 vs the plain path (bf16, CFG-batched: 2 rows)",
             "device": torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu", "torch": torch.__version__,
-            "overhead_pct": round(pct, 3), "goal_pct": 1.0, "meets_goal": pct < 1.0, "error_vs_plain": err,
+            "overhead_pct": round(pct, 3), "goal_pct": 1.0, "meets_goal": pct < 1.0, "error_vs_plain": err, **fast,
             "plain_times_ms": [round(v, 2) for v in tp], "plan_times_ms": [round(v, 2) for v in tq],
             "summary": summary}
 

@@ -122,8 +122,9 @@ class SequenceParallelAttention:
             pending = None
             if step + 1 < ring:  # pass the block on while this one is computed
                 nxt = torch.empty_like(kv)
-                pending = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, self.ring_next),
-                                                  dist.P2POp(dist.irecv, nxt, self.ring_prev)])
+                group = self.mesh.group("ring")  # every rank of the ring takes part in each pass
+                pending = dist.batch_isend_irecv([dist.P2POp(dist.isend, kv, self.ring_next, group),
+                                                  dist.P2POp(dist.irecv, nxt, self.ring_prev, group)])
             n = self._valid_in(source)
             if n > 0:
                 out, lse = attention_lse(q, kv[0][:, :, :n], kv[1][:, :, :n])
