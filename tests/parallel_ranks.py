@@ -2,8 +2,8 @@
 
 :func:`run_plans` is every rank's body: join a gloo group, and for each plan run the same
 scripted denoise (three requests, step-batched, CFG batched and classic, a snapshot/restore
-midway) through a :class:`ParallelDenoiserExecutor`; rank 0 also runs the single-process
-:class:`DenoiserExecutor` on the same units and writes, per request, the largest error of the
+midway) through a :class:`ParallelDenoiserExecutor`, after the single-process
+:class:`DenoiserExecutor` ran the same units; rank 0 writes, per request, the largest error of the
 final latent (relative to its largest value) and of its decoded frames (absolute, in [0, 1]).
 """
 from __future__ import annotations
@@ -79,17 +79,27 @@ def run_plans(rank: int, world: int, port: int, specs: list[str], out: str) -> N
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     card = wan_tiny()
+    from fastvideo3.export.errors import FingerprintMismatch
+    ref_t = make_transport("inproc", owner="one-device")
+    one = DenoiserExecutor(card, ref_t, "cpu")
+    want = script(one, card, ref_t)
+    previous = [one.snapshot("a")]
     report = {}
-    want = vae = frames_want = None
+    vae = frames_want = None
     for spec in specs:
         mesh = build_mesh(ParallelPlan.parse(spec), rank, world, "cpu")
         transport = make_transport("inproc", owner=f"r{rank}-{spec}")
         ex = ParallelDenoiserExecutor(card, transport, mesh, "cpu")
         got = script(ex, card, transport)
+        refused = []  # a snapshot of another plan (or of one device) never restores here
+        for other in previous:
+            try:
+                ex.restore("foreign", other)
+                refused.append(False)
+            except FingerprintMismatch:
+                refused.append(True)
+        previous.append(ex.snapshot("a"))
         if rank == 0:
-            if want is None:
-                ref_t = make_transport("inproc", owner="reference")
-                want = script(DenoiserExecutor(card, ref_t, "cpu"), card, ref_t)
             if vae is None:
                 from fastvideo3.models.wan.components import VideoDecoder
                 vae = VideoDecoder(card, "cpu", torch.float32)
@@ -99,6 +109,7 @@ def run_plans(rank: int, world: int, port: int, specs: list[str], out: str) -> N
                             for rid in want}
             report[spec]["a2_vs_a"] = float((got["a2"] - got["a"]).abs().max() / got["a"].abs().max())
             report[spec]["fingerprint_names_plan"] = f"parallel:{mesh.plan.spec}" in ex.identity.graph_names
+            report[spec]["foreign_snapshots_refused"] = refused
         dist.barrier()
     if rank == 0:
         with open(os.path.join(out, f"report_{world}.json"), "w") as f:

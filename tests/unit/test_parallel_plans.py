@@ -3,7 +3,8 @@
 Each world runs its plans in one spawn (process start dominates on a small machine): 2 ranks
 for Ulysses 2, ring 2 and CFG 2; 4 ranks for the hybrid 2x2, CFG 2 x Ulysses 2, and Ulysses 4 /
 ring 4 (which pad the 18-token sequence to 20 and the 9 heads to 12). The script batches three
-requests into one step, mixes CFG policies, and snapshots/restores a request midway.
+requests into one step, mixes CFG policies, and snapshots/restores a request midway; a snapshot
+written by one device or by another plan is refused (the fingerprint names the plan).
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ def _check(report: dict, specs: list[str]) -> None:
     assert sorted(report) == sorted(specs)
     for spec, errs in report.items():
         assert errs.pop("fingerprint_names_plan") is True, spec
+        refused = errs.pop("foreign_snapshots_refused")
+        assert refused and all(refused), (spec, refused)
         assert errs.pop("a2_vs_a") < 1e-5, spec  # the restored copy continues as the original
         assert set(errs) == {"a", "a2", "b", "c", "d"}, spec
         for rid, err in errs.items():
