@@ -1,7 +1,7 @@
 """Spawned-rank drivers for the parallel-plan tests (importable by ``torch.multiprocessing.spawn``).
 
 :func:`run_plans` is every rank's body: join a gloo group, and for each plan run the same
-scripted denoise (three requests, step-batched, CFG batched and classic, a snapshot/restore
+scripted denoise (four requests in one step batch, CFG batched, classic and none, a snapshot/restore
 midway) through a :class:`ParallelDenoiserExecutor`, after the single-process
 :class:`DenoiserExecutor` ran the same units; rank 0 writes, per request, the largest error of the
 final latent (relative to its largest value) and of its decoded frames (absolute, in [0, 1]).

@@ -2,7 +2,7 @@
 (see services/common/pool.py; a multi-rank replica is services/denoiser/parallel.py)."""
 import sys
 
-from services.common.pool import main
+from services.common.pool import run_pool
 
 
 def build(cfg, card, transport):
@@ -13,7 +13,7 @@ def build(cfg, card, transport):
 if __name__ == "__main__":
     from services.denoiser.parallel import split_args
     par, rest = split_args(sys.argv[1:])
-    if par is None:
-        main("denoiser", build)
+    if par is None:  # one rank: the ordinary pool process
+        sys.exit(run_pool("denoiser", build, rest))
     from services.denoiser.parallel import exit_now, run_parallel
     exit_now(run_parallel(par, rest))

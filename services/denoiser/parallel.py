@@ -35,13 +35,16 @@ class ParallelArgs:
 
 def split_args(argv: list[str]) -> tuple[ParallelArgs | None, list[str]]:
     """The launcher's own flags, and the rest for the pool. None where the replica is one rank."""
-    p = argparse.ArgumentParser(add_help=False)
+    p = argparse.ArgumentParser(prog="python -m services.denoiser", add_help=False,
+                                description="multi-rank replica flags (the pool flags follow)")
     p.add_argument("--nproc", type=int, default=1, help="ranks (one per device) in this replica")
     p.add_argument("--plan", default=None, help="parallel plan: single, ulysses2, ring2, ulysses2xring2, cfg2, ...")
     p.add_argument("--dist-timeout", type=float, default=60.0, dest="dist_timeout_s",
                    help="deadline of one collective (a rank silent this long breaks the replica)")
     p.add_argument("--no-pad", action="store_true", help="refuse shapes that do not divide instead of padding")
     ns, rest = p.parse_known_args(argv)
+    if "-h" in argv or "--help" in argv:
+        print(p.format_help())
     if ns.nproc == 1 and ns.plan in (None, "single"):
         return None, rest
     from fastvideo3.errors import InvalidRequest
