@@ -116,6 +116,11 @@ class _Replica:
     def _on_broken(self, why: str) -> None:
         self.broken.set()
         os.kill(os.getpid(), signal.SIGTERM)  # the service drains its in-flight RPCs and stops
+        # a call stuck in a collective with a dead peer ends by the group timeout; never wait past it
+        if not self.stopping.wait(self.par.dist_timeout_s + RANK_EXIT_TIMEOUT_S):
+            log.error("parallel replica did not stop after it broke; exiting")
+            self.kill_children()
+            exit_now(1)
 
     def kill_children(self) -> None:
         for c in self.children:
