@@ -154,6 +154,10 @@ def _build(cfg: SchedulerConfig, host: ServiceHost):
     info = json.loads(replicas["denoiser"][0].last_description.description_json or b"{}")
     precision = (info.get("executor") or {}).get("precision") or card.precision.default_cpu
     pricer, admission, telemetry = _economy(cfg)
+    from services.scheduler.plans import denoiser_plan
+    plan = denoiser_plan(card, replicas["denoiser"])  # a multi-rank replica prices by its plan
+    if plan is not None:
+        pricer.plans["denoiser"] = plan
     checkpointer = _checkpointer(cfg)
     runtime = FleetRuntime(replicas, batching=cfg.batching, max_batch=max_batch, max_running=cfg.max_running,
                            max_queued=cfg.max_queued, retain_finished=cfg.retain_finished, pricer=pricer,
