@@ -50,11 +50,15 @@ class DynamoWorkerArgs:
         )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, prog: str = "python -m fleet.dynamo", scheduler: bool = True,
+                 description: str = "Register a fastvideo3 fleet with NVIDIA Dynamo as a video model.",
+                 ) -> argparse.ArgumentParser:
+    """The worker's flags; ``scheduler=False`` leaves out ``--scheduler`` (the cost router
+    names its fleets with ``--fleet`` instead)."""
     env = os.environ.get
-    p = argparse.ArgumentParser(prog="python -m fleet.dynamo",
-                                description="Register a fastvideo3 fleet with NVIDIA Dynamo as a video model.")
-    p.add_argument("--scheduler", required=True, help="HOST:PORT of the fleet's scheduler")
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    if scheduler:
+        p.add_argument("--scheduler", required=True, help="HOST:PORT of the fleet's scheduler")
     p.add_argument("--namespace", default=env("DYN_NAMESPACE", "dynamo"))
     p.add_argument("--component", default="fastvideo3")
     p.add_argument("--endpoint", default="generate")

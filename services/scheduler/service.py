@@ -44,6 +44,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.deployment_card = deployment_card
         self.config = config
         self.scorers: list[str] = []
+        from fastvideo3.telemetry.scaling import ScalingSignals
+        self.scaling = ScalingSignals(target_utilization=float(config.get("scaling_target_utilization", 0.7)),
+                                      window_s=float(config.get("scaling_window_s", 60.0)),
+                                      roles=tuple(r for r in ("encoder", "denoiser", "decoder", "reward")
+                                                  if r in replicas))
         self.weights: dict[str, str] = {}
         for role, key in (("encoder", "text_encoder"), ("denoiser", "transformer"), ("decoder", "vae"),
                           ("reward", "reward")):
@@ -87,6 +92,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         try:
             with self.host.work():  # the whole stream counts as in-flight work for draining
                 resolved, program, ctx = self.prepare(request)
+                self._observe_arrival(resolved, program)
                 from fastvideo3.telemetry.tracing import extract_context
                 parent = extract_context(context.invocation_metadata())
                 stream = self.runtime.submit(resolved, self.card, program=program, ctx=ctx, trace_parent=parent)
@@ -94,6 +100,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 yield from self._pump(stream, context)
         except FastVideoError as e:
             abort(context, e)
+
+    def _observe_arrival(self, resolved, program) -> None:
+        """Feed the scaling signals: this request's predicted GPU-seconds per role."""
+        pricer = self.runtime.sched.pricer
+        if pricer is None:
+            return
+        from fastvideo3.telemetry.scaling import request_role_seconds
+        try:
+            self.scaling.observe(request_role_seconds(pricer, self.card, resolved, program))
+        except FastVideoError as e:  # pricing never blocks a request
+            log.warning("scaling signal: cannot price request: %s", e.one_line())
+        for role, reps in self.replicas.items():
+            if role in self.scaling.roles:
+                self.scaling.set_current(role, sum(r.healthy for r in reps))
 
     def _pump(self, stream, context):
         run = self.runtime.get(stream.request_id)
@@ -200,6 +220,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             desc["cost_model_error"] = sched.pricer.cost_model.error_stats()
         if sched.admission is not None:
             desc["admission"] = sched.admission.counters()
+        desc["scaling"] = self.scaling.values()
         return scheduler_pb2.SchedulerDescription(
             card=card, queued_requests=int(counters["queued_requests"]),
             running_requests=int(counters["running_requests"]), pools=pools,
