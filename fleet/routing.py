@@ -84,7 +84,7 @@ class FleetState:
     serving: bool = True
     replicas: dict[str, int] = field(default_factory=dict)  # role -> replicas (from the card)
     owed: dict[str, dict[str, float]] = field(default_factory=dict)  # request -> role -> GPU-s left
-    external_s: float = 0.0  # GPU-seconds in flight there that this router did not send
+    external: dict[str, float] = field(default_factory=dict)  # role -> GPU-s owed to others' requests
     dispatched: int = 0
     _pricer: Any = None
     _cards: dict[str, Any] = field(default_factory=dict)
@@ -125,9 +125,22 @@ class FleetState:
             for role, s in roles.items():
                 if not role.startswith("_"):  # bookkeeping entries, not roles
                     out[role] = out.get(role, 0.0) + s
-        if self.external_s > 0:
-            out["denoiser"] = out.get("denoiser", 0.0) + self.external_s
+        for role, s in self.external.items():
+            out[role] = out.get(role, 0.0) + s
         return out
+
+    def set_reported(self, owed: dict[str, float], requests: int) -> None:
+        """The fleet's own ledger (from Describe): what it owes beyond this router's requests
+        is outside load. Only counted when the fleet runs requests this router did not send."""
+        ours = {}
+        for roles in self.owed.values():
+            for role, s in roles.items():
+                if not role.startswith("_"):
+                    ours[role] = ours.get(role, 0.0) + s
+        if requests <= len(self.owed):
+            self.external = {}
+            return
+        self.external = {r: max(0.0, s - ours.get(r, 0.0)) for r, s in owed.items()}
 
     def finish_estimate_s(self, cost: dict[str, float]) -> float:
         """Seconds until a new request of ``cost`` would finish here: on each role, the work
@@ -154,6 +167,11 @@ class FleetRouter:
         self._rr = 0
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
+
+    @property
+    def lock(self) -> threading.Lock:
+        """Held while changing a fleet's card or reported load from outside (a refresher)."""
+        return self._lock
 
     def pick(self, request_id: str, card_id: str, params: dict[str, Any], task: str = "t2v") -> FleetState:
         """Choose a fleet for the request and reserve its predicted cost there.

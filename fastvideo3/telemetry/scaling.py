@@ -182,3 +182,60 @@ class ScalingSignals:
         cut = now - self.window_s
         while self._arrivals and self._arrivals[0][0] < cut:
             self._arrivals.popleft()
+
+
+class WorkLedger:
+    """Predicted GPU-seconds still owed, per role, by the requests a scheduler has accepted.
+
+    ``add`` at acceptance (the request's whole predicted cost per role), ``progress`` as denoise
+    steps finish (the denoiser's share shrinks in proportion; encoding is then done), ``remove``
+    when the request ends. ``owed()`` is the fleet's live load in the one currency: what a
+    router compares across fleets and what the load gauges export. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._owed: dict[str, dict[str, float]] = {}
+        self._full: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def add(self, request_id: str, role_seconds: Mapping[str, float]) -> None:
+        with self._lock:
+            self._owed[request_id] = {r: float(s) for r, s in role_seconds.items()}
+            self._full[request_id] = float(role_seconds.get("denoiser", 0.0))
+
+    def progress(self, request_id: str, step: int, total: int) -> None:
+        with self._lock:
+            owed = self._owed.get(request_id)
+            if owed is None or total <= 0:
+                return
+            owed["denoiser"] = self._full[request_id] * max(0.0, 1.0 - step / total)
+            owed["encoder"] = 0.0
+
+    def remove(self, request_id: str) -> None:
+        with self._lock:
+            self._owed.pop(request_id, None)
+            self._full.pop(request_id, None)
+
+    def owed(self) -> dict[str, float]:
+        with self._lock:
+            out: dict[str, float] = {}
+            for roles in self._owed.values():
+                for role, s in roles.items():
+                    out[role] = out.get(role, 0.0) + s
+            return out
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._owed)
+
+    def families(self, fleet: str = "") -> list[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        g = GaugeMetricFamily("fastvideo3_load_owed_gpu_seconds",
+                              "Predicted GPU-seconds still owed per role by accepted, unfinished requests.",
+                              labels=["fleet", "role"])
+        for role, s in sorted(self.owed().items()):
+            g.add_metric([fleet, role], s)
+        n = GaugeMetricFamily("fastvideo3_load_requests", "Accepted, unfinished requests.", labels=["fleet"])
+        n.add_metric([fleet], float(len(self)))
+        return [g, n]

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import sys
@@ -37,9 +36,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, AsyncGenerator
-
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dynamo._core import Context
 from dynamo.common.backend import DiffusionEngine, EngineConfig, WorkerConfig
@@ -51,6 +47,7 @@ from fleet.deployment_card import card_from_description
 from fleet.dynamo import health_check
 from fleet.dynamo.args import DynamoWorkerArgs, build_parser
 from fleet.dynamo.handlers import VideoHandler, request_id_for, to_dynamo_error, translate
+from fleet.dynamo.load import FleetLoad
 from fleet.routing import POLICIES, FleetRouter, FleetState
 
 log = logging.getLogger("fastvideo3.dynamo.router")
@@ -82,8 +79,6 @@ def parse_args(argv: list[str] | None = None) -> RouterArgs:
                    help="cost: soonest predicted finish (default); the others are baselines")
     p.add_argument("--refresh-interval", type=float, default=2.0, dest="refresh_interval_s",
                    help="seconds between Describe reads of each fleet (card, cost model, outside load)")
-    p.add_argument("--fleet-output-format", choices=("mp4", "npy"), default="mp4",
-                   help="what to ask the fleets for (npy: fleets on no-op executors, in tests)")
     p.add_argument("--aliases", action=argparse.BooleanOptionalAction, default=True,
                    help="also answer to every fleet card's id (default); --no-aliases: only the served name")
     a = vars(p.parse_args(argv))
@@ -93,7 +88,7 @@ def parse_args(argv: list[str] | None = None) -> RouterArgs:
     names = [n for n, _ in fleets]
     if len(set(names)) != len(names):
         raise InvalidRequest("fleet names must be unique", field="fleet", limit=", ".join(names))
-    policy, refresh, fmt = a.pop("policy"), a.pop("refresh_interval_s"), a.pop("fleet_output_format")
+    policy, refresh, fmt = a.pop("policy"), a.pop("refresh_interval_s"), a["fleet_output_format"]
     aliases = a.pop("aliases")
     if not 0.1 <= refresh <= 600:
         raise InvalidRequest(f"{refresh} is out of range", field="refresh_interval", limit="[0.1, 600] seconds")
@@ -108,30 +103,18 @@ class FleetLink:
         self.name, self.target, self.state, self.client = name, target, state, client
         self.handler = VideoHandler(client)
         self.router, self.args, self.stop = router, args, stop
+        self.load = FleetLoad()
+        self.watch: health_check.SchedulerWatch | None = None
 
     def start(self) -> None:
-        threading.Thread(target=self._watch, name=f"health-{self.name}", daemon=True).start()
+        self.watch = health_check.SchedulerWatch(self.client.channel, self._serving_changed, name=self.name).start()
         threading.Thread(target=self._refresh, name=f"describe-{self.name}", daemon=True).start()
 
-    def _watch(self) -> None:
-        """Follow the scheduler's health; anything but SERVING takes the fleet out at once."""
-        stub = health_pb2_grpc.HealthStub(self.client.channel)
-        serving = health_pb2.HealthCheckResponse.SERVING
-        while not self.stop.is_set():
-            try:
-                for resp in stub.Watch(health_pb2.HealthCheckRequest(service="")):
-                    up = resp.status == serving
-                    if up != self.state.serving:
-                        log.info("fleet %s is %s", self.name, "SERVING" if up else "not SERVING")
-                    self.router.set_serving(self.name, up)
-                    if self.stop.is_set():
-                        return
-            except grpc.RpcError:
-                pass
-            if self.state.serving:
-                log.info("fleet %s: health stream lost; routing away", self.name)
-            self.router.set_serving(self.name, False)
-            self.stop.wait(0.25)
+    def _serving_changed(self, up: bool) -> None:
+        """Anything but SERVING (or a lost health stream) takes the fleet out of routing at once."""
+        log.info("fleet %s is %s", self.name, "SERVING" if up else "not SERVING: routing away")
+        self.router.set_serving(self.name, up)
+        self.load = replace(self.load, serving=up)
 
     def _refresh(self) -> None:
         while not self.stop.wait(self.args.refresh_interval_s):
@@ -140,29 +123,12 @@ class FleetLink:
             except FastVideoError:
                 continue  # the health watch decides about serving
             card = card_from_description(desc)
-            with self.router._lock:  # noqa: SLF001 - the router's own lock guards its fleets
+            load = FleetLoad.from_description(desc, serving=self.state.serving)
+            self.load = load
+            with self.router.lock:
                 if card is not None:
                     self.state.set_card(card)
-                self.state.external_s = outside_load_s(desc, len(self.state.owed))
-
-
-def outside_load_s(desc: dict[str, Any], ours_in_flight: int) -> float:
-    """GPU-seconds reserved and queued at the fleet's admission beyond what this router sent.
-
-    Admission reserves one denoise step per request in flight (see Pricer.reservation), so the
-    per-request figure is scaled by nothing here: it is a floor on the outside work, used only
-    when the fleet runs more requests than this router has in flight there."""
-    try:
-        info = json.loads(desc.get("description_json") or b"{}")
-    except (TypeError, ValueError):
-        return 0.0
-    running = int(desc.get("running_requests", 0)) + int(desc.get("queued_requests", 0))
-    if running <= ours_in_flight:
-        return 0.0
-    classes = (info.get("admission") or {}).get("classes") or {}
-    reserved = sum(float(c.get("reserved_gpu_seconds", 0.0)) for c in classes.values())
-    per_request = reserved / max(1, running)
-    return per_request * (running - ours_in_flight)
+                self.state.set_reported(load.owed_gpu_seconds, load.requests)
 
 
 class CostRouterEngine(DiffusionEngine):
@@ -216,6 +182,11 @@ class CostRouterEngine(DiffusionEngine):
         return EngineConfig(model=self.served_model_name, served_model_name=self.served_model_name,
                             model_aliases=self.aliases,
                             runtime_data={"fastvideo3": {"router": {"policy": self.args.policy, "fleets": fleets}}})
+
+    async def register_prometheus(self, metrics) -> None:
+        """Every fleet's live load (as last read) joins Dynamo's system /metrics."""
+        from fleet.dynamo.load import expfmt
+        metrics.register_prometheus_expfmt_callback(lambda: expfmt({n: link.load for n, link in self.links.items()}))
 
     async def generate(self, request: dict[str, Any], context: Context) -> AsyncGenerator[dict[str, Any], None]:
         if health_check.is_probe(request):
@@ -271,6 +242,8 @@ class CostRouterEngine(DiffusionEngine):
     async def cleanup(self) -> None:
         self.stop.set()
         for link in self.links.values():
+            if getattr(link, "watch", None) is not None:
+                link.watch.stop()
             link.client.close()
 
 

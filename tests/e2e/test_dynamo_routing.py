@@ -7,9 +7,15 @@ discovery, TCP request plane): one with ``--policy round-robin`` served as ``wan
 with ``--policy cost`` as ``wan-tiny-cost``, so both policies are measured in this run, on the
 same fleets, through the same frontend.
 
+The fast and medium fleets also each run their own Dynamo worker (``python -m fleet.dynamo``)
+under one model name, ``wan-tiny-pool``: there Dynamo's own router (``--router-mode
+least-loaded``) picks the worker, and a worker whose scheduler stops serving leaves discovery
+(``--leave-after 1``).
+
 Checks: a mixed burst has a p95 latency at least 30% lower with cost routing than with
 round-robin; a request only the slow fleet can serve always lands there (under either policy);
-after one fleet stops, no request goes to it once 5 s have passed.
+the workers publish their fleet's live load on Dynamo's /metrics; after one fleet stops, no
+request goes to it once 5 s have passed (cost router, round-robin router and Dynamo's router).
 
 Timing is compared between the two policies in one run (never against wall-clock constants);
 fleet speeds differ by 5x and 20x so the comparison holds on a loaded machine.
@@ -34,6 +40,7 @@ from tests.fleet_fixture import dump_logs, wait_until  # noqa: E402
 
 STEP_S = {"fast": 0.02, "medium": 0.1, "slow": 0.4}  # simulated denoise step time per batch
 ROLES = ("encoder", "denoiser", "decoder")
+POOL = "wan-tiny-pool"  # served by the fast and medium fleets' own workers, routed by Dynamo
 PLANE = ["--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq"]
 # a mixed burst: small and larger clips, few and more steps
 BURST = [{"size": size, "nvext": {"num_frames": frames, "num_inference_steps": steps, "seed": i}}
@@ -51,8 +58,9 @@ def _limited_card(path: Path) -> str:
 
 
 class Routed:
-    def __init__(self, fleets: dict[str, LocalFleet], frontend: Proc, routers: dict[str, Proc], http_port: int):
-        self.fleets, self.frontend, self.routers = fleets, frontend, routers
+    def __init__(self, fleets: dict[str, LocalFleet], frontend: Proc, routers: dict[str, Proc], http_port: int,
+                 workers: dict[str, tuple[Proc, int]]):
+        self.fleets, self.frontend, self.routers, self.workers = fleets, frontend, routers, workers
         self.base = f"http://127.0.0.1:{http_port}"
 
     def post(self, model: str, body: dict, timeout_s: float = 180.0) -> tuple[int, dict, float]:
@@ -106,7 +114,8 @@ class Routed:
             return []
 
     def logs(self) -> str:
-        return "\n".join(p.tail(60) for p in (self.frontend, *self.routers.values()))
+        procs = (self.frontend, *self.routers.values(), *(w for w, _ in self.workers.values()))
+        return "\n".join(p.tail(60) for p in procs)
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +159,8 @@ def routed(tmp_path_factory):
             "DYN_SYSTEM_HOST": "127.0.0.1", "DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS": "0",
         })
         frontend = Proc("frontend", [sys.executable, "-m", "dynamo.frontend", "--http-host", "127.0.0.1",
-                                     "--http-port", str(http_port), *PLANE], env, tmp / "frontend.log")
+                                     "--http-port", str(http_port), "--router-mode", "least-loaded", *PLANE],
+                        env, tmp / "frontend.log")
         procs.append(frontend)
         fleet_flags = [a for name, f in fleets.items() for a in ("--fleet", f"{name}={f.target}")]
         routers = {}
@@ -162,15 +172,26 @@ def routed(tmp_path_factory):
                 "--fleet-output-format", "npy", *PLANE], dict(env, DYN_SYSTEM_PORT=str(_free_port(below=32768))),
                 tmp / f"router-{policy}.log")
             procs.append(routers[policy])
-        r = Routed(fleets, frontend, routers, http_port)
+        workers = {}
+        for name in ("fast", "medium"):  # one WorkerSet: same namespace, component and model name
+            port = _free_port(below=32768)
+            workers[name] = (Proc(f"worker-{name}", [
+                sys.executable, "-m", "fleet.dynamo", "--scheduler", fleets[name].target, "--served-model-name", POOL,
+                "--component", "fleet-pool", "--fleet-output-format", "npy", "--load-refresh", "0.5", "--leave-after", "1",
+                *PLANE],
+                dict(env, DYN_SYSTEM_PORT=str(port)), tmp / f"worker-{name}.log"), port)
+            procs.append(workers[name][0])
+        r = Routed(fleets, frontend, routers, http_port, workers)
 
         def ready():
             for p in procs:
                 if not p.alive():
                     raise AssertionError(f"{p.name} exited with {p.p.returncode}\n{r.logs()}")
-            return {"wan-tiny-rr", "wan-tiny-cost"} <= set(r.models())
+            mdc = tmp / "kv" / "v1" / "mdc"  # one model entry per registered worker instance
+            pool_workers = [e for e in mdc.iterdir() if "fleet%2Dpool" in e.name] if mdc.is_dir() else []
+            return {"wan-tiny-rr", "wan-tiny-cost", POOL} <= set(r.models()) and len(pool_workers) == 2
         # the routers read each fleet's card (its cost model calibrated by the warm-up) as they start
-        wait_until(ready, 180, "both routers in the frontend's /v1/models", interval_s=0.25)
+        wait_until(ready, 180, "the routers and both pool workers in the frontend's /v1/models", interval_s=0.25)
         yield r
     except BaseException:
         for p in procs:
@@ -224,14 +245,32 @@ def test_a_request_only_one_fleet_can_serve_lands_there(routed, model):
 
 
 @pytest.mark.timeout(600)
+def test_dynamo_routes_over_fleet_workers_that_publish_live_load(routed):
+    import urllib.request
+    before = routed.admitted()
+    bodies = [{"size": "32x32", "nvext": {"num_frames": 9, "num_inference_steps": 3, "seed": i}} for i in range(8)]
+    out = routed.burst(POOL, bodies)
+    assert all(s == 200 for s, _, _ in out), [b for s, b, _ in out if s != 200][:2]
+    placed = routed.placed(before)
+    assert placed["slow"] == 0 and placed["fast"] >= 1 and placed["medium"] >= 1, placed
+    assert sum(placed.values()) == len(bodies)
+    for name, (_, port) in routed.workers.items():  # the fleet's load on Dynamo's system /metrics
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        assert f'fastvideo3_fleet_serving{{fleet="fleet-{name}"}} 1' in text, text[-2000:]
+        assert "fastvideo3_fleet_owed_gpu_seconds" in text and "fastvideo3_fleet_memory_free_bytes" in text
+
+
+@pytest.mark.timeout(600)
 def test_a_stopped_fleet_gets_no_request_after_5_seconds(routed):
-    """Last: stops the medium fleet. Round-robin would otherwise send it every third request."""
+    """Last: stops the medium fleet. Round-robin would otherwise send it every third request, and
+    Dynamo's least-loaded router every other one of the pool model's."""
     medium = routed.fleets["medium"]
     t_stop = time.monotonic()
     medium.terminate(medium.schedulers[0])  # SIGTERM: NOT_SERVING while it drains, then gone
     time.sleep(max(0.0, t_stop + 5.0 - time.monotonic()))  # the acceptance window itself
     bodies = [{"size": "32x32", "nvext": {"num_frames": 9, "num_inference_steps": 2, "seed": i}} for i in range(9)]
-    for model in ("wan-tiny-rr", "wan-tiny-cost"):
+    for model in ("wan-tiny-rr", "wan-tiny-cost", POOL):
         before = routed.admitted()
         assert set(before) == {"fast", "slow"}
         out = routed.burst(model, bodies)
@@ -241,3 +280,5 @@ def test_a_stopped_fleet_gets_no_request_after_5_seconds(routed):
         assert sum(placed.values()) == len(bodies), placed
         if model == "wan-tiny-rr":
             assert placed["fast"] >= 3 and placed["slow"] >= 3, placed  # still spread over the live two
+        if model == POOL:  # Dynamo's router: the stopped fleet's worker left discovery
+            assert placed == {"fast": len(bodies), "slow": 0}, placed
