@@ -29,9 +29,14 @@ What is simulated (every number below is a flag):
   replicas arrive after ``--provision-delay`` seconds; idle ones leave at once.
 
 Base capacity is set so that the offered load is ``--load`` (default 0.8) of the fleets'
-speed-weighted capacity, for each card. Reported per configuration: p50/p95 latency, goodput
-within SLO (fraction of requests finished by their deadline), busy and provisioned GPU-seconds
-per request. ``summary`` holds the issue's keys.
+speed-weighted capacity, for each card (``utilization`` in the report checks it: busy over
+provisioned replica-seconds in the measured window). Requests arriving in the measured window
+(after a warm-up longer than the slowest request, so queues are in steady state) are reported
+per configuration: p50/p95 latency (a request unfinished at the end counts with its age),
+goodput within SLO (fraction finished by their deadline, overall and per class), GPU-seconds
+per request (its share of every batch it ran in, plus its decode, on whatever GPU it ran) and
+provisioned GPU-seconds per request. ``summary`` holds the issue's keys: the p95 ratio and the
+GPU-seconds are from the runs without scaling, the goodput from cost routing with scaling.
 """
 from __future__ import annotations
 
@@ -132,9 +137,10 @@ class Req:
     noise_dec: float = 1.0
     fleet: int = -1
     done: float = math.nan
+    gpu_s: float = 0.0  # GPU-seconds it used: its share of its denoiser replica's batches + its decode
 
 
-@dataclass
+@dataclass(eq=False)  # identity: replicas live in sets
 class Replica:
     active: dict = field(default_factory=dict)  # rid -> remaining work (H200-seconds)
     last: float = 0.0
@@ -150,7 +156,7 @@ class Fleet:
     speed: float
     max_frames: int
     max_h: int
-    den: list
+    den: list  # den[k]: the set of denoiser replicas with k requests in their batch
     dec_free: int
     dec_total: int
     base_den: int
@@ -176,8 +182,8 @@ class Sim:
         self.rr = 0
         self.fleets = self._build_fleets()
         self.reqs: list[Req] = []
-        self.busy = 0.0  # replica-seconds with work (denoiser + decoder)
-        self.provisioned = 0.0
+        self.busy = 0.0  # replica-seconds with work (denoiser + decoder), inside the measured window
+        self.provisioned = 0.0  # replica-seconds in service, inside the measured window
         self._last_acct = 0.0
         self.n_busy = 0  # replicas with work now (denoiser replicas with a batch, busy decoders)
         self.n_prov = sum(f.alive_den + f.dec_total for f in self.fleets)  # replicas in service now
@@ -205,8 +211,9 @@ class Sim:
                 sp = GPU_KINDS[kind]
                 den = max(1, round(need * size / weight / sp))
                 dec = max(1, round(dec_need * size / weight / sp))
+                buckets = [{Replica() for _ in range(den)}] + [set() for _ in range(a.max_running)]
                 fleets.append(Fleet(i, card, kind, sp, 81 if limited else 10**9, 480 if limited else 10**9,
-                                    [Replica() for _ in range(den)], dec, dec, den, dec, alive_den=den))
+                                    buckets, dec, dec, den, dec, alive_den=den))
         fleets.sort(key=lambda f: f.idx)
         return fleets
 
@@ -227,6 +234,7 @@ class Sim:
     def batch_gain(self, k: int) -> float:
         """Throughput of k requests batched, relative to one."""
         return k ** self.a.batch_gain if k > 0 else 1.0
+
 
     # -- events --------------------------------------------------------------------------------
     def push(self, t: float, kind: str, *data) -> None:
@@ -273,11 +281,12 @@ class Sim:
         return r
 
     def _account(self, t: float) -> None:
-        dt = t - self._last_acct
-        if dt <= 0:
-            return
-        self.busy += dt * self.n_busy
-        self.provisioned += dt * self.n_prov
+        """Integrate busy and provisioned replicas over the measured window only."""
+        lo, hi = self.a.warmup, self.a.warmup + self.a.duration
+        dt = min(t, hi) - max(self._last_acct, lo)
+        if dt > 0:
+            self.busy += dt * self.n_busy
+            self.provisioned += dt * self.n_prov
         self._last_acct = t
 
     # -- routing ---------------------------------------------------------------------------------
@@ -297,10 +306,12 @@ class Sim:
         best, best_t = None, math.inf
         gain = self.batch_gain(self.a.max_batch)
         for f in able:
-            n_den = max(1, f.alive_den)
-            t_den = f.owed_den / (n_den * gain) + r.den / f.speed
+            # fleet/routing.py's rule: per role, what the fleet owes spread over the role's
+            # replicas (at full batches) plus the request's own time on this fleet's GPUs; the
+            # busiest role decides
+            t_den = f.owed_den / (max(1, f.alive_den) * gain) + r.den / f.speed
             t_dec = f.owed_dec / max(1, f.dec_total) + r.dec / f.speed
-            est = max(t_den + r.dec / f.speed, t_dec)
+            est = max(t_den, t_dec)
             if est < best_t:
                 best, best_t = f, est
         return best
@@ -317,14 +328,18 @@ class Sim:
 
     # -- denoiser: processor sharing with batching gain per replica -----------------------------
     def _rate(self, f: Fleet, k: int) -> float:
-        return f.speed * self.batch_gain(k) / k
+        """Speed of each of the k requests stepping on a replica: they share it, and batches of
+        up to max_batch rows run k ** batch_gain times faster than one row."""
+        return f.speed * self.batch_gain(min(k, self.a.max_batch)) / k
 
     def _settle(self, f: Fleet, rep: Replica) -> None:
         k = len(rep.active)
         if k:
-            dt = (self.now - rep.last) * self._rate(f, k)
+            wall = self.now - rep.last
+            work = wall * self._rate(f, k)
             for rid in rep.active:
-                rep.active[rid] -= dt
+                rep.active[rid] -= work
+                self.reqs[rid].gpu_s += wall / k  # a batch's GPU time, shared by its rows
         rep.last = self.now
 
     def _reschedule(self, f: Fleet, rep: Replica) -> None:
@@ -335,19 +350,17 @@ class Sim:
 
     def _fill(self, f: Fleet) -> None:
         while f.wait:
-            rep, fewest = None, self.a.max_batch
-            for cand in f.den:  # the replica with the fewest requests in its batch
-                if len(cand.active) < fewest:
-                    rep, fewest = cand, len(cand.active)
-                    if fewest == 0:
-                        break
-            if rep is None:
-                return
+            k = next((k for k in range(self.a.max_running) if f.den[k]), None)
+            if k is None:
+                return  # every replica runs max_running requests: the rest wait (FIFO)
+            rep = next(iter(f.den[k]))  # a replica with the fewest requests in its batch
             self._settle(f, rep)
             r = f.wait.popleft()
             if not rep.active:
                 self.n_busy += 1
+            f.den[k].discard(rep)
             rep.active[r.rid] = r.enc + r.den * r.noise_den  # H200-seconds of work (encode priced in)
+            f.den[k + 1].add(rep)
             self._reschedule(f, rep)
 
     def _on_den_done(self, fidx: int, rep: Replica, version: int) -> None:
@@ -356,6 +369,9 @@ class Sim:
             return
         self._settle(f, rep)
         finished = [rid for rid, rem in rep.active.items() if rem <= 1e-9]
+        if finished and rep.alive:
+            f.den[len(rep.active)].discard(rep)
+            f.den[len(rep.active) - len(finished)].add(rep)
         for rid in finished:
             del rep.active[rid]
             r = self.reqs[rid]
@@ -373,6 +389,7 @@ class Sim:
             r = f.dec_wait.popleft()
             f.dec_free -= 1
             self.n_busy += 1
+            r.gpu_s += r.dec * r.noise_dec / f.speed
             self.push(self.now + r.dec * r.noise_dec / f.speed, "dec_done", f.idx, r.rid)
 
     def _on_dec_done(self, fidx: int, rid: int) -> None:
@@ -416,16 +433,12 @@ class Sim:
 
     def _shrink(self, f: Fleet, role: str, n: int) -> None:
         if role == "den":
-            kept = []
-            for rep in f.den:
-                if n and rep.alive and not rep.active:
-                    rep.alive, n = False, n - 1
-                    f.alive_den -= 1
-                    self.n_prov -= 1
-                    rep.version += 1
-                else:
-                    kept.append(rep)
-            f.den[:] = kept  # gone for good: drop it (events for it are stale by version)
+            while n and f.den[0]:  # only idle replicas leave
+                rep = f.den[0].pop()
+                rep.alive, n = False, n - 1
+                rep.version += 1  # events for it are stale
+                f.alive_den -= 1
+                self.n_prov -= 1
         else:
             idle = min(n, f.dec_free)
             f.dec_free -= idle
@@ -436,7 +449,7 @@ class Sim:
         f = self.fleets[fidx]
         if role == "den":
             f.pending_den -= n
-            f.den.extend(Replica(last=self.now) for _ in range(n))
+            f.den[0].update(Replica(last=self.now) for _ in range(n))
             f.alive_den += n
             self.n_prov += n
             self._fill(f)
@@ -452,7 +465,7 @@ class Sim:
         measured = [r for r in self.reqs if self.a.warmup <= r.t < horizon]
         lat = np.array([(r.done if not math.isnan(r.done) else end) - r.t for r in measured])
         ok = np.array([(not math.isnan(r.done)) and r.done <= r.deadline for r in measured])
-        finished = sum(1 for r in self.reqs if not math.isnan(r.done))
+        done = [r for r in measured if not math.isnan(r.done)]
         by_class = {c: float(np.mean([o for o, r in zip(ok, measured) if r.slo == c]))
                     for c in SLO if any(r.slo == c for r in measured)}
         return {
@@ -461,8 +474,12 @@ class Sim:
             "latency_p95_s": round(float(np.percentile(lat, 95)), 3),
             "goodput_within_slo": round(float(ok.mean()), 4),
             "goodput_by_slo_class": {k: round(v, 4) for k, v in by_class.items()},
-            "gpu_seconds_per_request": round(self.busy / max(1, finished), 3),
-            "provisioned_gpu_seconds_per_request": round(self.provisioned / max(1, finished), 3),
+            # GPU-seconds a finished request used (its share of every batch it ran in, and its
+            # decode), on whatever GPU it ran: slower GPUs spend more GPU-seconds on the same work
+            "gpu_seconds_per_request": round(float(np.mean([r.gpu_s for r in done])), 3) if done else None,
+            # replicas in service over the measured window / requests that arrived in it
+            "provisioned_gpu_seconds_per_request": round(self.provisioned / max(1, len(measured)), 3),
+            "utilization": round(self.busy / max(1e-9, self.provisioned), 4),
         }
 
 
@@ -471,10 +488,13 @@ def main(argv=None) -> int:
     p.add_argument("--fleets", type=int, default=100)
     p.add_argument("--rate", type=float, default=10_000.0, help="requests per minute")
     p.add_argument("--load", type=float, default=0.8, help="offered load / speed-weighted capacity")
-    p.add_argument("--warmup", type=float, default=60.0)
-    p.add_argument("--duration", type=float, default=240.0, help="seconds of measured arrivals")
-    p.add_argument("--drain", type=float, default=900.0, help="seconds after the last arrival to finish")
-    p.add_argument("--max-batch", type=int, default=4)
+    p.add_argument("--warmup", type=float, default=1200.0,
+                   help="seconds of arrivals before measuring (longer than the slowest request: steady state)")
+    p.add_argument("--duration", type=float, default=600.0, help="seconds of measured arrivals")
+    p.add_argument("--drain", type=float, default=1800.0, help="seconds after the last arrival to finish")
+    p.add_argument("--max-batch", type=int, default=4, help="rows per denoiser batch")
+    p.add_argument("--max-running", type=int, default=16,
+                   help="requests stepping at once per denoiser replica (they share it)")
     p.add_argument("--batch-gain", type=float, default=0.15, help="k batched requests run k**gain x faster")
     p.add_argument("--noise", type=float, default=0.15, help="lognormal sigma of actual vs predicted time")
     p.add_argument("--share-13b-fleets", type=float, default=0.75)
@@ -488,7 +508,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     for name, lo, hi in (("fleets", 1, 10_000), ("rate", 1, 10**7), ("load", 0.01, 2.0),
-                         ("target_utilization", 0.05, 1.0), ("max_batch", 1, 64), ("duration", 1, 86_400)):
+                         ("target_utilization", 0.05, 1.0), ("max_batch", 1, 64), ("max_running", 1, 256),
+                         ("duration", 1, 86_400)):
         v = getattr(a, name)
         if not lo <= v <= hi:
             p.error(f"--{name.replace('_', '-')}: {v} is outside [{lo}, {hi}]")
@@ -508,7 +529,7 @@ def main(argv=None) -> int:
             runs[key] = res
             print(f"{key:24s} p50 {res['latency_p50_s']:9.1f}s p95 {res['latency_p95_s']:9.1f}s "
                   f"goodput {res['goodput_within_slo']:.3f} GPU-s/req {res['gpu_seconds_per_request']:.1f} "
-                  f"({res['wall_s']}s)", flush=True)
+                  f"util {res['utilization']:.2f} ({res['wall_s']}s)", flush=True)
     summary = {}
     if "cost" in runs and "round-robin" in runs:
         summary["p95_ratio_cost_vs_round_robin"] = round(
