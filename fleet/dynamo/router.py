@@ -20,8 +20,9 @@ Live state per fleet:
 * health: a ``grpc.health.v1`` Watch stream on the scheduler; NOT_SERVING or a broken stream
   removes the fleet from routing at once (reconnects every 250 ms);
 * load: the predicted GPU-seconds this router has placed there and not yet seen finish (shrunk
-  by progress events), plus, from ``Describe`` every ``--refresh-interval`` seconds, the
-  admission's reserved and queued GPU-seconds of traffic that did not come through this router;
+  by progress events), plus, from ``Describe`` every ``--refresh-interval`` seconds, what the
+  fleet's own ledger says it owes beyond that (traffic that did not come through this router);
+  the same reads are published on Dynamo's system ``/metrics`` (``fastvideo3_fleet_*``);
 * cost model and pool sizes: the DeploymentCard re-read from the same ``Describe``.
 """
 from __future__ import annotations
