@@ -85,6 +85,7 @@ class FleetState:
     replicas: dict[str, int] = field(default_factory=dict)  # role -> replicas (from the card)
     owed: dict[str, dict[str, float]] = field(default_factory=dict)  # request -> role -> GPU-s left
     external: dict[str, float] = field(default_factory=dict)  # role -> GPU-s owed to others' requests
+    memory_free_bytes: int | None = None  # the admission's unreserved memory budget, as last reported
     dispatched: int = 0
     _pricer: Any = None
     _cards: dict[str, Any] = field(default_factory=dict)
@@ -112,11 +113,15 @@ class FleetState:
         mc = self._cards[card_id]
         if mc is None:
             return None
+        from fastvideo3.runtime.scheduler import PROGRAM_T2V
         from fastvideo3.telemetry.scaling import request_role_seconds
+        req = request_fields(self.card, card_id, params)
         try:
-            return request_role_seconds(self._pricer, mc, request_fields(self.card, card_id, params))
+            cost = request_role_seconds(self._pricer, mc, req)
+            cost["_memory_bytes"] = float(self._pricer.reservation(mc, req, PROGRAM_T2V).memory_bytes)
         except Exception:  # noqa: BLE001 - an unpriceable request falls back to counting
             return None
+        return cost
 
     def backlog_s(self) -> dict[str, float]:
         """GPU-seconds owed per role by everything in flight (ours and, estimated, others')."""
@@ -129,9 +134,10 @@ class FleetState:
             out[role] = out.get(role, 0.0) + s
         return out
 
-    def set_reported(self, owed: dict[str, float], requests: int) -> None:
+    def set_reported(self, owed: dict[str, float], requests: int, memory_free_bytes: int | None = None) -> None:
         """The fleet's own ledger (from Describe): what it owes beyond this router's requests
         is outside load. Only counted when the fleet runs requests this router did not send."""
+        self.memory_free_bytes = memory_free_bytes
         ours = {}
         for roles in self.owed.values():
             for role, s in roles.items():
@@ -144,12 +150,18 @@ class FleetState:
 
     def finish_estimate_s(self, cost: dict[str, float]) -> float:
         """Seconds until a new request of ``cost`` would finish here: on each role, the work
-        owed spread over its replicas plus the request's own time; the slowest role decides."""
+        owed spread over its replicas plus the request's own time; the slowest role decides.
+        A request whose memory (resident + peak) exceeds the fleet's free memory budget waits in
+        admission for work in flight to finish: the drain time is added once more."""
         backlog = self.backlog_s()
-        worst = 0.0
-        for role in (set(cost) | set(backlog)) - {"_denoise_total"}:
+        worst, drain = 0.0, 0.0
+        for role in {r for r in (set(cost) | set(backlog)) if not r.startswith("_")}:
             reps = self.replicas.get(role, 1)
+            drain = max(drain, backlog.get(role, 0.0) / reps)
             worst = max(worst, backlog.get(role, 0.0) / reps + cost.get(role, 0.0))
+        need = cost.get("_memory_bytes", 0.0)
+        if self.memory_free_bytes is not None and need > self.memory_free_bytes:
+            worst += drain
         return worst
 
 
@@ -197,7 +209,7 @@ class FleetRouter:
             costs = {f.name: f.predict(card_id, params) for f in live}
             chosen = self._choose(live, costs)
             cost = costs[chosen.name] or {"denoiser": 0.0}
-            chosen.owed[request_id] = dict(cost)
+            chosen.owed[request_id] = {r: s for r, s in cost.items() if not r.startswith("_")}
             chosen.dispatched += 1
             return chosen
 

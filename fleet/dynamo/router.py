@@ -129,7 +129,8 @@ class FleetLink:
             with self.router.lock:
                 if card is not None:
                     self.state.set_card(card)
-                self.state.set_reported(load.owed_gpu_seconds, load.requests)
+                self.state.set_reported(load.owed_gpu_seconds, load.requests,
+                                        load.memory_free_bytes if load.memory_budget_bytes else None)
 
 
 class CostRouterEngine(DiffusionEngine):

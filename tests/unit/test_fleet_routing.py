@@ -111,3 +111,17 @@ def test_least_loaded_counts_requests_and_round_robin_rotates():
     assert [rr.pick(f"r{i}", "wan-tiny", SMALL).name for i in range(4)] == list("abca")
     with pytest.raises(InvalidRequest):
         FleetRouter(fleets, "fastest")
+
+
+def test_a_fleet_without_free_memory_for_the_request_is_priced_as_waiting():
+    roomy, full = FleetState("roomy", "x:1", _card()), FleetState("full", "x:2", _card(denoise_factor=0.5))
+    router = FleetRouter([roomy, full], "cost")
+    router.pick("r0", "wan-tiny", SMALL)  # both now owe something; "full" is the faster one
+    router.pick("r1", "wan-tiny", SMALL)
+    cost = full.predict("wan-tiny", SMALL)
+    assert cost["_memory_bytes"] > 0
+    full.set_reported({}, requests=0, memory_free_bytes=int(cost["_memory_bytes"]) - 1)
+    roomy.set_reported({}, requests=0, memory_free_bytes=None)  # unknown: no penalty
+    assert full.finish_estimate_s(cost) > full.finish_estimate_s({**cost, "_memory_bytes": 0.0})
+    full.set_reported({}, requests=0, memory_free_bytes=10**15)
+    assert full.finish_estimate_s(cost) == full.finish_estimate_s({**cost, "_memory_bytes": 0.0})
