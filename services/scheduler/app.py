@@ -126,6 +126,7 @@ def run_scheduler(argv: list[str] | None = None) -> int:
         metrics.watch_values(servicer.metrics, "scheduler")
         metrics.watch_cost_model(runtime.sched.pricer.cost_model, servicer.card.model_id)
         metrics.watch_admission(runtime.sched.admission, "denoiser")
+        metrics.watch_scaling(servicer.scaling, cfg.engine_id, servicer.ledger)
         start_metrics_server(cfg.metrics_port, metrics.registry, addr=cfg.host)
     host.set_serving(True)
     if not host.stop_event.is_set():
