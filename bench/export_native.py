@@ -61,8 +61,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "out"), "export_native_h200.json"))
     ap.add_argument("--frames", type=int, default=17)
-    ap.add_argument("--height", type=int, default=240)
-    ap.add_argument("--width", type=int, default=416)
+    ap.add_argument("--height", type=int, default=256)
+    ap.add_argument("--width", type=int, default=448)
     a = ap.parse_args()
     result: dict = {"summary": {"c_replay_bit_identical": False, "snapshot_restore_identical": False},
                     "command": "python bench/export_native.py", "compiler": compiler(),

@@ -18,9 +18,12 @@ import yaml
 from pydantic import ValidationError
 
 from fastvideo3.card.spec import (
-    FP8, CheckpointManifest, ComponentSpec, Fp8Spec, Limits, LoopSpec, ModelCard, PrecisionContract, RecipeSpec,
-    SamplerSpec,
+    FP8, CheckpointManifest, ComponentSpec, Fp8Spec, Limits, LoopSpec, ModelCard, ParallelismContract,
+    PrecisionContract, RecipeSpec, SamplerSpec,
 )
+
+#: every Wan card may run its denoiser on several ranks (fastvideo3.parallel)
+_WAN_PARALLELISM = ParallelismContract(plans=["single", "sp_ulysses", "sp_ring", "hybrid"], cfg_parallel=True)
 from fastvideo3.errors import CardError, NotFound
 
 TINY_DIT = dict(
@@ -90,6 +93,7 @@ def _tiny(model_id: str, description: str, components: dict[str, ComponentSpec],
         loops=loops,
         recipe=recipe,
         precision=precision or PrecisionContract(),
+        parallelism=_WAN_PARALLELISM,
         checkpoint=CheckpointManifest(root=None, seed=0, required_for=_T2V_TASKS, digests={
             c.subfolder: SHIPPED_DIGESTS[c.subfolder] for c in components.values()
             if c.source == "shipped" and c.subfolder in SHIPPED_DIGESTS}),
@@ -189,6 +193,7 @@ def _wan_real(model_id: str, dit: dict, desc: str) -> ModelCard:
                           "vae_decode": ["vae"]},
         ),
         limits=Limits(max_frames=129, max_height=1280, max_width=1280),
+        parallelism=_WAN_PARALLELISM,
         max_text_tokens=512,
     )
 

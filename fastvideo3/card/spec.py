@@ -153,8 +153,13 @@ class PrecisionContract(_Spec):
 
 
 class ParallelismContract(_Spec):
-    plans: list[str] = Field(default_factory=lambda: ["single"])
+    """Plans a denoiser replica of this card may run (fastvideo3.parallel.PLAN_KINDS), whether
+    CFG-parallel is allowed, and the fewest ranks it needs (memory: weights or activations
+    that do not fit one device)."""
+
+    plans: list[Literal["single", "sp_ulysses", "sp_ring", "hybrid"]] = Field(default_factory=lambda: ["single"])
     cfg_parallel: bool = False
+    min_ranks: int = Field(1, ge=1, le=64)
 
 
 class Limits(_Spec):

@@ -257,6 +257,10 @@ class DiffusionStepFeatures:
     sampler_history: int = 2
     weight_bytes_per_param: int = 2
     act_bytes: int = 2
+    #: the replica's fastvideo3.parallel.ParallelPlan (None: one device) and the cost of one
+    #: byte between its ranks in device-memory bytes (fastvideo3.parallel.cost.link_ratio)
+    plan: Any = None
+    link_ratio: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -347,7 +351,11 @@ def unit_work(kind: str, features: Features, priors: PriorCoefficients = PriorCo
         peak = dit_peak_activation_bytes(c, s, act_bytes=features.act_bytes)
         res = dit_resident_memory(c, s, sampler_history=features.sampler_history,
                                   weight_bytes_per_param=features.weight_bytes_per_param)
-        return Work(fwd.flops, fwd.bytes, peak, res.per_request)
+        work = Work(fwd.flops, fwd.bytes, peak, res.per_request)
+        if features.plan is not None and features.plan.world > 1:
+            from fastvideo3.parallel.cost import parallel_work
+            return parallel_work(work, fwd.weight_bytes, c, s, features.plan, features.act_bytes, features.link_ratio)
+        return work
     if isinstance(features, EncoderChunkFeatures):
         tokens = features.batch * features.tokens
         flops = 2.0 * features.params * tokens

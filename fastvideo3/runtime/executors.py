@@ -214,6 +214,8 @@ class DenoiserExecutor(_Base):
                                  limit="1..128 chars")
         if type(self._forward).__name__ == "Fp8FastWanDiT":
             raise FailedPrecondition("the FP8 fast path takes no LoRA adapters", field="adapter_id")
+        if getattr(self, "mesh", None) is not None:  # every rank would need it, loaded in step
+            raise FailedPrecondition("a multi-rank (parallel) replica takes no LoRA adapters yet", field="adapter_id")
         if tensors is not None:
             return parse_lora(tensors, self.dit.cfg, adapter_id, self.adapters.max_rank)
         if not path:

@@ -46,6 +46,8 @@ class Pricer:
 
     def __init__(self, cost_model: CalibratedCostModel | None = None):
         self.cost_model = cost_model or CalibratedCostModel()
+        #: role -> the fastvideo3.parallel.ParallelPlan its replicas run (from their Describe)
+        self.plans: dict[str, Any] = {}
         self._pending: dict[str, tuple[str, str, Prediction]] = {}  # unit id -> (kind, shape key, prediction)
         self._lock = threading.Lock()
 
@@ -54,6 +56,11 @@ class Pricer:
             branches = 1 if request.cfg_policy == "none" else 2
             shape = StepShape.from_video(request.num_frames, request.height, request.width, cfg_branches=branches)
             b = _BYTES.get(request.precision, 2)
+            plan = self.plans.get("denoiser")
+            if plan is not None and plan.world > 1:
+                from fastvideo3.parallel.cost import link_ratio
+                return DiffusionStepFeatures(dit_config(card), shape, weight_bytes_per_param=b, act_bytes=b,
+                                             plan=plan, link_ratio=link_ratio(self.cost_model.device))
             return DiffusionStepFeatures(dit_config(card), shape, weight_bytes_per_param=b, act_bytes=b)
         if kind == "encoder_chunk":
             return _encoder_features(card, prompts)

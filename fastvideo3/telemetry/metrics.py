@@ -153,6 +153,13 @@ class ServiceMetrics:
         """Export ``controller.counters()`` (reservations, budgets, waiters) at every scrape."""
         self._pull.set_source(("admission", pool), lambda: _admission_families(pool, controller.counters()))
 
+    def watch_scaling(self, signals: Any, fleet: str = "", ledger: Any = None) -> None:
+        """Export ``signals.families(fleet)`` (a ScalingSignals: replicas needed per role) and,
+        given a WorkLedger, the live load (GPU-seconds owed per role) at every scrape."""
+        self._pull.set_source(("scaling", fleet), lambda: signals.families(fleet))
+        if ledger is not None:
+            self._pull.set_source(("load", fleet), lambda: ledger.families(fleet))
+
     def watch_values(self, collect: Callable[[], dict[str, float]], prefix: str) -> None:
         """Export a flat ``name -> number`` dict as gauges ``fastvideo3_<prefix>_<name>``."""
         self._pull.set_source(("values", prefix), lambda: _value_families(prefix, collect()))

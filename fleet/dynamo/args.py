@@ -35,6 +35,9 @@ class DynamoWorkerArgs:
     media_url_base: str | None = None
     canary: str = "health"
     health_check_payload: str | None = None
+    load_refresh_s: float = 2.0
+    leave_after_s: float | None = None
+    fleet_output_format: str = "mp4"
 
     def worker_config(self, model_name: str) -> WorkerConfig:
         """Dynamo's WorkerConfig: a raw (text-in, JSON-out) model on the videos surface."""
@@ -50,11 +53,15 @@ class DynamoWorkerArgs:
         )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, prog: str = "python -m fleet.dynamo", scheduler: bool = True,
+                 description: str = "Register a fastvideo3 fleet with NVIDIA Dynamo as a video model.",
+                 ) -> argparse.ArgumentParser:
+    """The worker's flags; ``scheduler=False`` leaves out ``--scheduler`` (the cost router
+    names its fleets with ``--fleet`` instead)."""
     env = os.environ.get
-    p = argparse.ArgumentParser(prog="python -m fleet.dynamo",
-                                description="Register a fastvideo3 fleet with NVIDIA Dynamo as a video model.")
-    p.add_argument("--scheduler", required=True, help="HOST:PORT of the fleet's scheduler")
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    if scheduler:
+        p.add_argument("--scheduler", required=True, help="HOST:PORT of the fleet's scheduler")
     p.add_argument("--namespace", default=env("DYN_NAMESPACE", "dynamo"))
     p.add_argument("--component", default="fastvideo3")
     p.add_argument("--endpoint", default="generate")
@@ -78,9 +85,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what the idle-endpoint canary checks (see fleet/dynamo/health_check.py)")
     p.add_argument("--health-check-payload", default=env("DYN_HEALTH_CHECK_PAYLOAD"),
                    help="override the canary payload (JSON or @file)")
+    p.add_argument("--load-refresh", type=float, default=2.0, dest="load_refresh_s",
+                   help="seconds between reads of the fleet's live load (published on Dynamo's /metrics)")
+    p.add_argument("--fleet-output-format", choices=("mp4", "npy"), default="mp4",
+                   help="what to ask the fleet for (npy: fleets on no-op executors, in tests)")
+    p.add_argument("--leave-after", type=float, default=None, dest="leave_after_s",
+                   help="seconds the scheduler may be not SERVING before the worker shuts down gracefully, "
+                        "leaving Dynamo's discovery (default: stay, fail requests fast, canary not ready)")
     return p
 
 
 def parse_args(argv: list[str] | None = None) -> DynamoWorkerArgs:
-    a = build_parser().parse_args(argv)
+    p = build_parser()
+    a = p.parse_args(argv)
+    if not 0.1 <= a.load_refresh_s <= 600:
+        p.error(f"--load-refresh: {a.load_refresh_s} is outside [0.1, 600] seconds")
+    if a.leave_after_s is not None and not 0 <= a.leave_after_s <= 3600:
+        p.error(f"--leave-after: {a.leave_after_s} is outside [0, 3600] seconds")
     return DynamoWorkerArgs(**{k: v for k, v in vars(a).items()})

@@ -216,20 +216,24 @@ class VideoHandler:
     def in_flight(self) -> int:
         return len(self._flights)
 
-    async def run(self, job: VideoJob, context: Any) -> dict[str, Any]:
-        """Generate ``job`` and return the response body; typed errors propagate."""
+    async def run(self, job: VideoJob, context: Any, *, request_id: str | None = None,
+                  on_event: Any = None) -> dict[str, Any]:
+        """Generate ``job`` and return the response body; typed errors propagate. ``on_event``
+        (called in the streaming thread) sees every fleet event, e.g. progress for routing."""
         key = context.id() if context is not None else None
-        flight = _Flight(request_id_for(key))
+        flight = _Flight(request_id or request_id_for(key))
         if key is not None:
             self._flights[key] = flight
         t0 = time.monotonic()
 
-        def on_event(ev) -> None:  # runs in the streaming thread; raising closes the stream
+        def watch_event(ev) -> None:  # runs in the streaming thread; raising closes the stream
             if flight.stop.is_set():
                 raise Cancelled("cancelled by the client", request_id=flight.request_id)
+            if on_event is not None:
+                on_event(ev)
 
         call = asyncio.ensure_future(asyncio.to_thread(
-            self.client.generate, job.prompt, on_event=on_event, request_id=flight.request_id,
+            self.client.generate, job.prompt, on_event=watch_event, request_id=flight.request_id,
             model=job.card_id, output_format=job.output_format, **job.params))
         # the streaming thread may outlive this coroutine after a cancel; its outcome is then moot
         call.add_done_callback(lambda f: f.cancelled() or f.exception())

@@ -13,6 +13,7 @@ routing to a worker whose fleet is down. Two depths:
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -25,8 +26,8 @@ from fleet.deployment_card import ModelCardSummary
 
 CANARY_PROMPT = "fastvideo3 health canary"
 
-__all__ = ["CANARY_PROMPT", "canary_payload", "canary_request", "is_probe", "scheduler_serving",
-           "wait_until_serving"]
+__all__ = ["CANARY_PROMPT", "SchedulerWatch", "canary_payload", "canary_request", "is_probe",
+           "scheduler_serving", "wait_until_serving"]
 
 
 def canary_payload(model: str) -> dict[str, Any]:
@@ -70,3 +71,44 @@ def wait_until_serving(channel: grpc.Channel, *, deadline_s: float, target: str)
             raise Unavailable(f"the scheduler at {target} is not SERVING after {deadline_s:.0f}s",
                               field="scheduler", retry_after_s=5.0)
         time.sleep(0.2)  # polling a health endpoint: there is no event to wait on across processes
+
+
+class SchedulerWatch:
+    """Follows a scheduler's ``grpc.health.v1`` Watch stream in a thread and calls
+    ``on_change(serving)`` whenever SERVING turns on or off. A broken stream counts as not
+    serving; it reconnects every ``retry_s``. ``serving`` is the last status seen."""
+
+    def __init__(self, channel: grpc.Channel, on_change, *, name: str = "scheduler", retry_s: float = 0.25):
+        self.channel, self.on_change, self.name, self.retry_s = channel, on_change, name, retry_s
+        self.serving = True  # callers start it after wait_until_serving
+        self._stop = threading.Event()
+        self._call = None
+
+    def start(self) -> "SchedulerWatch":
+        threading.Thread(target=self._run, name=f"health-watch-{self.name}", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        call = self._call
+        if call is not None:
+            call.cancel()
+
+    def _set(self, up: bool) -> None:
+        if up != self.serving:
+            self.serving = up
+            self.on_change(up)
+
+    def _run(self) -> None:
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        while not self._stop.is_set():
+            try:
+                self._call = stub.Watch(health_pb2.HealthCheckRequest(service=""))
+                for resp in self._call:
+                    self._set(resp.status == health_pb2.HealthCheckResponse.SERVING)
+            except grpc.RpcError:
+                pass
+            if self._stop.is_set():
+                return
+            self._set(False)
+            self._stop.wait(self.retry_s)

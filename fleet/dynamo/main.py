@@ -15,7 +15,13 @@ serving, signals and shutdown — workers stop on SIGTERM):
 3. ``generate``: translate the video request, run it on the fleet, answer ``NvVideosResponse``;
    canary probes check the fleet instead (see ``health_check.py``).
 4. ``abort`` / context cancelled: the request is cancelled on the fleet.
-5. ``cleanup``: close the channel.
+5. Routing signals (see the README): the scheduler's health is followed from ``start`` on —
+   while it is not SERVING requests fail fast with ``CannotConnect`` and, with
+   ``--leave-after``, the worker leaves discovery by shutting down gracefully; the fleet's live
+   load (``fleet/dynamo/load.py``) joins Dynamo's system ``/metrics`` (``register_prometheus``).
+   Dynamo 1.6.1 gives raw engines no endpoint handle (``on_endpoint_ready`` is not called for
+   them), so the worker cannot unregister and stay up.
+6. ``cleanup``: stop watching, close the channel.
 
 The live card (cost model as calibrated now) is ``fastvideo3 deployment-card --target HOST:PORT``
 (Dynamo 1.6.1 does not route engine controls to raw engines).
@@ -25,8 +31,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import sys
+import threading
 import time
+from dataclasses import replace
 from typing import Any, AsyncGenerator
 
 from dynamo._core import Context
@@ -39,6 +48,7 @@ from fleet.deployment_card import DeploymentCard, card_for_model, card_from_desc
 from fleet.dynamo import health_check
 from fleet.dynamo.args import DynamoWorkerArgs, parse_args
 from fleet.dynamo.handlers import VideoHandler, VideoJob, to_dynamo_error, translate
+from fleet.dynamo.load import FleetLoad
 
 log = logging.getLogger("fastvideo3.dynamo")
 
@@ -73,6 +83,9 @@ class FastVideoEngine(DiffusionEngine):
         self.card = card
         self.served_model_name = args.served_model_name or card.default_model or card.models[0].card_id
         self.handler = VideoHandler(client, media_dir=args.media_dir, media_url_base=args.media_url_base)
+        self.load = FleetLoad()
+        self._watch: health_check.SchedulerWatch | None = None
+        self._stop = threading.Event()
 
     @classmethod
     async def from_args(cls, argv: list[str] | None = None) -> tuple["FastVideoEngine", WorkerConfig]:
@@ -91,6 +104,7 @@ class FastVideoEngine(DiffusionEngine):
 
     async def start(self, worker_id: int) -> EngineConfig:
         del worker_id  # one fleet per worker; nothing per-instance to key
+        self._start_following()
         aliases = [m.card_id for m in self.card.models if m.card_id != self.served_model_name]
         return EngineConfig(model=self.served_model_name, served_model_name=self.served_model_name,
                             model_aliases=aliases, runtime_data=self.runtime_data())
@@ -105,8 +119,12 @@ class FastVideoEngine(DiffusionEngine):
         if health_check.is_probe(request):
             yield await self._canary(context)
             return
+        if self._watch is not None and not self._watch.serving:  # fail fast: Dynamo routes away
+            raise dx.CannotConnect(f"the fleet's scheduler at {self.args.scheduler} is not SERVING")
         try:
             job = translate(request, self.card, served_model_name=self.served_model_name)
+            if self.args.fleet_output_format != job.output_format:
+                job = replace(job, output_format=self.args.fleet_output_format)
             response = await self.handler.run(job, context)
         except FastVideoError as e:
             log.info("request refused or failed: %s", e.one_line())
@@ -115,6 +133,49 @@ class FastVideoEngine(DiffusionEngine):
 
     async def abort(self, context: Context) -> None:
         await self.handler.abort(context.id())
+
+    # -- routing: health and live load, the way Dynamo reads them -----------------------------
+    async def register_prometheus(self, metrics) -> None:
+        """Dynamo hands raw engines its metrics registry here: the fleet's live load joins the
+        worker's system ``/metrics`` (``fastvideo3_fleet_*``)."""
+        metrics.register_prometheus_expfmt_callback(lambda: self.load.expfmt(self.card.engine_id))
+
+    def _start_following(self) -> None:
+        """Watch the scheduler's health and read its load in the background (from ``start``)."""
+        if self.client is None:
+            return
+        self._watch = health_check.SchedulerWatch(self.client.channel, self._serving_changed,
+                                                  name="scheduler").start()
+        threading.Thread(target=self._refresh_load, name="fleet-load", daemon=True).start()
+
+    def _serving_changed(self, up: bool) -> None:
+        """While the scheduler is not SERVING, requests fail fast with CannotConnect (Dynamo's
+        router then takes this instance out of rotation); after ``--leave-after`` seconds of it
+        the worker shuts down gracefully, which unregisters it from discovery."""
+        log.info("fleet scheduler %s is %s", self.args.scheduler, "SERVING" if up else "not SERVING")
+        self.load = replace(self.load, serving=up)
+        if up or self.args.leave_after_s is None:
+            return
+
+        def leave_if_still_down() -> None:
+            if self._stop.wait(self.args.leave_after_s) or (self._watch is not None and self._watch.serving):
+                return
+            log.warning("fleet scheduler not SERVING for %.1fs: leaving discovery (graceful shutdown)",
+                        self.args.leave_after_s)
+            os.kill(os.getpid(), signal.SIGTERM)  # Dynamo's shutdown: unregister, drain, cleanup
+
+        threading.Thread(target=leave_if_still_down, name="leave-after", daemon=True).start()
+
+    def _refresh_load(self) -> None:
+        while not self._stop.wait(self.args.load_refresh_s):
+            client = self.client
+            if client is None:
+                return
+            serving = self._watch.serving if self._watch is not None else True
+            try:
+                self.load = FleetLoad.from_description(client.describe(), serving=serving)
+            except FastVideoError:
+                self.load = replace(self.load, serving=False)
 
     async def health_check_payload(self) -> dict[str, Any]:
         return health_check.canary_payload(self.served_model_name)
@@ -136,6 +197,9 @@ class FastVideoEngine(DiffusionEngine):
                                 data=[]).model_dump()
 
     async def cleanup(self) -> None:
+        self._stop.set()
+        if self._watch is not None:
+            self._watch.stop()
         client, self.client = self.client, None
         if client is not None:
             client.close()

@@ -1,5 +1,8 @@
-"""``python -m services.denoiser --port P --card NAME [...]``: wiring only (see services/common/pool.py)."""
-from services.common.pool import main
+"""``python -m services.denoiser --port P --card NAME [--nproc N --plan PLAN] [...]``: wiring only
+(see services/common/pool.py; a multi-rank replica is services/denoiser/parallel.py)."""
+import sys
+
+from services.common.pool import run_pool
 
 
 def build(cfg, card, transport):
@@ -13,4 +16,9 @@ def build(cfg, card, transport):
 
 
 if __name__ == "__main__":
-    main("denoiser", build)
+    from services.denoiser.parallel import split_args
+    par, rest = split_args(sys.argv[1:])
+    if par is None:  # one rank: the ordinary pool process
+        sys.exit(run_pool("denoiser", build, rest))
+    from services.denoiser.parallel import exit_now, run_parallel
+    exit_now(run_parallel(par, rest))

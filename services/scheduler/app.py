@@ -132,6 +132,7 @@ def run_scheduler(argv: list[str] | None = None) -> int:
         metrics.watch_values(servicer.metrics, "scheduler")
         metrics.watch_cost_model(runtime.sched.pricer.cost_model, servicer.card.model_id)
         metrics.watch_admission(runtime.sched.admission, "denoiser")
+        metrics.watch_scaling(servicer.scaling, cfg.engine_id, servicer.ledger)
         start_metrics_server(cfg.metrics_port, metrics.registry, addr=cfg.host)
     host.set_serving(True)
     if not host.stop_event.is_set():
@@ -160,6 +161,10 @@ def _build(cfg: SchedulerConfig, host: ServiceHost):
     info = json.loads(replicas["denoiser"][0].last_description.description_json or b"{}")
     precision = (info.get("executor") or {}).get("precision") or card.precision.default_cpu
     pricer, admission, telemetry = _economy(cfg)
+    from services.scheduler.plans import denoiser_plan
+    plan = denoiser_plan(card, replicas["denoiser"])  # a multi-rank replica prices by its plan
+    if plan is not None:
+        pricer.plans["denoiser"] = plan
     checkpointer = _checkpointer(cfg)
     runtime = FleetRuntime(replicas, batching=cfg.batching, max_batch=max_batch, max_running=cfg.max_running,
                            max_queued=cfg.max_queued, retain_finished=cfg.retain_finished, pricer=pricer,

@@ -56,6 +56,9 @@ class SchedulerConfig:
     batch_budget_s: float = 120.0        # the same, batch class
     trace_file: str | None = None        # JSON-lines span export (fastvideo3 slo report reads it)
     otlp_endpoint: str | None = None     # OTLP span export; off by default
+    # scaling signals (fastvideo3.telemetry.scaling): replicas needed per role
+    scaling_target_utilization: float = 0.7
+    scaling_window_s: float = 60.0
     # durability (fastvideo3.runtime.checkpointer): where request state is checkpointed
     state_store: str = "memory://"       # or redis://host:port/db: survives a scheduler restart
     state_namespace: str | None = None   # key prefix (default: the engine id): one per deployment
@@ -147,6 +150,10 @@ def parse_args(argv: list[str] | None = None) -> SchedulerConfig:
     from services.common.auth import add_args
     add_args(p)
     p.add_argument("--exit-with-parent", action="store_true")
+    p.add_argument("--scaling-target-utilization", type=float, default=None,
+                   help="utilization the replicas_needed signals aim for, in (0, 1] (default 0.7)")
+    p.add_argument("--scaling-window", type=float, default=None, dest="scaling_window_s",
+                   help="seconds of arrivals the scaling signals average over (default 60)")
     p.add_argument("--log-level", default=None)
     a = p.parse_args(argv)
     return build_config(a)
@@ -224,6 +231,9 @@ def build_config(a: argparse.Namespace) -> SchedulerConfig:
         tls_cert=pick(a.tls_cert, "tls_cert", None, sched), tls_key=pick(a.tls_key, "tls_key", None, sched),
         tls_ca=pick(a.tls_ca, "tls_ca", None, sched),
         auth_token_file=pick(a.auth_token_file, "auth_token_file", None, sched),
+        scaling_target_utilization=float(pick(getattr(a, "scaling_target_utilization", None),
+                                              "scaling_target_utilization", 0.7, sched)),
+        scaling_window_s=float(pick(getattr(a, "scaling_window_s", None), "scaling_window_s", 60.0, sched)),
         exit_with_parent=a.exit_with_parent, log_level=pick(a.log_level, "log_level", "INFO"),
     )
     for name in ("state_ttl_s", "state_timeout_s", "health_interval_s", "health_timeout_s"):
@@ -236,6 +246,12 @@ def build_config(a: argparse.Namespace) -> SchedulerConfig:
     for name in ("memory_budget_bytes", "interactive_budget_s", "batch_budget_s"):
         if getattr(cfg, name) <= 0:
             raise InvalidRequest(f"must be > 0, got {getattr(cfg, name)}", field=name, limit="> 0")
+    if not 0 < cfg.scaling_target_utilization <= 1:
+        raise InvalidRequest(f"{cfg.scaling_target_utilization} is out of range",
+                             field="scaling_target_utilization", limit="(0, 1]")
+    if not 1 <= cfg.scaling_window_s <= 3600:
+        raise InvalidRequest(f"{cfg.scaling_window_s} is out of range", field="scaling_window_s",
+                             limit="[1, 3600] seconds")
     for name in ("max_batch", "max_running", "max_queued"):
         if getattr(cfg, name) < 1:
             raise InvalidRequest(f"must be >= 1, got {getattr(cfg, name)}", field=name, limit=">= 1")

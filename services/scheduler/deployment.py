@@ -36,14 +36,18 @@ def build_card(cfg: SchedulerConfig, card, replicas: dict[str, list], edges: dic
             guidance_scale=lim.default_guidance, flow_shift=den.sampler.flow_shift if den.sampler else 3.0,
             sampler=den.sampler.name if den.sampler else "unipc", fps=lim.fps),
     )
-    pools, endpoints = [], []
+    from services.scheduler.plans import plan_entry, replica_plan
+    pools, endpoints, plans = [], [], []
     for role, reps in replicas.items():
         d0 = reps[0].last_description
+        plan = plan_entry(replica_plan(d0), d0.device)
+        plans.append(deployment_pb2.ParallelPlan(role=role, **plan))
         pools.append(deployment_pb2.RolePoolSpec(
             role=role, replicas=len(reps), card_ids=[card.model_id], kinds=KINDS.get(role, []),
             max_batch_units=d0.max_batch_units, transport_backends=list(d0.transport_backends),
-            parallel_plan="single",
-            device=deployment_pb2.DeviceNeeds(accelerator="" if "cpu" in d0.device else d0.device)))
+            parallel_plan=plan["name"],
+            device=deployment_pb2.DeviceNeeds(accelerator="" if "cpu" in d0.device else d0.device,
+                                              gpus=plan["gpus"])))
         eps = []
         for rep in reps:
             for ep in rep.last_description.transfer_endpoints:
@@ -58,7 +62,7 @@ def build_card(cfg: SchedulerConfig, card, replicas: dict[str, list], edges: dic
         engine_id=cfg.engine_id, version=fastvideo3.__version__, schema_version="1", models=[summary],
         capability_matrix=[deployment_pb2.CapabilityCell(card_id=card.model_id, capability="t2v", level="supported")],
         role_pools=pools, programs=programs,
-        parallel_plans=[deployment_pb2.ParallelPlan(name="single", role=r, degrees={}, gpus=0) for r in replicas],
+        parallel_plans=plans,
         health=deployment_pb2.HealthSchema(protocol="grpc.health.v1", services=health_services, check_interval_s=2.0,
                                            unhealthy_after_s=10.0),
         transfer_endpoints=endpoints, default_model=card.model_id, created_unix_ms=int(time.time() * 1000),

@@ -45,6 +45,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.deployment_card = deployment_card
         self.config = config
         self.scorers: list[str] = []
+        from fastvideo3.telemetry.scaling import ScalingSignals, WorkLedger
+        self.ledger = WorkLedger()  # live load: predicted GPU-seconds owed per role
+        self.scaling = ScalingSignals(target_utilization=float(config.get("scaling_target_utilization", 0.7)),
+                                      window_s=float(config.get("scaling_window_s", 60.0)),
+                                      roles=tuple(r for r in ("encoder", "denoiser", "decoder", "reward")
+                                                  if r in replicas))
         self.weights: dict[str, str] = {}
         for role, key in (("encoder", "text_encoder"), ("denoiser", "transformer"), ("decoder", "vae"),
                           ("reward", "reward")):
@@ -98,13 +104,46 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         try:
             with self.host.work():  # the whole stream counts as in-flight work for draining
                 resolved, program, ctx = self.prepare(request)
+                cost = self._observe_arrival(resolved, program)
                 from fastvideo3.telemetry.tracing import extract_context
                 parent = extract_context(context.invocation_metadata())
                 stream = self.runtime.submit(resolved, self.card, program=program, ctx=ctx, trace_parent=parent)
+                if cost:
+                    self.ledger.add(stream.request_id, cost)
                 context.add_callback(lambda: self.runtime.disconnect(stream))
                 yield from self._pump(stream, context)
         except FastVideoError as e:
             abort(context, e)
+
+    def _observe_arrival(self, resolved, program) -> dict[str, float]:
+        """Feed the scaling signals; returns this request's predicted GPU-seconds per role."""
+        pricer = self.runtime.sched.pricer
+        if pricer is None:
+            return {}
+        from fastvideo3.telemetry.scaling import request_role_seconds
+        cost: dict[str, float] = {}
+        try:
+            cost = request_role_seconds(pricer, self.card, resolved, program)
+            self.scaling.observe(cost)
+        except FastVideoError as e:  # pricing never blocks a request
+            log.warning("scaling signal: cannot price request: %s", e.one_line())
+        for role, reps in self.replicas.items():
+            if role in self.scaling.roles:
+                self.scaling.set_current(role, sum(r.healthy for r in reps))
+        return cost
+
+    def load(self) -> dict[str, Any]:
+        """The fleet's live load for routers: GPU-seconds owed per role, requests, free memory."""
+        out: dict[str, Any] = {"owed_gpu_seconds": self.ledger.owed(), "requests": len(self.ledger),
+                               "replicas": {role: sum(r.healthy for r in reps) for role, reps in self.replicas.items()}}
+        adm = self.runtime.sched.admission
+        if adm is not None:
+            c = adm.counters()
+            out["memory_budget_bytes"] = int(c["memory_budget_bytes"])
+            out["memory_free_bytes"] = int(c["memory_budget_bytes"]) - int(c["memory_reserved_bytes"])
+            out["admission_reserved_gpu_seconds"] = sum(k["reserved_gpu_seconds"] for k in c["classes"].values())
+            out["admission_waiting"] = sum(int(k["waiting"]) for k in c["classes"].values())
+        return out
 
     def _pump(self, stream, context):
         run = self.runtime.get(stream.request_id)
@@ -118,10 +157,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                         self.runtime.disconnect(stream)
                         return
                     continue
+                if ev.kind == "progress" and ev.data.get("phase") in ("denoise", "diffusion_denoise"):
+                    self.ledger.progress(stream.request_id, int(ev.data.get("step", 0)), int(ev.data.get("total", 0)))
                 yield from wire.convert(ev)
                 if ev.kind == "finished":
                     return
         finally:
+            self.ledger.remove(stream.request_id)
             self.runtime.close_stream(stream)
 
     def sidecar(self, run, data: dict) -> dict:
@@ -286,6 +328,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             desc["cost_model_error"] = sched.pricer.cost_model.error_stats()
         if sched.admission is not None:
             desc["admission"] = sched.admission.counters()
+        desc["scaling"] = self.scaling.values()
+        desc["load"] = self.load()
         return scheduler_pb2.SchedulerDescription(
             card=card, queued_requests=int(counters["queued_requests"]),
             running_requests=int(counters["running_requests"]), pools=pools,

@@ -412,6 +412,11 @@ FAILS = [
     ([f"pools.{r}.enabled=false" for r in ROLES], "scheduler.enabled is true but no pool is enabled"),
     (["card=", "pools.encoder.card="], "pools.encoder.card is empty"),
     (["pools.denoiser.resources.limits.nvidia\\.com/gpu=2"], "use pools.denoiser.gpu instead"),
+    (["pools.denoiser.gpu=2", "pools.denoiser.plan=cfg2xulysses2"],
+     "pools.denoiser.plan cfg2xulysses2 has degree 4 but pools.denoiser.gpu is 2"),
+    (["pools.denoiser.plan=ulysses2"], "pools.denoiser.plan ulysses2 has degree 2 but pools.denoiser.gpu is 0"),
+    (["pools.encoder.plan=ulysses2"], "pools.encoder.plan is set: only the denoiser"),
+    (["pools.denoiser.plan=tp2"], "pools.denoiser.plan \"tp2\" is not a plan"),
 ]
 
 
@@ -438,6 +443,17 @@ def test_schema_failure_names_the_field(helm: str, sets: list[str], where: str) 
     with pytest.raises(HelmError) as err:
         render(helm, set_values=sets)
     assert where in str(err.value)
+
+
+@timeout
+def test_parallel_denoiser_pod_runs_one_process_per_gpu(helm: str) -> None:
+    r = Rendered(render(helm, set_values=["pools.denoiser.gpu=4", "pools.denoiser.plan=cfg2xulysses2"]))
+    c = container(r.get("Deployment", name("denoiser")), "denoiser")
+    assert "--nproc=4" in c["args"] and "--plan=cfg2xulysses2" in c["args"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 4
+    with pytest.raises(HelmError) as err:
+        render(helm, set_values=["pools.denoiser.plan=ulysses2xfoo"])
+    assert "/pools/denoiser/plan" in str(err.value)
 
 
 @timeout

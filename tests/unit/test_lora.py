@@ -242,3 +242,13 @@ def test_fast_path_applies_the_same_deltas_as_the_reference(kernel):
         assert torch.allclose(fast(x, t, text), plain, atol=1e-4)  # outside a batch: no delta
     assert (ref[0] - plain[0]).abs().max() > 1e-3 and torch.allclose(ref[1], plain[1], atol=1e-5)
     assert torch.allclose(got, ref, atol=2e-4, rtol=1e-3), (got - ref).abs().max()
+
+
+def test_parallel_replica_refuses_adapters():
+    from types import SimpleNamespace
+
+    from fastvideo3.runtime.executors import DenoiserExecutor
+    ex = DenoiserExecutor.__new__(DenoiserExecutor)  # only the refusal is under test
+    ex._forward, ex.mesh = object(), SimpleNamespace(world=2)
+    with pytest.raises(FailedPrecondition, match="multi-rank"):
+        ex._read_adapter("a", None, random_lora(CFG, 4, 0))

@@ -118,6 +118,10 @@ class ConditionEmbedder(nn.Module):
 
 
 class Attention(nn.Module):
+    #: the attention hook: ``attend(q, k, v) -> o``, all ``[B, L, H, D]``. None runs SDPA here; a
+    #: parallel plan sets it on the self-attention (fastvideo3.parallel) and nothing else changes.
+    attend = None
+
     def __init__(self, dim: int, heads: int, eps: float):
         super().__init__()
         self.heads = heads
@@ -135,8 +139,11 @@ class Attention(nn.Module):
         v = self.to_v(src).unflatten(2, (self.heads, -1))
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        o = o.transpose(1, 2).flatten(2, 3).type_as(q)
+        if self.attend is not None:
+            o = self.attend(q, k, v).flatten(2, 3).type_as(q)
+        else:
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+            o = o.transpose(1, 2).flatten(2, 3).type_as(q)
         return self.to_out[0](o)
 
 

@@ -150,3 +150,16 @@ imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/*
+Degree of a parallel plan ("cfg2xulysses2" -> 4; "" or "single" -> 1).
+*/}}
+{{- define "fastvideo3.planDegree" -}}
+{{- $degree := 1 -}}
+{{- if and . (ne . "single") -}}
+{{- range $factor := splitList "x" . -}}
+{{- $degree = mul $degree (atoi (regexReplaceAll "^[a-z]+" $factor "")) -}}
+{{- end -}}
+{{- end -}}
+{{- $degree -}}
+{{- end -}}
