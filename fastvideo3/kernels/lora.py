@@ -15,14 +15,19 @@ rounded once to the activation dtype; the up projection accumulates in fp32 and 
 ``y`` is rounded once -- as PEFT's ``lora_B(lora_A(x)) * scaling`` added to the base output.
 
 ``impl="triton"``: one fused kernel (down projection of a token tile kept in registers, then
-the up projection tile by tile, added into ``y``); rows without an adapter exit at once. On a CPU
-it runs only under ``TRITON_INTERPRET=1``. ``impl="torch"``: a loop over the slots in use.
+the up projection tile by tile, added into ``y``); rows without an adapter exit at once. When
+there are few token tiles (short clips) the output columns are split over more programs, each
+recomputing its tile's rank-``R`` down projection. On a CPU it runs only under
+``TRITON_INTERPRET=1``. ``impl="torch"``: a loop over the slots in use.
 """
 from __future__ import annotations
 
 import functools
 
 import torch
+
+#: launch at least this many programs when the output can be split (a few per SM of an H200)
+MIN_PROGRAMS = 528
 
 
 @functools.lru_cache(maxsize=1)
@@ -31,12 +36,14 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def segmented_lora(X, Y, A, B, SLOT, SCALE, N, K, OUT,
+    def segmented_lora(X, Y, A, B, SLOT, SCALE, N, K, OUT, OSPLIT,
                        sxb, sxn, syb, syn, sas, sar, sbs, sbo,
                        R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BO: tl.constexpr,
                        IEEE: tl.constexpr, F32DOT: tl.constexpr, GELU: tl.constexpr):
         pid_m = tl.program_id(0)
         row = tl.program_id(1)
+        o_begin = tl.program_id(2) * OSPLIT  # this program's share of the output columns
+        o_end = tl.minimum(o_begin + OSPLIT, OUT)
         slot = tl.load(SLOT + row)
         go = slot >= 0  # rows without an adapter are left as they are ...
         if GELU:
@@ -64,9 +71,9 @@ def _kernel():
             xa = (acc * scale).to(X.dtype.element_ty)
             if F32DOT:
                 xa = xa.to(tl.float32)
-            for o0 in range(0, OUT, BO):
+            for o0 in range(o_begin, o_end, BO):
                 offs_o = o0 + tl.arange(0, BO)
-                o_ok = offs_o < OUT
+                o_ok = offs_o < o_end
                 bt = tl.load(B + s * sbs + offs_o[None, :] * sbo + offs_r[:, None], mask=o_ok[None, :], other=0.0)
                 if F32DOT:
                     bt = bt.to(tl.float32)
@@ -140,11 +147,16 @@ def _triton(x, y, a, b, slots, scales, gelu: bool = False):
     out, r = y.shape[2], a.shape[1]
     if r < 16 or r & (r - 1):
         raise ValueError(f"the Triton path needs a power-of-two rank >= 16, got {r}")
-    bm = 64 if n >= 64 else 16
-    grid = (triton.cdiv(n, bm), bsz)
-    _kernel()[grid](x, y, a, b, slots, scales, n, k, out,
+    bm, bo = (64 if n >= 64 else 16), 64
+    # few token tiles (short clips): split the output columns over more programs so the GPU fills
+    # up; each recomputes its tile's down projection (cheap: rank columns only)
+    tiles = triton.cdiv(n, bm) * bsz
+    splits = max(1, min(triton.cdiv(MIN_PROGRAMS, tiles), triton.cdiv(out, bo)))
+    osplit = triton.cdiv(triton.cdiv(out, splits), bo) * bo
+    grid = (triton.cdiv(n, bm), bsz, triton.cdiv(out, osplit))
+    _kernel()[grid](x, y, a, b, slots, scales, n, k, out, osplit,
                     x.stride(0), x.stride(1), y.stride(0), y.stride(1),
                     a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                    R=r, BM=bm, BK=64, BO=64, IEEE=x.dtype == torch.float32,
+                    R=r, BM=bm, BK=64, BO=bo, IEEE=x.dtype == torch.float32,
                     F32DOT=x.dtype == torch.float32 or _interpreting(), GELU=gelu)
     return y
