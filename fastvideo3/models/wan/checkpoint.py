@@ -158,16 +158,15 @@ def card_for_directory(root: Path):
     from fastvideo3.card.registry import WAN_1_3B_DIT, WAN_14B_DIT, _wan_real, bind_checkpoint
     from fastvideo3.card.spec import Limits, LoopSpec, SamplerSpec
 
+    from fastvideo3.models.wan.layout import inspect_directory
+
     root = Path(root)
-    index = root / "model_index.json"
-    if not index.exists():
-        raise CardError(f"{root.name}/ is not a diffusers-format directory (no model_index.json)", field="model")
-    mi = json.loads(index.read_text())
-    for sub in ("transformer", "vae", "text_encoder", "tokenizer", "scheduler"):
-        if sub not in mi or not (root / sub).is_dir():
-            raise CardError(f"{root.name}/ lacks the {sub}/ component a text-to-video card requires",
-                            field=f"checkpoint.{sub}")
-    tcfg = json.loads((root / "transformer" / "config.json").read_text())
+    layout = inspect_directory(root)  # refuses, by name, every layout and field we do not implement
+    if layout.kind != "wan2.1-t2v":
+        raise CardError(f"{root.name}/ is a {layout.kind} layout (transformer_2 with boundary_ratio="
+                        f"{layout.boundary_ratio}); two-expert denoising is not implemented",
+                        field="model_index.transformer_2")
+    tcfg = layout.transformer
     arch = {k: tcfg[k] for k in WAN_1_3B_DIT if k in tcfg}
     base = None
     for mid, ref in (("wan2.1-t2v-1.3b", WAN_1_3B_DIT), ("wan2.1-t2v-14b", WAN_14B_DIT)):

@@ -212,6 +212,9 @@ def load_dit(card: ModelCard, device: str = "cpu", dtype: torch.dtype = torch.fl
     else:
         folder = _root(card, spec.subfolder or "transformer")
         actual = json.loads((folder / "config.json").read_text())
+        from fastvideo3.models.wan.layout import check_card_layout, check_dit_fields
+        check_card_layout(card)  # the directory as a whole is the layout the card implements
+        check_dit_fields("transformer", actual)
         check_config("transformer", spec.config, actual)
         cfg = WanDiTConfig.from_dict({**spec.config, **{k: actual[k] for k in spec.config if k in actual}})
         with torch.device("meta"):
@@ -288,7 +291,9 @@ class VideoDecoder:
                 self.digest = _seeded_digest(card, "vae")
         else:
             from diffusers import AutoencoderKLWan
+            from fastvideo3.models.wan.layout import check_vae_fields
             folder = _root(card, spec.subfolder or "vae")
+            check_vae_fields(json.loads((folder / "config.json").read_text()))  # before any weight is read
             self.model = AutoencoderKLWan.from_pretrained(str(folder), local_files_only=True, dtype=dtype)
             self.digest = weights_digest(safetensors_files(folder))
         self.model.to(device=device).eval().requires_grad_(False)
