@@ -18,7 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from fastvideo3.card.spec import (
-    FP8, CheckpointManifest, ComponentSpec, Fp8Spec, Limits, LoopSpec, ModelCard, PrecisionContract, RecipeSpec,
+    FP8, CheckpointManifest, ComponentSpec, ExpertsSpec, Fp8Spec, Limits, LoopSpec, ModelCard, PrecisionContract, RecipeSpec,
     SamplerSpec,
 )
 from fastvideo3.errors import CardError, NotFound
@@ -193,6 +193,27 @@ def _wan_real(model_id: str, dit: dict, desc: str) -> ModelCard:
     )
 
 
+#: Wan2.2 A14B text-to-video: two Wan2.1-14B-shaped experts, the switch at 0.875 of the training
+#: timesteps, UniPC with flow shift 12, guidance 4.0 (high noise) and 3.0 (low noise), 40 steps
+WAN22_A14B_T2V = dict(boundary_ratio=0.875, flow_shift=12.0, default_steps=40, guidance=4.0, guidance_2=3.0)
+
+
+def wan22_moe(model_id: str, dit: dict, desc: str, *, boundary_ratio: float, flow_shift: float = 12.0,
+              default_steps: int = 40, guidance: float = 4.0, guidance_2: float | None = 3.0) -> ModelCard:
+    """A two-expert Wan2.2 T2V card (diffusers' WanPipeline with ``transformer_2`` and
+    ``boundary_ratio``): ``transformer`` denoises high noise, ``transformer_2`` low noise."""
+    base = _wan_real(model_id, dit, desc)
+    data = base.model_dump(mode="json")
+    data["components"]["transformer_2"] = dict(data["components"]["transformer"], component_id="transformer_2",
+                                               subfolder="transformer_2")
+    data["checkpoint"]["required_for"]["text_to_video"].append("transformer_2")
+    data["loops"]["diffusion_denoise"] = _denoise(default_steps, flow_shift).model_copy(update={
+        "experts": ExpertsSpec(boundary_ratio=boundary_ratio, default_guidance_2=guidance_2)}).model_dump(mode="json")
+    data["recipe"]["data_contract"] = "Wan2.2 pretraining (upstream)"
+    data["limits"]["default_guidance"] = guidance
+    return ModelCard.model_validate(data)
+
+
 def fp8_variant(card: ModelCard, model_id: str, fp8: Fp8Spec | None = None) -> ModelCard:
     """``card`` with its DiT's block Linears in e4m3 (:data:`~fastvideo3.card.spec.FP8`), quantized
     at load from the same checkpoint (or loaded pre-quantized with key map
@@ -211,8 +232,11 @@ def builtin_cards() -> dict[str, ModelCard]:
     w13 = _wan_real("wan2.1-t2v-1.3b", WAN_1_3B_DIT, "Wan2.1 text-to-video 1.3B (diffusers-format directory)")
     w14 = _wan_real("wan2.1-t2v-14b", WAN_14B_DIT, "Wan2.1 text-to-video 14B (diffusers-format directory)")
     tiny = wan_tiny()
+    w22 = wan22_moe("wan2.2-t2v-a14b", WAN_14B_DIT, "Wan2.2 text-to-video A14B: two 14B experts split by noise "
+                    "level (diffusers-format directory with transformer_2)", **WAN22_A14B_T2V)
     cards = [
         tiny,
+        w22,
         wan_tiny_4step(),
         wan_tiny_seeded(),
         w13,

@@ -15,6 +15,7 @@ import torch
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import ErrorInfo, FastVideoError, InvalidRequest, NumericFault, ResourceExhausted, Unavailable
 from fastvideo3.loop import cfg as cfg_policy
+from fastvideo3.loop.denoise import HANDOFF_PREFIX
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.loop.samplers import SamplerHistory, sampler_step
 from fastvideo3.models.wan.components import TextEncoder, VideoDecoder, load_dit, precision_dtype
@@ -137,16 +138,30 @@ class DenoiserExecutor(_Base):
     role = "denoiser"
 
     def __init__(self, card: ModelCard, transport, device=None, precision=None, batching: bool = True,
-                 fast: bool | None = None):
+                 fast: bool | None = None, experts: list[str] | None = None):
         super().__init__(card, transport, device, precision)
-        self.dit, self.weights_digest = load_dit(card, self.device, self.dtype)
+        # A two-expert card's pool holds both experts unless the deployment gives it one
+        # (``experts``): then a request's latent moves to the other expert's pool at the switch.
+        names = list(experts or card.dit_components())
+        unknown = [n for n in names if n not in card.dit_components()]
+        if unknown or not names:
+            raise InvalidRequest(f"card {card.model_id} has no denoising expert {unknown[0] if unknown else ''!r}",
+                                 field="experts", limit=", ".join(card.dit_components()))
+        self.experts = names
+        self.dits: dict[str, object] = {}
+        digests = []
+        for name in names:
+            self.dits[name], digest = load_dit(card, self.device, self.dtype, component=name)
+            digests.append(digest if len(names) == 1 and name == "transformer" else f"{name}={digest}")
+        self.dit, self.weights_digest = self.dits[names[0]], "+".join(digests)
         # The fast path (fused kernels; CUDA graphs for buckets captured by prepare_graphs) is the
         # default on CUDA only: on a CPU the executor runs the reference DiT, exactly as before.
         self.fast = self.device.startswith("cuda") if fast is None else bool(fast)
-        self._forward = self.dit
+        self._forwards = dict(self.dits)
         if self.fast:
             from fastvideo3.models.wan.fast import FastWanDiT
-            self._forward = FastWanDiT(self.dit)
+            self._forwards = {n: FastWanDiT(m) for n, m in self.dits.items()}
+        self._forward = self._forwards[names[0]]
         # The model as the pool sees it: a runtime export (identity, fingerprint, ports, stages,
         # graphs, state regions), with buckets at the card's default shape until prepare_graphs
         # declares others. Prepared buckets run through its SWAP ports and the "dit" stage.
@@ -166,6 +181,8 @@ class DenoiserExecutor(_Base):
     def _region(self, unit: WorkUnit) -> Region:
         reg = self.regions.get(unit.request_id)
         p = unit.params
+        if reg is None and p["step"] != 0 and p.get("handoff_meta"):
+            reg = self._take_over(unit)  # the other expert's pool handed this request over
         if reg is None:
             if p["step"] != 0:  # the replica lost it (restarted): the scheduler resumes from a snapshot
                 raise Unavailable(f"no resident latent for request at step {p['step']}", step=p["step"],
@@ -177,6 +194,8 @@ class DenoiserExecutor(_Base):
         if reg.step != p["step"]:
             raise FastVideoError(f"step {p['step']} issued but the resident latent is at step {reg.step}", step=p["step"])
         for name, d in unit.inputs.items():
+            if name.startswith(HANDOFF_PREFIX):
+                continue
             if name not in reg.embeds:  # fetched once per request, reused across steps
                 fetched = self.transport.fetch(_ref(d), deadline_s=self.fetch_deadline_s)
                 reg.embeds[name] = fetched.to(self.device, self.dtype)
@@ -188,6 +207,32 @@ class DenoiserExecutor(_Base):
         with self._lock:
             self.regions.pop(request_id, None)
         super().release(request_id)
+
+    # -- the expert switch across pools ------------------------------------------------------
+    def _hand_off(self, unit: WorkUnit, reg: Region, res: StepResult) -> None:
+        """After the last step of this pool's expert, when the next expert lives elsewhere: publish
+        the latent and sampler history for the other pool and drop the region here."""
+        tensors = {"latent": reg.latent, **{f"history.{k}": v for k, v in reg.history.tensors().items()}}
+        for name, t in tensors.items():
+            res.outputs[HANDOFF_PREFIX + name] = self.transport.publish(unit.request_id, HANDOFF_PREFIX + name,
+                                                                       t).to_dict()
+        res.payload["handoff_meta"] = {"step": reg.step, "history": reg.history.meta()}
+        self.regions.pop(unit.request_id, None)
+
+    def _take_over(self, unit: WorkUnit) -> Region:
+        p, meta = unit.params, unit.params["handoff_meta"]
+        if int(meta["step"]) != int(p["step"]):
+            raise FastVideoError(f"handed-over latent is at step {meta['step']}, step {p['step']} issued", step=p["step"])
+        got = {}
+        for name, d in unit.inputs.items():
+            if name.startswith(HANDOFF_PREFIX):
+                got[name[len(HANDOFF_PREFIX):]] = self.transport.fetch(_ref(d), deadline_s=self.fetch_deadline_s)
+        if "latent" not in got:
+            raise Unavailable("the expert switch names no handed-over latent", step=p["step"], field="inputs",
+                              details={"lost_region": True})
+        hist = {k[len("history."):]: v.to(self.device) for k, v in got.items() if k.startswith("history.")}
+        history = SamplerHistory.rebuild(meta["history"], hist)
+        return Region(latent=got["latent"].to(self.device), history=history, step=int(meta["step"]))
 
     # -- snapshot / restore (fastvideo3.runtime.resident) ----------------------------------
     @property
@@ -260,8 +305,10 @@ class DenoiserExecutor(_Base):
                 self.runtime.prepare(b.key)
                 self._prepared.add(b.key)
 
-    def _dit(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+    def _dit(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor, expert: str | None = None) -> torch.Tensor:
         from fastvideo3.models.wan.runtime_export import bucket_key
+        if expert is not None and expert != self.experts[0]:
+            return self._forwards[expert](x, t, text)  # the runtime export covers the first expert
         key = bucket_key(x.shape[0], x.shape[1:], text.shape[1])
         if key not in self._prepared or text.shape[2] != self.dit.cfg.text_dim:
             return self._forward(x, t, text)
@@ -286,7 +333,8 @@ class DenoiserExecutor(_Base):
                 results[unit.unit_id] = _fail(unit, e)
         groups: dict[tuple, list[tuple[WorkUnit, Region]]] = {}
         for unit, reg in ready:
-            groups.setdefault((unit.shape_sig, unit.params["cfg_policy"]), []).append((unit, reg))
+            groups.setdefault((unit.shape_sig, unit.params["cfg_policy"], unit.params.get("expert")), []).append(
+                (unit, reg))
         for members in groups.values():
             chunks = [members] if self.batching else [[m] for m in members]
             for chunk in chunks:
@@ -295,6 +343,9 @@ class DenoiserExecutor(_Base):
 
     def _validate(self, unit: WorkUnit) -> None:
         p = unit.params
+        if p.get("expert", self.experts[0]) not in self.dits:
+            raise Unavailable(f"this pool holds expert(s) {self.experts}, not {p.get('expert')!r}", field="expert",
+                              step=p.get("step"))
         if p.get("cfg_policy") not in cfg_policy.POLICIES:
             raise InvalidRequest(f"unknown cfg policy {p.get('cfg_policy')!r}", field="cfg_policy")
         needed = {"prompt_embeds"} | ({"negative_embeds"} if p["cfg_policy"] != "none" else set())
@@ -319,7 +370,7 @@ class DenoiserExecutor(_Base):
                     index.append((i, b))
             x = torch.cat(lat).to(self.dtype)
             t = torch.tensor(ts, dtype=torch.float32, device=self.device)
-            out = self._dit(x, t, torch.cat(txt))
+            out = self._dit(x, t, torch.cat(txt), chunk[0][0].params.get("expert"))
             self.counters["forwards"] += 1
             self.counters["rows"] += len(index)
             self.counters["max_batch_rows"] = max(self.counters["max_batch_rows"], len(index))
@@ -343,6 +394,8 @@ class DenoiserExecutor(_Base):
                                           "batch_rows": float(len(chunk) * len(branches))})
                 if p.get("final"):
                     res.outputs["latents"] = self.transport.publish(unit.request_id, "latents", new).to_dict()
+                if p.get("handoff") and any(e not in self.dits for e in self.card.dit_components()):
+                    self._hand_off(unit, reg, res)  # the next step's expert lives in another pool
                 results[unit.unit_id] = res
             except Exception as e:  # noqa: BLE001 - request-local fault
                 self.regions.pop(unit.request_id, None)

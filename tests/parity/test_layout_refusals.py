@@ -119,3 +119,21 @@ def test_refuses_an_unknown_transformer_field(tiny_wan_dir, tmp_path):
     cfg["rope_theta"] = 5000.0
     (d / "transformer" / "config.json").write_text(json.dumps(cfg))
     _refused(lambda: resolve_card(str(d)), "components.transformer.config.rope_theta", "rope_theta")
+
+
+def test_two_expert_card_refuses_the_next_layouts(tiny_wan_dir, dirs):
+    moe = resolve_card(str(dirs["moe"]))
+    assert moe.dit_components() == ["transformer", "transformer_2"]
+    # bound to a one-expert directory: the second expert is missing, by name
+    _refused(lambda: load_dit(bind_checkpoint(moe, tiny_wan_dir), "cpu", torch.float32, component="transformer_2"),
+             "checkpoint.transformer_2", "transformer_2")
+    # bound to the TI2V-5B directory: expand_timesteps is refused before a weight is read
+    _refused(lambda: load_dit(bind_checkpoint(moe, dirs["ti2v"]), "cpu", torch.float32),
+             "model_index.expand_timesteps", "expand_timesteps")
+
+
+def test_two_expert_card_refuses_another_boundary(dirs, tmp_path):
+    moe = resolve_card(str(dirs["moe"]))
+    d = _copy(dirs["moe"], tmp_path)
+    _edit_index(d, boundary_ratio=0.9)
+    _refused(lambda: load_dit(bind_checkpoint(moe, d), "cpu", torch.float32), "model_index.boundary_ratio", "0.9")

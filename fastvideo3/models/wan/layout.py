@@ -10,7 +10,8 @@ Implemented layouts (``Layout.kind``):
 - ``wan2.1-t2v``: ``WanPipeline`` with one ``transformer``, no ``boundary_ratio``, no
   ``expand_timesteps``, the Wan2.1 VAE (16 latent channels, 4x temporal, 8x spatial).
 - ``wan2.2-t2v-moe``: ``WanPipeline`` with ``transformer`` (high noise) and ``transformer_2``
-  (low noise) of the same architecture and a ``boundary_ratio`` in (0, 1); the same VAE.
+  (low noise) of the same architecture and a ``boundary_ratio`` in (0, 1); the same VAE. Its card
+  declares the two experts (``loops.diffusion_denoise.experts``).
 """
 from __future__ import annotations
 
@@ -179,7 +180,7 @@ def check_card_layout(card) -> Layout | None:
     if not card.checkpoint.root or not any(c.source == "diffusers_dir" for c in card.components.values()):
         return None
     layout = inspect_directory(Path(card.checkpoint.root))
-    moe = card.denoise.experts is not None if hasattr(card.denoise, "experts") else False
+    moe = "diffusion_denoise" in card.loops and card.denoise.experts is not None
     if layout.kind == "wan2.2-t2v-moe" and not moe:
         raise CardError(f"card {card.model_id} has one denoising expert but the directory adds transformer_2 "
                         f"(boundary_ratio={layout.boundary_ratio})", field="model_index.transformer_2")
