@@ -323,11 +323,12 @@ class Checkpointer:
                 self.latest[run.request_id] = rec
                 return
         # no exact state to go back to: the denoise loop starts over (deterministic from the seed)
-        for ex in self.executors.get("denoiser") or []:
-            try:
-                ex.release(run.request_id)
-            except FastVideoError:
-                pass
-        run.placement.pop("denoiser", None)
+        for key in [k for k in self.executors if k.partition(":")[0] == "denoiser"]:  # and denoiser:EXPERT
+            for ex in self.executors[key]:
+                try:
+                    ex.release(run.request_id)
+                except FastVideoError:
+                    pass
+            run.placement.pop(key, None)
         if mid_denoise:
             run.driver = None

@@ -264,6 +264,7 @@ class DenoiserExecutor(_Base):
         d = super().describe()
         d["resident_regions"] = len(self.regions)
         d["weights_digest"] = self.weights_digest
+        d["experts"] = list(self.experts)
         d["dit_path"] = "fast" if self.fast else "reference"
         d["graph_buckets"] = sorted(self._prepared)
         rt = self.runtime

@@ -4,7 +4,8 @@ from services.common.pool import main
 
 def build(cfg, card, transport):
     from fastvideo3.runtime.executors import DenoiserExecutor
-    return DenoiserExecutor(card, transport, cfg.device, cfg.precision, batching=not cfg.no_batching)
+    experts = [e for e in cfg.experts.split(",") if e] or None
+    return DenoiserExecutor(card, transport, cfg.device, cfg.precision, batching=not cfg.no_batching, experts=experts)
 
 
 if __name__ == "__main__":
