@@ -214,6 +214,27 @@ def wan22_moe(model_id: str, dit: dict, desc: str, *, boundary_ratio: float, flo
     return ModelCard.model_validate(data)
 
 
+#: Wan2.2 TI2V-5B's DiT: 24 heads x 128 = 3072 wide, 30 layers, 48 latent channels
+WAN22_5B_DIT = dict(WAN_1_3B_DIT, num_attention_heads=24, in_channels=48, out_channels=48, ffn_dim=14336)
+
+
+def wan22_ti2v(model_id: str, dit: dict, desc: str, *, flow_shift: float = 5.0, default_steps: int = 50,
+               guidance: float = 5.0) -> ModelCard:
+    """A Wan2.2 TI2V-5B card served as text-to-video (diffusers' WanPipeline with
+    ``expand_timesteps``): the 48-channel VAE with 16x spatial compression, 24 fps, 720p."""
+    from fastvideo3.models.wan.layout import WAN22_VAE
+    base = _wan_real(model_id, dit, desc)
+    data = base.model_dump(mode="json")
+    data["components"]["vae"]["config"] = dict(WAN22_VAE)
+    data["loops"]["diffusion_denoise"] = _denoise(default_steps, flow_shift).model_dump(mode="json")
+    data["recipe"]["data_contract"] = "Wan2.2 pretraining (upstream)"
+    # sizes: multiples of 32 (the VAE's 16x times the DiT's 2x2 patch); 1280x704 is the published 720p
+    data["limits"] = Limits(max_frames=129, min_size=32, max_height=1280, max_width=1280, size_multiple=32,
+                            default_frames=121, default_height=704, default_width=1280, default_guidance=guidance,
+                            fps=24).model_dump(mode="json")
+    return ModelCard.model_validate(data)
+
+
 def fp8_variant(card: ModelCard, model_id: str, fp8: Fp8Spec | None = None) -> ModelCard:
     """``card`` with its DiT's block Linears in e4m3 (:data:`~fastvideo3.card.spec.FP8`), quantized
     at load from the same checkpoint (or loaded pre-quantized with key map
@@ -237,6 +258,8 @@ def builtin_cards() -> dict[str, ModelCard]:
     cards = [
         tiny,
         w22,
+        wan22_ti2v("wan2.2-ti2v-5b", WAN22_5B_DIT, "Wan2.2 TI2V-5B served as text-to-video: 48-channel VAE, 16x "
+                   "spatial compression (diffusers-format directory with expand_timesteps)"),
         wan_tiny_4step(),
         wan_tiny_seeded(),
         w13,

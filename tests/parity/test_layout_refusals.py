@@ -1,8 +1,9 @@
 """Loading refuses, naming it, every layout, component and config field it does not implement.
 
 Each family is fed the next family's tiny directory, written by diffusers' own classes: Wan2.1
-T2V gets the Wan2.2 two-expert layout, the two-expert family gets TI2V-5B's, the T2V loader gets
-Wan2.1 I2V's and HunyuanVideo-1.5's. Both ways in are covered: a directory given as ``--model
+T2V gets the Wan2.2 two-expert layout (and TI2V-5B's), the two-expert family gets TI2V-5B's,
+TI2V-5B gets Wan2.1 I2V's (and Wan2.1 T2V's), and the loader refuses Wan2.1 I2V and
+HunyuanVideo-1.5 directories outright. Both ways in are covered: a directory given as ``--model
 DIR`` (the card is built from it) and a card bound to a directory (``checkpoint.root``).
 """
 import json
@@ -78,11 +79,29 @@ def test_experts_must_share_an_architecture(dirs, tmp_path):
     _refused(lambda: resolve_card(str(d)), "components.transformer_2.config.ffn_dim", "ffn_dim")
 
 
-def test_refuses_the_ti2v_layout_and_its_vae(dirs, tmp_path):
-    _refused(lambda: resolve_card(str(dirs["ti2v"])), "model_index.expand_timesteps", "expand_timesteps")
+def test_refuses_a_ti2v_vae_without_expand_timesteps_and_the_reverse(tiny_wan_dir, dirs, tmp_path):
     d = _copy(dirs["ti2v"], tmp_path)
-    _edit_index(d, expand_timesteps=False)  # without the flag, the 48-channel 16x VAE is still refused
+    _edit_index(d, expand_timesteps=False)  # without the flag, the 48-channel 16x VAE is refused
     _refused(lambda: resolve_card(str(d)), "components.vae.config.z_dim", "48")
+    d2 = _copy(tiny_wan_dir, tmp_path, "d2")
+    _edit_index(d2, expand_timesteps=True)  # the flag with the Wan2.1 VAE is no published layout
+    _refused(lambda: resolve_card(str(d2)), "model_index.expand_timesteps", "z_dim=16")
+
+
+def test_wan21_t2v_card_refuses_a_bound_ti2v_directory(tiny_wan_dir, dirs):
+    t2v = resolve_card(str(tiny_wan_dir))
+    _refused(lambda: load_dit(bind_checkpoint(t2v, dirs["ti2v"]), "cpu", torch.float32),
+             "model_index.expand_timesteps", "expand_timesteps")
+
+
+def test_ti2v_card_refuses_the_next_layouts(tiny_wan_dir, dirs):
+    ti2v = resolve_card(str(dirs["ti2v"]))
+    assert ti2v.components["vae"].config["scale_factor_spatial"] == 16
+    _refused(lambda: load_dit(bind_checkpoint(ti2v, dirs["i2v"]), "cpu", torch.float32),
+             "model_index._class_name", "WanImageToVideoPipeline")
+    _refused(lambda: load_dit(bind_checkpoint(ti2v, tiny_wan_dir), "cpu", torch.float32),
+             "model_index.expand_timesteps", "48-channel")
+    _refused(lambda: VideoDecoder(bind_checkpoint(ti2v, tiny_wan_dir)), "components.vae.config.z_dim", "48")
 
 
 def test_a_t2v_card_refuses_a_vae_with_other_compression(tiny_wan_dir, dirs, tmp_path):

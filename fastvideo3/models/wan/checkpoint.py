@@ -157,26 +157,32 @@ def card_for_directory(root: Path):
     """Build a card for a diffusers-format Wan T2V directory (Wan2.1, or Wan2.2's two experts),
     starting from the built-in card whose architecture matches; an unknown size gets a custom card
     from its own config. Layouts we do not implement are refused by name (models/wan/layout.py)."""
-    from fastvideo3.card.registry import WAN_1_3B_DIT, WAN_14B_DIT, WAN22_A14B_T2V, _wan_real, bind_checkpoint, wan22_moe
+    from fastvideo3.card.registry import (
+        WAN22_5B_DIT, WAN22_A14B_T2V, WAN_1_3B_DIT, WAN_14B_DIT, _wan_real, bind_checkpoint, wan22_moe, wan22_ti2v,
+    )
     from fastvideo3.card.spec import Limits, LoopSpec, SamplerSpec
     from fastvideo3.models.wan.layout import inspect_directory
 
     root = Path(root)
     layout = inspect_directory(root)  # refuses, by name, every layout and field we do not implement
-    moe = layout.kind == "wan2.2-t2v-moe"
+    moe, ti2v = layout.kind == "wan2.2-t2v-moe", layout.kind == "wan2.2-ti2v"
     tcfg = layout.transformer
     arch = {k: tcfg[k] for k in WAN_1_3B_DIT if k in tcfg}
-    refs = (("wan2.2-t2v-a14b", WAN_14B_DIT),) if moe else (("wan2.1-t2v-1.3b", WAN_1_3B_DIT),
-                                                             ("wan2.1-t2v-14b", WAN_14B_DIT))
+    refs = ((("wan2.2-t2v-a14b", WAN_14B_DIT),) if moe else (("wan2.2-ti2v-5b", WAN22_5B_DIT),) if ti2v
+            else (("wan2.1-t2v-1.3b", WAN_1_3B_DIT), ("wan2.1-t2v-14b", WAN_14B_DIT)))
     found = None
     for mid, ref in refs:
         if all(arch.get(k) == (list(v) if isinstance(v, tuple) else v) for k, v in ref.items() if k != "rope_max_seq_len"):
             found = (mid, ref)
-    mid, ref = found or ((f"wan22-custom-{_slug(root.name)}" if moe else f"wan-custom-{_slug(root.name)}"), arch)
-    desc = f"{mid} from {root.name}" if found else f"Wan{'2.2 two-expert' if moe else '2.1'} architecture from {root.name}"
+    mid, ref = found or ((f"wan22-custom-{_slug(root.name)}" if moe or ti2v else f"wan-custom-{_slug(root.name)}"),
+                         arch)
+    kind = "2.2 two-expert" if moe else "2.2 TI2V" if ti2v else "2.1"
+    desc = f"{mid} from {root.name}" if found else f"Wan{kind} architecture from {root.name}"
     if moe:
         opts = dict(WAN22_A14B_T2V, boundary_ratio=layout.boundary_ratio)
         base = wan22_moe(mid, ref, desc, **opts)
+    elif ti2v:
+        base = wan22_ti2v(mid, ref, desc)
     else:
         base = _wan_real(mid, ref, desc)
     sched = json.loads((root / "scheduler" / "scheduler_config.json").read_text())
@@ -195,9 +201,10 @@ def card_for_directory(root: Path):
     loops = dict(base.loops)
     loops["diffusion_denoise"] = LoopSpec(loop_id="diffusion_denoise", default_steps=d.default_steps, sampler=sampler,
                                           experts=d.experts)
-    # rope tables bound the latent grid: max pixels = rope_max_seq_len * patch * vae scale (8)
-    max_px = min(1280, int(arch.get("rope_max_seq_len", 1024)) * int(arch["patch_size"][1]) * 8)
-    max_px -= max_px % 16
+    # rope tables bound the latent grid: max pixels = rope_max_seq_len * patch * vae scale (8, or 16)
+    from fastvideo3.runtime.pricing import vae_spatial_scale
+    max_px = min(1280, int(arch.get("rope_max_seq_len", 1024)) * int(arch["patch_size"][1]) * vae_spatial_scale(base))
+    max_px -= max_px % base.limits.size_multiple
     lim = base.limits.model_copy(update={
         "max_height": max_px, "max_width": max_px,
         "default_height": min(base.limits.default_height, max_px), "default_width": min(base.limits.default_width, max_px),

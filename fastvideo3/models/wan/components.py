@@ -295,7 +295,8 @@ class VideoDecoder:
             from diffusers import AutoencoderKLWan
             from fastvideo3.models.wan.layout import check_vae_fields
             folder = _root(card, spec.subfolder or "vae")
-            check_vae_fields(json.loads((folder / "config.json").read_text()))  # before any weight is read
+            # before any weight is read: the latent layout the card declares (default: Wan2.1's)
+            check_vae_fields(json.loads((folder / "config.json").read_text()), expected=vae_layout(card))
             self.model = AutoencoderKLWan.from_pretrained(str(folder), local_files_only=True, dtype=dtype)
             self.digest = weights_digest(safetensors_files(folder))
         self.model.to(device=device).eval().requires_grad_(False)
@@ -305,7 +306,7 @@ class VideoDecoder:
         c = self.model.config
         self.z_dim = c.z_dim
         self.temporal_scale = 2 ** sum(c.temperal_downsample)
-        self.spatial_scale = 2 ** len(c.temperal_downsample)
+        self.spatial_scale = int(getattr(c, "scale_factor_spatial", None) or 2 ** len(c.temperal_downsample))
         self.mean = torch.tensor(c.latents_mean).view(1, c.z_dim, 1, 1, 1)
         self.inv_std = 1.0 / torch.tensor(c.latents_std).view(1, c.z_dim, 1, 1, 1)
 
@@ -318,10 +319,21 @@ class VideoDecoder:
         return frames.permute(0, 2, 3, 4, 1).float().cpu()  # [B, F, H, W, 3]
 
 
+def vae_layout(card: ModelCard) -> dict | None:
+    """The VAE latent layout a card declares (its VAE config's layout keys), None for Wan2.1's."""
+    from fastvideo3.models.wan.layout import WAN21_VAE
+    cfg = card.components["vae"].config if "vae" in card.components else {}
+    declared = {k: cfg[k] for k in WAN21_VAE if k in cfg}
+    return {**WAN21_VAE, **declared} if declared else None
+
+
 def latent_shape(card: ModelCard, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
-    """(C, F_lat, H_lat, W_lat) for a request, from the VAE's fixed Wan2.1 scales (4x temporal, 8x spatial)."""
+    """(C, F_lat, H_lat, W_lat) for a request: 4x temporal, and the spatial compression the card's
+    VAE declares (8x unless it says otherwise: Wan2.2 TI2V-5B's is 16x)."""
+    from fastvideo3.runtime.pricing import vae_spatial_scale
     c = int(card.components["transformer"].config.get("in_channels", 16))
-    return (c, (frames - 1) // 4 + 1, height // 8, width // 8)
+    s = vae_spatial_scale(card)
+    return (c, (frames - 1) // 4 + 1, height // s, width // s)
 
 
 def precision_dtype(precision: str) -> torch.dtype:

@@ -12,6 +12,10 @@ Implemented layouts (``Layout.kind``):
 - ``wan2.2-t2v-moe``: ``WanPipeline`` with ``transformer`` (high noise) and ``transformer_2``
   (low noise) of the same architecture and a ``boundary_ratio`` in (0, 1); the same VAE. Its card
   declares the two experts (``loops.diffusion_denoise.experts``).
+- ``wan2.2-ti2v``: ``WanPipeline`` with ``expand_timesteps`` (Wan2.2 TI2V-5B), one 48-channel
+  ``transformer`` and the Wan2.2 VAE (48 channels, 2x2 input patch, 16x spatial), served as
+  text-to-video: with no image every token shares the step's timestep, so per-token timesteps
+  reduce to the step's one. Its card declares that VAE layout (``components.vae.config``).
 """
 from __future__ import annotations
 
@@ -42,6 +46,10 @@ DIT_UNSET = {"image_dim": "image cross-attention (the Wan2.1 I2V layout)",
 #: the VAE config values the Wan2.1 latent layout needs (16 channels, 4x temporal, 8x spatial)
 WAN21_VAE = {"z_dim": 16, "scale_factor_temporal": 4, "scale_factor_spatial": 8, "is_residual": False,
              "patch_size": None, "in_channels": 3, "out_channels": 3, "temperal_downsample": [False, True, True]}
+
+#: the Wan2.2 VAE's latent layout (TI2V-5B): 48 channels, a 2x2 input patch, 16x spatial
+WAN22_VAE = {"z_dim": 48, "scale_factor_temporal": 4, "scale_factor_spatial": 16, "is_residual": True,
+             "patch_size": 2, "in_channels": 12, "out_channels": 12, "temperal_downsample": [False, True, True]}
 
 _KNOWN_PIPELINES = {
     "WanImageToVideoPipeline": "Wan image-to-video",
@@ -105,14 +113,21 @@ def inspect_directory(root: Path) -> Layout:
         if not _present(mi.get(sub)) or not (root / sub).is_dir():
             raise CardError(f"{root.name}/ lacks the {sub}/ component a text-to-video card requires",
                             field=f"checkpoint.{sub}")
-    if mi.get("expand_timesteps"):
-        raise CardError("expand_timesteps=true (the Wan2.2 TI2V-5B layout: per-token timesteps) is not implemented",
-                        field="model_index.expand_timesteps", limit="false")
     tcfg = _json(root / "transformer" / "config.json", "checkpoint.transformer")
     check_dit_fields("transformer", tcfg)
-    check_vae_fields(_json(root / "vae" / "config.json", "checkpoint.vae"), tcfg)
+    vcfg = _json(root / "vae" / "config.json", "checkpoint.vae")
     ratio = mi.get("boundary_ratio")
     two = _present(mi.get("transformer_2"))
+    if mi.get("expand_timesteps"):
+        if two or ratio is not None:
+            raise CardError("expand_timesteps with a second expert is not a published layout and is not implemented",
+                            field="model_index.expand_timesteps", limit="false")
+        if vcfg.get("z_dim") != WAN22_VAE["z_dim"]:
+            raise CardError(f"expand_timesteps=true is implemented with the Wan2.2 VAE (z_dim 48, 16x); this VAE has "
+                            f"z_dim={vcfg.get('z_dim')}", field="model_index.expand_timesteps", limit="false")
+        check_vae_fields(vcfg, tcfg, expected=WAN22_VAE)
+        return Layout("wan2.2-ti2v", mi, tcfg)
+    check_vae_fields(vcfg, tcfg)
     if not two and ratio is None:
         return Layout("wan2.1-t2v", mi, tcfg)
     if two and ratio is None:
@@ -167,8 +182,8 @@ def check_vae_fields(vcfg: dict, tcfg: dict | None = None, expected: dict | None
         got = vcfg.get(k, want)
         if (list(got) if isinstance(got, tuple) else got) != want:
             raise CardError(f"vae/config.json has {k}={got!r}; the card's latent layout needs {want!r} "
-                            "(16 channels, 4x temporal, 8x spatial)", field=f"components.vae.config.{k}",
-                            limit=str(want))
+                            f"({expected['z_dim']} channels, 4x temporal, {expected['scale_factor_spatial']}x spatial)",
+                            field=f"components.vae.config.{k}", limit=str(want))
     if tcfg is not None and tcfg.get("out_channels") != vcfg.get("z_dim", 16):
         raise CardError(f"transformer out_channels={tcfg.get('out_channels')} but the VAE's z_dim is "
                         f"{vcfg.get('z_dim')}", field="components.vae.config.z_dim")
@@ -181,6 +196,12 @@ def check_card_layout(card) -> Layout | None:
         return None
     layout = inspect_directory(Path(card.checkpoint.root))
     moe = "diffusion_denoise" in card.loops and card.denoise.experts is not None
+    ti2v = "vae" in card.components and card.components["vae"].config.get("z_dim") == WAN22_VAE["z_dim"]
+    if (layout.kind == "wan2.2-ti2v") != ti2v:
+        raise CardError(f"card {card.model_id} decodes a {'48' if ti2v else '16'}-channel latent layout but the "
+                        f"directory is a {layout.kind} layout" + (" (expand_timesteps, the 48-channel 16x VAE)"
+                                                                  if layout.kind == "wan2.2-ti2v" else ""),
+                        field="model_index.expand_timesteps", limit=str(ti2v).lower())
     if layout.kind == "wan2.2-t2v-moe" and not moe:
         raise CardError(f"card {card.model_id} has one denoising expert but the directory adds transformer_2 "
                         f"(boundary_ratio={layout.boundary_ratio})", field="model_index.transformer_2")
