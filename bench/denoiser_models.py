@@ -1,12 +1,13 @@
 """Denoiser forward of the newer model families against diffusers, and the cost of the MoE switch.
 
-    python bench/denoiser.py --models wan2.2-a14b --out bench/results/denoiser_models_h200.json
-    python bench/denoiser.py --models wan2.2-a14b --tiny --device cpu --out /tmp/m.json   # a check
+    python bench/denoiser.py --models wan2.2-ti2v-5b,wan2.2-a14b --out bench/results/denoiser_models_h200.json
+    python bench/denoiser.py --models wan2.2-ti2v-5b,wan2.2-a14b --tiny --device cpu --out OUT.json   # a check
 
 For each family's real-size config (random weights drawn on the device, shared by both sides, as
-bench/denoiser.py does for Wan2.1): per expert at 480p and the high-noise expert at 720p (the
+bench/denoiser.py does for Wan2.1): TI2V-5B at the 720p shape its card lists (1280x704, 121
+frames); for A14B each expert at 480p and the high-noise expert at 720p (the
 experts share one architecture; ``--all-experts`` benches each at both), 81 frames, diffusers'
-forward and ours (the fast path, eager; at 480p also replayed from a CUDA
+forward and ours (the fast path, eager; at up to 480p also replayed from a CUDA
 graph), the error of ours against diffusers, and ``ours_faster``. Then the switch: both experts
 resident, graphs captured once per expert in the warm phase, requests stepped through the
 boundary as the denoise loop names the experts. Counted during the requests: graph captures
@@ -34,14 +35,16 @@ from fastvideo3.loop.samplers import make_schedule
 from fastvideo3.models.wan.fast import FastWanDiT
 from fastvideo3.models.wan.synthetic import TINY_TRANSFORMER
 from fastvideo3.runtime.cost import StepShape, dit_forward_cost
-from fastvideo3.runtime.pricing import dit_config
+from fastvideo3.runtime.pricing import dit_config, vae_spatial_scale
 
 GiB = 2**30
 TEXT_LEN = 512
 #: family -> the card it benches; the configs are the card's (one per expert)
-FAMILIES = {"wan2.2-a14b": "wan2.2-t2v-a14b"}
-SHAPES = {"480p": (81, 480, 832), "720p": (81, 720, 1280)}
-TINY_SHAPES = {"480p": (5, 32, 48), "720p": (5, 48, 80)}
+FAMILIES = {"wan2.2-ti2v-5b": "wan2.2-ti2v-5b", "wan2.2-a14b": "wan2.2-t2v-a14b"}
+#: the shapes each card lists (TI2V-5B is published at 720p only: 1280x704, 121 frames at 24 fps)
+SHAPES = {"wan2.2-a14b": {"480p": (81, 480, 832), "720p": (81, 720, 1280)},
+          "wan2.2-ti2v-5b": {"720p": (121, 704, 1280)}}
+TINY_SHAPES = {"wan2.2-a14b": {"480p": (5, 32, 48), "720p": (5, 48, 80)}, "wan2.2-ti2v-5b": {"720p": (5, 64, 96)}}
 
 
 class _Clock:
@@ -72,17 +75,18 @@ class _Clock:
         return sorted(times)[len(times) // 2], [round(t, 3) for t in times]
 
 
-def _inputs(config: dict, shape: tuple[int, int, int], device: str, dtype, seed: int, text_len: int):
+def _inputs(config: dict, shape: tuple[int, int, int], device: str, dtype, seed: int, text_len: int, scale: int = 8):
     frames, h, w = shape
     g = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randn(1, config["in_channels"], 1 + (frames - 1) // 4, h // 8, w // 8, generator=g, device=device)
+    x = torch.randn(1, config["in_channels"], 1 + (frames - 1) // 4, h // scale, w // scale, generator=g, device=device)
     t = torch.rand(1, generator=g, device=device) * 1000
     text = torch.randn(1, text_len, config["text_dim"], generator=g, device=device)
     return x.to(dtype), t, text.to(dtype)
 
 
 def _flops(card, shape) -> float:
-    return dit_forward_cost(dit_config(card), StepShape.from_video(*shape)).flops
+    s = vae_spatial_scale(card)
+    return dit_forward_cost(dit_config(card), StepShape.from_video(*shape, stride=(4, s, s))).flops
 
 
 class _Deadline(Exception):
@@ -95,7 +99,6 @@ def run(args) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     clock = _Clock(device)
-    shapes = TINY_SHAPES if args.tiny else SHAPES
     text_len = 16 if args.tiny else TEXT_LEN
     warm, iters = (1, 3) if (args.quick or args.tiny) else (2, 5)
     families = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -105,6 +108,7 @@ def run(args) -> int:
         result["environment"] = base.environment()
     summary = {"ours_faster_480p": {}, "ours_faster_720p": {}, "moe_switch_recompiles": None,
                "moe_switch_weight_reloads": None}
+    families.sort(key=list(FAMILIES).index)  # the smaller family first: its rows land even if time runs out
     result["summary"] = summary
 
     def save():
@@ -115,10 +119,14 @@ def run(args) -> int:
         if fam not in FAMILIES:
             raise SystemExit(f"--models: unknown family {fam!r} (known: {', '.join(FAMILIES)})")
         card = get_card(FAMILIES[fam])
+        shapes = (TINY_SHAPES if args.tiny else SHAPES)[fam]
+        scale = vae_spatial_scale(card)
         experts = card.dit_components()
         configs = {e: dict(card.components[e].config) for e in experts}
         if args.tiny:
-            configs = {e: {**TINY_TRANSFORMER, "rope_max_seq_len": 64} for e in experts}
+            chans = configs[experts[0]]["in_channels"]
+            configs = {e: {**TINY_TRANSFORMER, "rope_max_seq_len": 64, "in_channels": chans, "out_channels": chans}
+                       for e in experts}
             card = card.model_copy(update={"components": {**card.components, **{
                 e: card.components[e].model_copy(update={"config": configs[e]}) for e in experts}}})
         models, t_build = {}, time.perf_counter()
@@ -141,7 +149,7 @@ def run(args) -> int:
                 t0 = time.perf_counter()
                 try:
                     row.update(_bench_row(models[e], configs[e], shape, clock, device, dtype, text_len, warm, iters,
-                                          graphs=(label == "480p" and not args.no_graphs),
+                                          scale=scale, graphs=(shape[1] * shape[2] <= 480 * 832 and not args.no_graphs),
                                           deadline=t0 + args.stage_timeout, work=_flops(card, shape)))
                 except Exception as exc:  # noqa: BLE001 - one failing row must not lose the others
                     row["error"] = f"{type(exc).__name__}: {exc}"[:1500]
@@ -155,7 +163,7 @@ def run(args) -> int:
         if len(experts) > 1:
             t0 = time.perf_counter()
             try:
-                sw = _bench_switch(card, models, configs, shapes["480p"], clock, device, dtype, text_len,
+                sw = _bench_switch(card, models, configs, shapes["480p"], clock, device, dtype, text_len, scale,
                                    deadline=t0 + args.stage_timeout, requests=2 if args.tiny else 3)
             except Exception as exc:  # noqa: BLE001
                 sw = {"error": f"{type(exc).__name__}: {exc}"[:1500]}
@@ -174,10 +182,10 @@ def run(args) -> int:
 
 
 @torch.no_grad()
-def _bench_row(model, config, shape, clock, device, dtype, text_len, warm, iters, *, graphs, deadline, work):
+def _bench_row(model, config, shape, clock, device, dtype, text_len, warm, iters, *, scale, graphs, deadline, work):
     import denoiser as base
     ref, _, fast = model
-    x, t, text = _inputs(config, shape, device, dtype, seed=shape[1] + shape[0], text_len=text_len)
+    x, t, text = _inputs(config, shape, device, dtype, seed=shape[1] + shape[0], text_len=text_len, scale=scale)
 
     def run_ref():
         return ref(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False)[0]
@@ -210,7 +218,7 @@ def _bench_row(model, config, shape, clock, device, dtype, text_len, warm, iters
 
 
 @torch.no_grad()
-def _bench_switch(card, models, configs, shape, clock, device, dtype, text_len, *, deadline, requests):
+def _bench_switch(card, models, configs, shape, clock, device, dtype, text_len, scale, *, deadline, requests):
     """Both experts resident; one graph per expert captured in the warm phase; ``requests``
     requests stepped as the loop names the experts (a short schedule crossing the boundary)."""
     experts = card.dit_components()
@@ -221,7 +229,7 @@ def _bench_switch(card, models, configs, shape, clock, device, dtype, text_len, 
     plan = [experts[0] if t >= boundary else experts[1] for t in sched.timesteps]
     captures = {"n": 0}
     runners = {}
-    x, t, text = _inputs(configs[experts[0]], shape, device, dtype, seed=1, text_len=text_len)
+    x, t, text = _inputs(configs[experts[0]], shape, device, dtype, seed=1, text_len=text_len, scale=scale)
     for e in experts:  # warm phase
         runners[e] = GraphRunner(f"expert-{e}", warmup_iters=1)
         runners[e].prepare("bucket", models[e][2], {"latents": x.clone(), "timestep": t.clone(), "text": text.clone()})

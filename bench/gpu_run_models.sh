@@ -31,6 +31,7 @@ else
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 # each row and the switch stage get 150 s; the whole run stops before the budget, JSON kept
-timeout $((BUDGET_S - SECONDS - 10)) python3 bench/denoiser.py --models wan2.2-a14b --quick --stage-timeout 150 \
+timeout $((BUDGET_S - SECONDS - 10)) python3 bench/denoiser.py --models wan2.2-ti2v-5b,wan2.2-a14b --quick \
+  --stage-timeout 150 \
   --out "$OUT/denoiser_models_h200.json" 2>&1 | tee "$OUT/denoiser_models.log"
 echo "rc=${PIPESTATUS[0]} at ${SECONDS}s"
