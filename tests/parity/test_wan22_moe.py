@@ -173,3 +173,38 @@ def test_cost_model_prices_one_expert_per_step():
     shape = StepShape.from_video(81, 480, 832, cfg_branches=2)
     moe = dit_forward_cost(dit_config(get_card("wan2.2-t2v-a14b")), shape).flops
     assert moe == dit_forward_cost(dit_config(get_card("wan2.1-t2v-14b")), shape).flops > 0
+
+
+@pytest.mark.timeout(300)
+def test_crash_and_resume_with_one_pool_per_expert_is_exact(moe_dir):
+    """Checkpoints snapshot the pool of the expert that ran the step; a new scheduler resumes there."""
+    from fastvideo3.runtime.checkpointer import Checkpointer
+    from fastvideo3.runtime.scheduler import TERMINAL, CoreScheduler
+    from fastvideo3.state import MemoryData, MemoryStateStore
+    card = resolve_card(str(moe_dir))
+    kw = dict(OPTS, seed=3)
+    with Engine(card, keep_latents=True, expert_pools=True) as engine:
+        ref = engine.generate(PROMPT, **kw).latents
+        pools = {"encoder": [engine.encoder], **{k: [v] for k, v in engine.denoisers.items()},
+                 "decoder": [engine.decoder]}
+        data = MemoryData()
+
+        def scheduler():
+            cp = Checkpointer(MemoryStateStore(data=data), every=2)
+            sched = CoreScheduler(pools, checkpoint=cp.checkpoint, admit_hook=cp.register, recover=cp.recover)
+            return sched, cp.attach(sched)
+
+        first, _ = scheduler()
+        run = first.submit(engine.resolve(PROMPT, request_id="crashy", **kw), engine.card)
+        while run.driver is None or run.loop_id != "diffusion_denoise" or run.driver.state.step < 5:
+            first.tick()  # the "crash" after step 5: the last checkpoint is step 4, on the low-noise pool
+        del first
+        second, cp = scheduler()
+        assert cp.resume(engine.card) == ["crashy"]
+        resumed = second.get("crashy")
+        assert resumed.resumed and resumed.driver.state.step == 4
+        assert cp.latest["crashy"].snapshot_role == "denoiser:transformer_2"
+        while resumed.status not in TERMINAL:
+            second.tick()
+        engine.scheduler = second
+        assert torch.equal(engine.result(resumed).latents, ref)
