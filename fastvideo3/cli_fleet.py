@@ -69,6 +69,8 @@ def add_commands(sub) -> None:
     g.add_argument("--size", type=_size, default=None, help="WIDTHxHEIGHT")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--guidance", type=_float, default=None)
+    g.add_argument("--guidance-2", type=_float, default=None, dest="guidance_2",
+                   help="two-expert cards: the low-noise expert's guidance (guidance_scale_2)")
     g.add_argument("--negative-prompt", default=None)
     g.add_argument("--sampler", default=None)
     g.add_argument("--flow-shift", type=_float, default=None)
@@ -228,7 +230,8 @@ def _client_generate(client, args) -> int:
     try:
         video = client.generate(args.prompt, model=args.model, negative_prompt=args.negative_prompt,
                                 num_frames=args.frames, height=height, width=width, num_inference_steps=args.steps,
-                                guidance_scale=args.guidance, seed=args.seed, flow_shift=args.flow_shift,
+                                guidance_scale=args.guidance, guidance_scale_2=args.guidance_2, seed=args.seed,
+                                flow_shift=args.flow_shift,
                                 sampler=args.sampler, cfg_policy=args.cfg_policy, output_format=fmt, rewards=rewards,
                                 on_event=on_event)
     finally:
