@@ -42,6 +42,8 @@ def add_commands(sub) -> None:
     s.add_argument("--transport", default="auto", choices=("auto", "shm", "grpc", "nixl"),
                    help="tensor transport between pools (auto: shm on one host, else grpc)")
     s.add_argument("--no-reward", action="store_true", help="do not start a reward pool")
+    s.add_argument("--expert-pools", action="store_true",
+                   help="two-expert cards: one denoiser pool set per expert (the latent moves at the switch)")
     s.add_argument("--no-batching", action="store_true", help="scheduler sends one WorkUnit per pool call")
     s.add_argument("--max-running", type=int, default=None, help="requests stepping at once")
     s.add_argument("--fake", action="store_true", help="no-op pools (no model math): for overhead tests")
@@ -117,9 +119,16 @@ def cmd_serve(args) -> int:
         ["--state-store", args.state_store] if args.state_store else [])
     if args.gateway_port is not None and not 0 < args.gateway_port < 65536:
         raise InvalidRequest(f"{args.gateway_port} is out of range", field="gateway_port", limit="[1, 65535]")
+    experts: tuple[str, ...] = ()
+    if args.expert_pools:
+        from fastvideo3.card import resolve_card
+        experts = tuple(resolve_card(args.card).dit_components())
+        if len(experts) < 2:
+            raise InvalidRequest(f"card {args.card} has one denoising expert", field="expert_pools",
+                                 limit="a two-expert card")
     fleet = LocalFleet(args.card, replicas=replicas, roles=roles, port=args.port, transport=args.transport,
                        device=args.device, precision=args.precision, fake=args.fake, scheduler_args=sched_args,
-                       log_dir=args.log_dir)
+                       log_dir=args.log_dir, denoiser_experts=experts)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

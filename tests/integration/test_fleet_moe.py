@@ -71,3 +71,11 @@ def test_scheduler_takes_one_pool_set_per_expert():
         with pytest.raises(InvalidRequest) as e:
             parse_args(["--port", "0", "--pools", bad])
         assert e.value.field == "pools"
+
+
+def test_serve_expert_pools_needs_a_two_expert_card():
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "fastvideo3.cli", "serve", "--card", "wan-tiny", "--expert-pools"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "expert_pools" in r.stderr and "one denoising expert" in r.stderr
