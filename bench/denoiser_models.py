@@ -25,7 +25,6 @@ import gc
 import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -169,8 +168,8 @@ def run(args) -> int:
                 sw = {"error": f"{type(exc).__name__}: {exc}"[:1500]}
             result["switch"][fam] = sw
             if "recompiles" in sw:
-                summary["moe_switch_recompiles"] = (summary["moe_switch_recompiles"] or 0) + sw["recompiles"]
-                summary["moe_switch_weight_reloads"] = (summary["moe_switch_weight_reloads"] or 0) + sw["weight_reloads"]
+                for key, name in (("moe_switch_recompiles", "recompiles"), ("moe_switch_weight_reloads", "weight_reloads")):
+                    summary[key] = (summary[key] or 0) + sw[name]
             save()
             print(json.dumps({"switch": {k: v for k, v in sw.items() if k != "steps"}}), flush=True)
         del models

@@ -63,10 +63,11 @@ def test_two_expert_request_with_one_pool_per_expert(fleet, moe_dir):
 
 def test_scheduler_takes_one_pool_set_per_expert():
     from services.scheduler.config import parse_args
-    cfg = parse_args(["--port", "0", "--card", "wan2.2-t2v-a14b", "--pools", "encoder=h:1", "--pools",
-                      "denoiser:transformer=h:2", "--pools", "denoiser:transformer_2=h:3,h:4", "--pools", "decoder=h:5"])
-    assert cfg.pools == {"encoder": ("h:1",), "denoiser:transformer": ("h:2",), "denoiser:transformer_2": ("h:3", "h:4"),
-                         "decoder": ("h:5",)}
+    cfg = parse_args(["--port", "0", "--card", "wan2.2-t2v-a14b", "--pools", "encoder=h:1",
+                      "--pools", "denoiser:transformer=h:2", "--pools", "denoiser:transformer_2=h:3,h:4",
+                      "--pools", "decoder=h:5"])
+    assert cfg.pools == {"encoder": ("h:1",), "denoiser:transformer": ("h:2",),
+                         "denoiser:transformer_2": ("h:3", "h:4"), "decoder": ("h:5",)}
     for bad in ("encoder:transformer=h:1", "denoiser:=h:1", "denoiser:a-b=h:1"):
         with pytest.raises(InvalidRequest) as e:
             parse_args(["--port", "0", "--pools", bad])

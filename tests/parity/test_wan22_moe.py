@@ -42,8 +42,9 @@ def _reference(path, seed, guidance, guidance_2=None, first_only=False):
     if guidance_2 is not None:
         kw["guidance_scale_2"] = guidance_2
     lat = pipe(**kw, generator=torch.Generator().manual_seed(seed), output_type="latent").frames
-    frames = None if first_only else pipe(**kw, generator=torch.Generator().manual_seed(seed), output_type="np").frames[0]
-    return lat, frames
+    if first_only:
+        return lat, None
+    return lat, pipe(**kw, generator=torch.Generator().manual_seed(seed), output_type="np").frames[0]
 
 
 @pytest.mark.parametrize("expert", ["transformer", "transformer_2"])

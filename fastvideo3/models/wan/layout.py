@@ -140,7 +140,8 @@ def inspect_directory(root: Path) -> Layout:
         raise CardError(f"boundary_ratio={ratio!r} must be a number in (0, 1)", field="model_index.boundary_ratio",
                         limit="(0, 1)")
     if not (root / "transformer_2").is_dir():
-        raise CardError(f"{root.name}/ lacks the transformer_2/ its model_index names", field="checkpoint.transformer_2")
+        raise CardError(f"{root.name}/ lacks the transformer_2/ its model_index names",
+                        field="checkpoint.transformer_2")
     t2 = _json(root / "transformer_2" / "config.json", "checkpoint.transformer_2")
     check_dit_fields("transformer_2", t2)
     for k in DIT_FIELDS:
@@ -177,7 +178,8 @@ def check_vae_fields(vcfg: dict, tcfg: dict | None = None, expected: dict | None
     expected = expected or WAN21_VAE
     cls = vcfg.get("_class_name")
     if cls is not None and cls != "AutoencoderKLWan":
-        raise CardError(f"vae/config.json is a {cls}, not an AutoencoderKLWan", field="components.vae.config._class_name")
+        raise CardError(f"vae/config.json is a {cls}, not an AutoencoderKLWan",
+                        field="components.vae.config._class_name")
     for k, want in expected.items():
         got = vcfg.get(k, want)
         if (list(got) if isinstance(got, tuple) else got) != want:

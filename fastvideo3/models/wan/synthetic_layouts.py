@@ -20,7 +20,9 @@ from typing import Any
 
 import torch
 
-from fastvideo3.models.wan.synthetic import TINY_TRANSFORMER, TINY_VAE, _module_seed, build_wan_dir, write_random_transformer
+from fastvideo3.models.wan.synthetic import (
+    TINY_TRANSFORMER, TINY_VAE, _module_seed, build_wan_dir, write_random_transformer,
+)
 
 #: the Wan2.2 VAE's layout at a tiny width: 48 latent channels, a 2x2 input patch, 16x spatial
 TINY_WAN22_VAE: dict[str, Any] = {
