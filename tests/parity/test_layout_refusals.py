@@ -156,3 +156,12 @@ def test_two_expert_card_refuses_another_boundary(dirs, tmp_path):
     d = _copy(dirs["moe"], tmp_path)
     _edit_index(d, boundary_ratio=0.9)
     _refused(lambda: load_dit(bind_checkpoint(moe, d), "cpu", torch.float32), "model_index.boundary_ratio", "0.9")
+
+
+def test_a_bare_directory_with_an_unnamed_second_expert_is_refused(tiny_wan_dir, dirs, tmp_path):
+    d = tmp_path / "bare"
+    shutil.copytree(dirs["moe"] / "transformer", d / "transformer")
+    card = bind_checkpoint(resolve_card(str(tiny_wan_dir)), d)  # no model_index.json: the card is explicit
+    load_dit(card, "cpu", torch.float32)
+    shutil.copytree(dirs["moe"] / "transformer_2", d / "transformer_2")
+    _refused(lambda: load_dit(card, "cpu", torch.float32), "checkpoint.transformer_2", "transformer_2")

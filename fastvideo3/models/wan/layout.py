@@ -196,7 +196,17 @@ def check_card_layout(card) -> Layout | None:
     ``checkpoint.root``): a second expert the card does not name, a different boundary, and so on."""
     if not card.checkpoint.root or not any(c.source == "diffusers_dir" for c in card.components.values()):
         return None
-    layout = inspect_directory(Path(card.checkpoint.root))
+    root = Path(card.checkpoint.root)
+    if not (root / "model_index.json").exists():
+        # a bare directory named by a card file: the card's components are all there is, but a
+        # component folder it does not name is still refused rather than ignored
+        named = {c.subfolder for c in card.components.values()}
+        for extra in ("transformer_2", "image_encoder", "image_processor"):
+            if (root / extra).is_dir() and extra not in named:
+                raise CardError(f"{root.name}/ has a {extra}/ that card {card.model_id} does not name",
+                                field=f"checkpoint.{extra}")
+        return None
+    layout = inspect_directory(root)
     moe = "diffusion_denoise" in card.loops and card.denoise.experts is not None
     ti2v = "vae" in card.components and card.components["vae"].config.get("z_dim") == WAN22_VAE["z_dim"]
     if (layout.kind == "wan2.2-ti2v") != ti2v:
