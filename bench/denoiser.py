@@ -2,6 +2,7 @@
 path (eager, and replayed from CUDA graphs), on the same random bf16 weights and inputs.
 
     python bench/denoiser.py --out bench/results/denoiser_h200.json [--models 1.3b,14b] [--quick]
+    python bench/denoiser.py --models wan2.2-a14b --out OUT.json   # newer families: bench/denoiser_models.py
     python bench/denoiser.py --precision fp8 --out OUT.json --stage STAGE   # bench/denoiser_fp8.py
 
 One process, weights drawn directly on the GPU (no checkpoint on disk): diffusers' model is
@@ -309,9 +310,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="fp8: FP8 against bf16 on our fast path (bench/denoiser_fp8.py, one --stage per call)")
     ap.add_argument("--stage", default="table", help="with --precision fp8: env, micro, 1.3b, 14b, tiny or table")
     ap.add_argument("--seeds", default="0,1", help="with --precision fp8 --stage tiny: seeds per prompt")
+    ap.add_argument("--tiny", action="store_true", help="newer families (bench/denoiser_models.py): tiny configs")
+    ap.add_argument("--device", default=None, help="newer families: cuda (default when present) or cpu")
+    ap.add_argument("--stage-timeout", type=float, default=150.0, help="newer families: seconds per row/stage")
+    ap.add_argument("--all-experts", action="store_true", help="newer families: every expert at every shape")
     args = ap.parse_args(argv)
     if args.precision == "fp8":
         from denoiser_fp8 import run
+        return run(args)
+    from denoiser_models import FAMILIES
+    if any(m.strip() in FAMILIES for m in args.models.split(",")):  # Wan2.2 and later families
+        from denoiser_models import run
         return run(args)
     torch.backends.cuda.matmul.allow_tf32 = False
     result: dict = {"command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),

@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--size", type=_size, default=None, help="WIDTHxHEIGHT, multiples of 16 (card default)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--guidance", type=_float, default=None, help="classifier-free guidance scale (card default)")
+    g.add_argument("--guidance-2", type=_float, default=None, dest="guidance_2",
+                   help="two-expert cards: the low-noise expert's guidance (guidance_scale_2; default --guidance)")
     g.add_argument("--negative-prompt", default=None)
     g.add_argument("--sampler", default=None, help="unipc or euler (card default)")
     g.add_argument("--flow-shift", type=_float, default=None)
@@ -120,8 +122,8 @@ def cmd_generate(args) -> int:
         raise InvalidRequest(f"unknown device {device!r}", field="device", limit="cpu, cuda, cuda:N")
     width, height = args.size if args.size else (None, None)
     kw = dict(negative_prompt=args.negative_prompt, num_frames=args.frames, height=height, width=width,
-              num_inference_steps=args.steps, guidance_scale=args.guidance, seed=args.seed,
-              flow_shift=args.flow_shift, sampler=args.sampler, cfg_policy=args.cfg_policy)
+              num_inference_steps=args.steps, guidance_scale=args.guidance, guidance_scale_2=args.guidance_2,
+              seed=args.seed, flow_shift=args.flow_shift, sampler=args.sampler, cfg_policy=args.cfg_policy)
     # validate everything before any weight loads: a refused request writes nothing
     import torch
     on_cuda = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")

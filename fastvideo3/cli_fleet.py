@@ -42,6 +42,8 @@ def add_commands(sub) -> None:
     s.add_argument("--transport", default="auto", choices=("auto", "shm", "grpc", "nixl"),
                    help="tensor transport between pools (auto: shm on one host, else grpc)")
     s.add_argument("--no-reward", action="store_true", help="do not start a reward pool")
+    s.add_argument("--expert-pools", action="store_true",
+                   help="two-expert cards: one denoiser pool set per expert (the latent moves at the switch)")
     s.add_argument("--no-batching", action="store_true", help="scheduler sends one WorkUnit per pool call")
     s.add_argument("--max-running", type=int, default=None, help="requests stepping at once")
     s.add_argument("--fake", action="store_true", help="no-op pools (no model math): for overhead tests")
@@ -69,6 +71,8 @@ def add_commands(sub) -> None:
     g.add_argument("--size", type=_size, default=None, help="WIDTHxHEIGHT")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--guidance", type=_float, default=None)
+    g.add_argument("--guidance-2", type=_float, default=None, dest="guidance_2",
+                   help="two-expert cards: the low-noise expert's guidance (guidance_scale_2)")
     g.add_argument("--negative-prompt", default=None)
     g.add_argument("--sampler", default=None)
     g.add_argument("--flow-shift", type=_float, default=None)
@@ -115,9 +119,16 @@ def cmd_serve(args) -> int:
         ["--state-store", args.state_store] if args.state_store else [])
     if args.gateway_port is not None and not 0 < args.gateway_port < 65536:
         raise InvalidRequest(f"{args.gateway_port} is out of range", field="gateway_port", limit="[1, 65535]")
+    experts: tuple[str, ...] = ()
+    if args.expert_pools:
+        from fastvideo3.card import resolve_card
+        experts = tuple(resolve_card(args.card).dit_components())
+        if len(experts) < 2:
+            raise InvalidRequest(f"card {args.card} has one denoising expert", field="expert_pools",
+                                 limit="a two-expert card")
     fleet = LocalFleet(args.card, replicas=replicas, roles=roles, port=args.port, transport=args.transport,
                        device=args.device, precision=args.precision, fake=args.fake, scheduler_args=sched_args,
-                       log_dir=args.log_dir)
+                       log_dir=args.log_dir, denoiser_experts=experts)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -228,7 +239,8 @@ def _client_generate(client, args) -> int:
     try:
         video = client.generate(args.prompt, model=args.model, negative_prompt=args.negative_prompt,
                                 num_frames=args.frames, height=height, width=width, num_inference_steps=args.steps,
-                                guidance_scale=args.guidance, seed=args.seed, flow_shift=args.flow_shift,
+                                guidance_scale=args.guidance, guidance_scale_2=args.guidance_2, seed=args.seed,
+                                flow_shift=args.flow_shift,
                                 sampler=args.sampler, cfg_policy=args.cfg_policy, output_format=fmt, rewards=rewards,
                                 on_event=on_event)
     finally:

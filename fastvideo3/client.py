@@ -206,6 +206,7 @@ class FleetClient:
                 height: int | None = None, width: int | None = None, num_inference_steps: int | None = None,
                 guidance_scale: float | None = None, seed: int | None = None, flow_shift: float | None = None,
                 sampler: str | None = None, cfg_policy: str | None = None, output_format: str = "mp4",
+                guidance_scale_2: float | None = None,
                 rewards: list[str] | tuple[str, ...] = (), request_id: str | None = None, model: str = "",
                 deadline_s: float | None = None, fps: int | None = None, slo_class: str = "",
                 metadata: dict[str, str] | None = None, detached: bool = False, adapters: list | None = None):
@@ -220,7 +221,8 @@ class FleetClient:
             msg.adapters.add(id=a["id"], scale=float(a.get("scale", 1.0)))
         for name, value in (("negative_prompt", negative_prompt), ("num_frames", num_frames), ("height", height),
                             ("width", width), ("num_inference_steps", num_inference_steps),
-                            ("guidance_scale", guidance_scale), ("seed", seed), ("flow_shift", flow_shift),
+                            ("guidance_scale", guidance_scale), ("guidance_scale_2", guidance_scale_2), ("seed", seed),
+                            ("flow_shift", flow_shift),
                             ("sampler", sampler), ("cfg_policy", cfg_policy), ("deadline_s", deadline_s),
                             ("fps", fps)):
             if value is not None:

@@ -83,9 +83,12 @@ class LocalFleet:
                  transport: str = "auto", device: str | None = None, precision: str | None = None,
                  fake: bool = False, scheduler_args: list[str] | None = None,
                  pool_args: dict[str, list[str]] | None = None, log_dir: str | Path | None = None,
-                 python: str = sys.executable, stop_timeout_s: float = 30.0, security=None):
+                 python: str = sys.executable, stop_timeout_s: float = 30.0, security=None,
+                 denoiser_experts: tuple[str, ...] = ()):
         """``security`` (services.common.auth.Security): TLS / token flags given to every process,
-        and used by the launcher's own health watchers."""
+        and used by the launcher's own health watchers. ``denoiser_experts`` (two-expert cards):
+        one set of denoiser pools per named expert (``pools["denoiser:<expert>"]``, each started with
+        ``--experts <expert>``) instead of denoiser pools holding every expert."""
         self.card, self.host = card, host
         self.replicas = {r: 1 for r in roles}
         self.replicas.update(replicas or {})
@@ -100,6 +103,7 @@ class LocalFleet:
         self.python = python
         self.stop_timeout_s = stop_timeout_s
         self.security = security
+        self.denoiser_experts = tuple(denoiser_experts)
         self.pools: dict[str, list[FleetProcess]] = {}
         self.schedulers: list[FleetProcess] = []
         self.standalone: list[FleetProcess] = []  # pools no scheduler routes to (spawn_pool)
@@ -120,7 +124,13 @@ class LocalFleet:
         threading.Thread(target=self._watch, args=(fp,), name=f"health-{fp.name}", daemon=True).start()
         return fp
 
-    def _pool_process(self, role: str, index: int) -> FleetProcess:
+    def _pool_process(self, role: str, index: int, expert: str | None = None) -> FleetProcess:
+        if expert is not None:  # one expert's denoiser pool
+            fp = self._pool_process(role, index)
+            fp.argv += ["--experts", expert]
+            fp.argv[fp.argv.index("--replica-id") + 1] = fp.name = f"{role}-{expert}-{index}"
+            fp.log_path = self.log_dir / f"{fp.name}.log"
+            return fp
         port = free_port(self.host)
         argv = [self.python, "-m", f"services.{role}", "--port", str(port), "--host", self.host, "--card", self.card,
                 "--transport", self.transport, "--replica-id", f"{role}-{index}", "--exit-with-parent"]
@@ -152,7 +162,13 @@ class LocalFleet:
         """Spawn every pool and the scheduler, then wait until all are SERVING."""
         try:
             # the scheduler first: it listens NOT_SERVING until every pool it needs is SERVING
-            self.pools = {role: [self._pool_process(role, i) for i in range(n)] for role, n in self.replicas.items()}
+            self.pools = {}
+            for role, n in self.replicas.items():
+                if role == "denoiser" and self.denoiser_experts:
+                    for e in self.denoiser_experts:
+                        self.pools[f"denoiser:{e}"] = [self._pool_process(role, i, e) for i in range(n)]
+                else:
+                    self.pools[role] = [self._pool_process(role, i) for i in range(n)]
             self.schedulers.append(self._spawn(self._scheduler_process(self.port, self.scheduler_args, "scheduler")))
             for procs in self.pools.values():
                 for fp in procs:

@@ -18,7 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from fastvideo3.card.spec import (
-    FP8, CheckpointManifest, ComponentSpec, Fp8Spec, Limits, LoopSpec, ModelCard, ParallelismContract,
+    FP8, CheckpointManifest, ComponentSpec, ExpertsSpec, Fp8Spec, Limits, LoopSpec, ModelCard, ParallelismContract,
     PrecisionContract, RecipeSpec, SamplerSpec,
 )
 
@@ -198,6 +198,48 @@ def _wan_real(model_id: str, dit: dict, desc: str) -> ModelCard:
     )
 
 
+#: Wan2.2 A14B text-to-video: two Wan2.1-14B-shaped experts, the switch at 0.875 of the training
+#: timesteps, UniPC with flow shift 12, guidance 4.0 (high noise) and 3.0 (low noise), 40 steps
+WAN22_A14B_T2V = dict(boundary_ratio=0.875, flow_shift=12.0, default_steps=40, guidance=4.0, guidance_2=3.0)
+
+
+def wan22_moe(model_id: str, dit: dict, desc: str, *, boundary_ratio: float, flow_shift: float = 12.0,
+              default_steps: int = 40, guidance: float = 4.0, guidance_2: float | None = 3.0) -> ModelCard:
+    """A two-expert Wan2.2 T2V card (diffusers' WanPipeline with ``transformer_2`` and
+    ``boundary_ratio``): ``transformer`` denoises high noise, ``transformer_2`` low noise."""
+    base = _wan_real(model_id, dit, desc)
+    data = base.model_dump(mode="json")
+    data["components"]["transformer_2"] = dict(data["components"]["transformer"], component_id="transformer_2",
+                                               subfolder="transformer_2")
+    data["checkpoint"]["required_for"]["text_to_video"].append("transformer_2")
+    data["loops"]["diffusion_denoise"] = _denoise(default_steps, flow_shift).model_copy(update={
+        "experts": ExpertsSpec(boundary_ratio=boundary_ratio, default_guidance_2=guidance_2)}).model_dump(mode="json")
+    data["recipe"]["data_contract"] = "Wan2.2 pretraining (upstream)"
+    data["limits"]["default_guidance"] = guidance
+    return ModelCard.model_validate(data)
+
+
+#: Wan2.2 TI2V-5B's DiT: 24 heads x 128 = 3072 wide, 30 layers, 48 latent channels
+WAN22_5B_DIT = dict(WAN_1_3B_DIT, num_attention_heads=24, in_channels=48, out_channels=48, ffn_dim=14336)
+
+
+def wan22_ti2v(model_id: str, dit: dict, desc: str, *, flow_shift: float = 5.0, default_steps: int = 50,
+               guidance: float = 5.0) -> ModelCard:
+    """A Wan2.2 TI2V-5B card served as text-to-video (diffusers' WanPipeline with
+    ``expand_timesteps``): the 48-channel VAE with 16x spatial compression, 24 fps, 720p."""
+    from fastvideo3.models.wan.layout import WAN22_VAE
+    base = _wan_real(model_id, dit, desc)
+    data = base.model_dump(mode="json")
+    data["components"]["vae"]["config"] = dict(WAN22_VAE)
+    data["loops"]["diffusion_denoise"] = _denoise(default_steps, flow_shift).model_dump(mode="json")
+    data["recipe"]["data_contract"] = "Wan2.2 pretraining (upstream)"
+    # sizes: multiples of 32 (the VAE's 16x times the DiT's 2x2 patch); 1280x704 is the published 720p
+    data["limits"] = Limits(max_frames=129, min_size=32, max_height=1280, max_width=1280, size_multiple=32,
+                            default_frames=121, default_height=704, default_width=1280, default_guidance=guidance,
+                            fps=24).model_dump(mode="json")
+    return ModelCard.model_validate(data)
+
+
 def fp8_variant(card: ModelCard, model_id: str, fp8: Fp8Spec | None = None) -> ModelCard:
     """``card`` with its DiT's block Linears in e4m3 (:data:`~fastvideo3.card.spec.FP8`), quantized
     at load from the same checkpoint (or loaded pre-quantized with key map
@@ -216,8 +258,13 @@ def builtin_cards() -> dict[str, ModelCard]:
     w13 = _wan_real("wan2.1-t2v-1.3b", WAN_1_3B_DIT, "Wan2.1 text-to-video 1.3B (diffusers-format directory)")
     w14 = _wan_real("wan2.1-t2v-14b", WAN_14B_DIT, "Wan2.1 text-to-video 14B (diffusers-format directory)")
     tiny = wan_tiny()
+    w22 = wan22_moe("wan2.2-t2v-a14b", WAN_14B_DIT, "Wan2.2 text-to-video A14B: two 14B experts split by noise "
+                    "level (diffusers-format directory with transformer_2)", **WAN22_A14B_T2V)
     cards = [
         tiny,
+        w22,
+        wan22_ti2v("wan2.2-ti2v-5b", WAN22_5B_DIT, "Wan2.2 TI2V-5B served as text-to-video: 48-channel VAE, 16x "
+                   "spatial compression (diffusers-format directory with expand_timesteps)"),
         wan_tiny_4step(),
         wan_tiny_seeded(),
         w13,

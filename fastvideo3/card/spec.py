@@ -105,6 +105,19 @@ class SamplerSpec(_Spec):
     num_train_timesteps: int = 1000
 
 
+class ExpertsSpec(_Spec):
+    """Two denoising experts split by noise level (Wan2.2 A14B): ``high_noise`` runs the steps whose
+    timestep is >= ``boundary_ratio * num_train_timesteps``, ``low_noise`` the rest, with
+    ``guidance_scale_2`` (the request's, else its ``guidance_scale``). Which pool holds which
+    expert is the deployment's choice, not the card's."""
+
+    high_noise: str = "transformer"
+    low_noise: str = "transformer_2"
+    boundary_ratio: float = Field(gt=0.0, lt=1.0)
+    #: guidance of the low-noise expert when a request names neither guidance scale
+    default_guidance_2: float | None = Field(None, ge=0.0)
+
+
 class LoopSpec(_Spec):
     """A loop the card serves and its limits. ``loop_id`` names the loop class in fastvideo3.loop."""
 
@@ -115,6 +128,8 @@ class LoopSpec(_Spec):
     sampler: SamplerSpec | None = None
     cfg_policies: list[Literal["none", "classic", "batched"]] = Field(default_factory=lambda: ["none", "classic", "batched"])
     default_cfg_policy: Literal["none", "classic", "batched"] = "batched"
+    #: two experts split by noise level (diffusion_denoise only); None: one DiT, ``transformer``
+    experts: ExpertsSpec | None = None
 
 
 class RecipeSpec(_Spec):
@@ -228,6 +243,11 @@ class ModelCard(_Spec):
                 raise ValueError("loops.diffusion_denoise.default_cfg_policy is not in cfg_policies")
             if self.recipe.assumes_steps is not None and not d.min_steps <= self.recipe.assumes_steps <= d.max_steps:
                 raise ValueError("recipe.assumes_steps is outside the denoise loop's step range")
+            for name in self.dit_components():
+                if name not in self.components or self.components[name].kind != "dit":
+                    raise ValueError(f"loops.diffusion_denoise names expert {name!r}, which is not a dit component")
+            if d.experts is not None and d.experts.high_noise == d.experts.low_noise:
+                raise ValueError("loops.diffusion_denoise.experts: high_noise and low_noise must differ")
         self._check_fp8_contract()
         lim = self.limits
         if (lim.default_frames - 1) % 4 or not lim.min_frames <= lim.default_frames <= lim.max_frames:
@@ -280,6 +300,14 @@ class ModelCard(_Spec):
     @property
     def denoise(self) -> LoopSpec:
         return self.loops["diffusion_denoise"]
+
+    def dit_components(self) -> list[str]:
+        """The DiT components the denoise loop runs: its two experts (high noise first), or
+        ``transformer``."""
+        d = self.loops.get("diffusion_denoise")
+        if d is not None and d.experts is not None:
+            return [d.experts.high_noise, d.experts.low_noise]
+        return ["transformer"]
 
     def component_of_kind(self, kind: str) -> ComponentSpec:
         for c in self.components.values():

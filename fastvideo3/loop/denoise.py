@@ -11,6 +11,18 @@ from fastvideo3.loop.protocol import Done, LoopResult, LoopState, Resources, Ste
 from fastvideo3.loop.samplers import make_schedule
 
 
+#: output / input names of the latent and sampler history handed from one expert's pool to the other's
+HANDOFF_PREFIX = "handoff."
+
+
+def _experts(card, request, num_train_timesteps: int) -> dict:
+    e = card.denoise.experts
+    if e is None:
+        return {}
+    return {"experts": [e.high_noise, e.low_noise], "boundary_timestep": e.boundary_ratio * num_train_timesteps,
+            "guidance_2": request.guidance_scale_2 if request.guidance_scale_2 is not None else request.guidance_scale}
+
+
 class DenoiseState(LoopState):
     model_id: str
     step: int = 0
@@ -18,6 +30,15 @@ class DenoiseState(LoopState):
     timesteps: list[float]
     sigmas: list[float]
     guidance: float
+    #: two experts (high noise, low noise), the timestep at which the low-noise one takes over and
+    #: its guidance; an empty list means one DiT ("transformer") for every step
+    experts: list[str] = []
+    boundary_timestep: float | None = None
+    guidance_2: float | None = None
+    #: references to the latent and sampler history published at the expert switch, so a pool
+    #: holding only the low-noise expert can take the request over (see DenoiserExecutor)
+    handoff: dict[str, dict] = {}
+    handoff_meta: dict = {}
     cfg_policy: str
     sampler: str
     solver_order: int = 2
@@ -47,26 +68,47 @@ class DenoiseLoop:
             precision=request.precision,
             embeds={k: ctx[k] for k in ("prompt_embeds", "negative_embeds") if k in ctx},
             adapters=[dict(a) for a in getattr(request, "adapters", ())],
+            **_experts(card, request, spec.num_train_timesteps if spec else 1000),
         )
 
-    def shape_sig(self, state: DenoiseState) -> str:
+    def expert(self, state: DenoiseState, k: int) -> str:
+        """The DiT that runs step ``k``: loop semantics, as diffusers' WanPipeline decides it (the
+        high-noise expert while the step's timestep is >= the boundary)."""
+        if not state.experts:
+            return "transformer"
+        return state.experts[0] if state.timesteps[k] >= state.boundary_timestep else state.experts[1]
+
+    def shape_sig(self, state: DenoiseState, expert: str = "transformer") -> str:
         c, f, h, w = state.latent_shape
-        return f"diffusion_step|{state.model_id}|{c}x{f}x{h}x{w}|{state.precision}|{state.cfg_policy}"
+        sig = f"diffusion_step|{state.model_id}|{c}x{f}x{h}x{w}|{state.precision}|{state.cfg_policy}"
+        return sig if not state.experts else f"{sig}|{expert}"  # a batch never mixes experts
 
     def next(self, state: DenoiseState) -> WorkPlan | Done:
         if state.step >= state.num_steps:
             return Done(self.finalize(state))
         k = state.step
+        expert = self.expert(state, k)
+        low = bool(state.experts) and expert == state.experts[1]
+        params = {
+            "step": k, "timestep": state.timesteps[k], "sigmas": state.sigmas,
+            "guidance": state.guidance_2 if low else state.guidance,
+            "cfg_policy": state.cfg_policy, "sampler": state.sampler, "solver_order": state.solver_order,
+            "seed": state.seed, "latent_shape": state.latent_shape, "final": k == state.num_steps - 1,
+        }
+        if state.adapters:
+            params["adapters"] = [dict(a) for a in state.adapters]
+        inputs = dict(state.embeds)
+        if state.experts:
+            params["expert"] = expert
+            # the step after which the other expert runs: its pool may not hold this request
+            params["handoff"] = k + 1 < state.num_steps and self.expert(state, k + 1) != expert
+            if state.handoff and low:
+                inputs.update(state.handoff)
+                params["handoff_meta"] = state.handoff_meta
         return WorkPlan(
             loop_id=self.loop_id, request_id=state.request_id, kind="diffusion_step", role="denoiser",
-            shape_sig=self.shape_sig(state), inputs=dict(state.embeds), step=k, total=state.num_steps,
-            params={
-                "step": k, "timestep": state.timesteps[k], "sigmas": state.sigmas, "guidance": state.guidance,
-                "cfg_policy": state.cfg_policy, "sampler": state.sampler, "solver_order": state.solver_order,
-                "seed": state.seed, "latent_shape": state.latent_shape, "final": k == state.num_steps - 1,
-                **({"adapters": [dict(a) for a in state.adapters]} if state.adapters else {}),
-            },
-            resources=Resources(),
+            shape_sig=self.shape_sig(state, expert), inputs=inputs, step=k, total=state.num_steps,
+            params=params, resources=Resources(),
         )
 
     def advance(self, state: DenoiseState, result: StepResult) -> DenoiseState:
@@ -74,6 +116,9 @@ class DenoiseLoop:
         if result.metrics.get("finite", 1.0) != 1.0:
             raise NumericFault("latents became non-finite", step=state.step, request_id=state.request_id)
         upd = {"step": state.step + 1, "latent_norms": [*state.latent_norms, norm]}
+        handoff = {k: v for k, v in result.outputs.items() if k.startswith(HANDOFF_PREFIX)}
+        if handoff:
+            upd["handoff"], upd["handoff_meta"] = handoff, dict(result.payload.get("handoff_meta", {}))
         if state.step + 1 >= state.num_steps:
             upd["outputs"] = dict(result.outputs)
             upd["done"] = True

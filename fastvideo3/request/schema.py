@@ -28,6 +28,8 @@ class GenerateRequest:
     width: int | None = None
     num_inference_steps: int | None = None
     guidance_scale: float | None = None
+    #: the low-noise expert's guidance (two-expert cards only); unset: ``guidance_scale``
+    guidance_scale_2: float | None = None
     seed: int | None = None
     flow_shift: float | None = None
     sampler: str | None = None
@@ -61,6 +63,8 @@ class ResolvedRequest:
     deadline_s: float
     #: ``({"id", "version", "scale"}, ...)``: each adapter pinned to the version loaded at admission
     adapters: tuple = ()
+    #: the low-noise expert's guidance on a two-expert card; None on a one-DiT card
+    guidance_scale_2: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -148,6 +152,7 @@ def resolve(req: GenerateRequest, card: ModelCard, *, precision: str = "fp32",
                  den.min_steps, den.max_steps)
     guidance = _float("guidance_scale", lim.default_guidance if req.guidance_scale is None else req.guidance_scale,
                       0.0, lim.max_guidance)
+    guidance_2 = _guidance_2(req, card, guidance)
     seed = _int("seed", 0 if req.seed is None else req.seed, 0, MAX_SEED)
     sampler_spec = den.sampler
     sampler = req.sampler or (sampler_spec.name if sampler_spec else "unipc")
@@ -172,5 +177,21 @@ def resolve(req: GenerateRequest, card: ModelCard, *, precision: str = "fp32",
         request_id=rid, model_id=card.model_id, prompt=req.prompt, negative_prompt=neg, num_frames=frames,
         height=sizes["height"], width=sizes["width"], num_inference_steps=steps, guidance_scale=guidance,
         seed=seed, flow_shift=shift, sampler=sampler, cfg_policy=cfg, precision=precision,
-        slo_class=req.slo_class, deadline_s=deadline, adapters=lora,
+        slo_class=req.slo_class, deadline_s=deadline, adapters=lora, guidance_scale_2=guidance_2,
     )
+
+
+def _guidance_2(req: GenerateRequest, card: ModelCard, guidance: float) -> float | None:
+    """diffusers' semantics: the low-noise expert's scale defaults to ``guidance_scale``; a card's
+    own default applies only when the request names neither. Refused on a one-DiT card."""
+    experts = card.denoise.experts
+    if experts is None:
+        if req.guidance_scale_2 is not None:
+            raise InvalidRequest(f"card {card.model_id} has one denoising expert; guidance_scale_2 applies to "
+                                 "two-expert cards only", field="guidance_scale_2", limit="unset")
+        return None
+    if req.guidance_scale_2 is not None:
+        return _float("guidance_scale_2", req.guidance_scale_2, 0.0, card.limits.max_guidance)
+    if req.guidance_scale is None and experts.default_guidance_2 is not None:
+        return float(experts.default_guidance_2)
+    return guidance

@@ -110,7 +110,7 @@ class Checkpointer:
         if loop == DENOISE and not d.state.done:
             if d.state.step % self.every:
                 return
-            role = SNAPSHOT_ROLES[loop]
+            role = self._denoise_pools(run)
             snapshot, fingerprint = self._snapshot(run, role)
             if not snapshot:
                 return  # keep the previous record rather than one that cannot be resumed exactly
@@ -118,6 +118,17 @@ class Checkpointer:
         self.latest[run.request_id] = record
         self.counters["checkpoints"] += 1
         self._write(record)
+
+    def _denoise_pools(self, run) -> str:
+        """The pools holding the request's latent: ``denoiser``, or — where each expert of a
+        two-expert card has its own pools — ``denoiser:<expert of the step just run>``."""
+        base, st = SNAPSHOT_ROLES[DENOISE], run.driver.state
+        if getattr(st, "experts", None) and st.step > 0:
+            from fastvideo3.loop.denoise import DenoiseLoop
+            key = f"{base}:{DenoiseLoop().expert(st, st.step - 1)}"
+            if key in self.executors:
+                return key
+        return base
 
     def _snapshot(self, run, role: str) -> tuple[bytes, str]:
         idx = run.placement.get(role)
@@ -157,7 +168,7 @@ class Checkpointer:
         lost_region = bool(err.details.get("lost_region"))
         if not (lost_pool or lost_region):
             return False  # e.g. a transfer from a peer failed: that is the request's failure
-        rid, role = run.request_id, unit.role
+        rid, role = run.request_id, self.sched.pool_key(unit)
         replicas = self.executors.get(role) or []
         failed = run.placement.get(role)
         if lost_pool and failed is not None and failed < len(replicas) and hasattr(replicas[failed], "healthy"):
@@ -312,7 +323,7 @@ class Checkpointer:
             return  # the final latents are published on the denoiser: decoding reads them there
         mid_denoise = at_denoise
         if mid_denoise and rec.snapshot:
-            role = SNAPSHOT_ROLES[DENOISE]
+            role = rec.snapshot_role or SNAPSHOT_ROLES[DENOISE]
             replicas = self.executors.get(role) or []
             want = run.placement.get(role)
             order = [i for i in range(len(replicas)) if _healthy(replicas[i])]
@@ -323,11 +334,12 @@ class Checkpointer:
                 self.latest[run.request_id] = rec
                 return
         # no exact state to go back to: the denoise loop starts over (deterministic from the seed)
-        for ex in self.executors.get("denoiser") or []:
-            try:
-                ex.release(run.request_id)
-            except FastVideoError:
-                pass
-        run.placement.pop("denoiser", None)
+        for key in [k for k in self.executors if k.partition(":")[0] == "denoiser"]:  # and denoiser:EXPERT
+            for ex in self.executors[key]:
+                try:
+                    ex.release(run.request_id)
+                except FastVideoError:
+                    pass
+            run.placement.pop(key, None)
         if mid_denoise:
             run.driver = None

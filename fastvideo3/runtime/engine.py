@@ -39,7 +39,9 @@ class Video:
 class Engine:
     def __init__(self, model: str | ModelCard = "wan-tiny", device: str | None = None, *,
                  precision: str | None = None, batching: bool = True, max_batch: int = 16,
-                 keep_latents: bool = False):
+                 keep_latents: bool = False, expert_pools: bool = False):
+        """``expert_pools``: on a two-expert card, one denoiser pool per expert (the request's latent
+        moves from one to the other at the switch) instead of one pool holding both."""
         from fastvideo3.runtime.executors import DecoderExecutor, DenoiserExecutor, EncoderExecutor
         from fastvideo3.transport import make_transport
 
@@ -47,13 +49,20 @@ class Engine:
         self.transport = make_transport("inproc", owner="embedded")
         t0 = time.perf_counter()
         self.encoder = EncoderExecutor(self.card, self.transport, device, precision)
-        self.denoiser = DenoiserExecutor(self.card, self.transport, device, precision, batching=batching)
+        experts = self.card.dit_components()
+        if expert_pools and len(experts) > 1:
+            self.denoisers = {f"denoiser:{e}": DenoiserExecutor(self.card, self.transport, device, precision,
+                                                                batching=batching, experts=[e]) for e in experts}
+        else:
+            self.denoisers = {"denoiser": DenoiserExecutor(self.card, self.transport, device, precision,
+                                                           batching=batching)}
+        self.denoiser = next(iter(self.denoisers.values()))
         self.decoder = DecoderExecutor(self.card, self.transport, device)
         self.load_seconds = time.perf_counter() - t0
         self.precision = self.denoiser.precision
         self.keep_latents = keep_latents
         self.scheduler = CoreScheduler(
-            {"encoder": [self.encoder], "denoiser": [self.denoiser], "decoder": [self.decoder]},
+            {"encoder": [self.encoder], **{k: [v] for k, v in self.denoisers.items()}, "decoder": [self.decoder]},
             max_batch=max_batch,
         )
 
@@ -112,16 +121,17 @@ class Engine:
 
     def generate(self, prompt: str, *, negative_prompt: str | None = None, num_frames: int | None = None,
                  height: int | None = None, width: int | None = None, num_inference_steps: int | None = None,
-                 guidance_scale: float | None = None, seed: int | None = None, flow_shift: float | None = None,
-                 sampler: str | None = None, cfg_policy: str | None = None, adapters: list | None = None,
+                 guidance_scale: float | None = None, guidance_scale_2: float | None = None, seed: int | None = None,
+                 flow_shift: float | None = None, sampler: str | None = None, cfg_policy: str | None = None,
+                 adapters: list | None = None,
                  request_id: str | None = None, on_event: Callable[[Event], None] | None = None) -> Video:
         prev = self.scheduler.on_event
         self.scheduler.on_event = on_event or prev
         try:
             run = self.submit(prompt, negative_prompt=negative_prompt, num_frames=num_frames, height=height,
                               width=width, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
-                              seed=seed, flow_shift=flow_shift, sampler=sampler, cfg_policy=cfg_policy,
-                              adapters=adapters, request_id=request_id)
+                              guidance_scale_2=guidance_scale_2, seed=seed, flow_shift=flow_shift, sampler=sampler,
+                              cfg_policy=cfg_policy, adapters=adapters, request_id=request_id)
             self.run(until=lambda: run.status in TERMINAL)
         finally:
             self.scheduler.on_event = prev
@@ -133,7 +143,8 @@ class Engine:
             "card": self.card.model_id,
             "recipe": self.card.recipe.model_dump(mode="json"),
             "request": r.to_dict(),
-            "weights": {"transformer": self.denoiser.weights_digest, "text_encoder": self.encoder.encoder.digest,
+            "weights": {"transformer": "+".join(d.weights_digest for d in self.denoisers.values()),
+                        "text_encoder": self.encoder.encoder.digest,
                         "vae": self.decoder.vae.digest},
             "adapters": [dict(a) for a in r.adapters],
             "runtime": {"fingerprint": self.denoiser.runtime.fingerprint_hex,
@@ -147,7 +158,8 @@ class Engine:
 
     def describe(self) -> dict:
         return {"card": self.card.model_id, "precision": self.precision,
-                "pools": {ex.role: ex.describe() for ex in (self.encoder, self.denoiser, self.decoder)},
+                "pools": {"encoder": self.encoder.describe(), **{k: d.describe() for k, d in self.denoisers.items()},
+                          "decoder": self.decoder.describe()},
                 "scheduler": dict(self.scheduler.counters)}
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import (ErrorInfo, FailedPrecondition, FastVideoError, InvalidRequest, NumericFault,
                                ResourceExhausted, Unavailable)
 from fastvideo3.loop import cfg as cfg_policy
+from fastvideo3.loop.denoise import HANDOFF_PREFIX
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.loop.samplers import SamplerHistory, sampler_step
 from fastvideo3.models.wan.components import TextEncoder, VideoDecoder, load_dit, precision_dtype
@@ -143,17 +144,32 @@ class DenoiserExecutor(_Base):
     role = "denoiser"
 
     def __init__(self, card: ModelCard, transport, device=None, precision=None, batching: bool = True,
-                 fast: bool | None = None, lora_slots: int = 8, lora_max_rank: int = 64):
+                 fast: bool | None = None, experts: list[str] | None = None,
+                 lora_slots: int = 8, lora_max_rank: int = 64):
         super().__init__(card, transport, device, precision)
-        self.dit, self.weights_digest = load_dit(card, self.device, self.dtype)
+        # A two-expert card's pool holds both experts unless the deployment gives it one
+        # (``experts``): then a request's latent moves to the other expert's pool at the switch.
+        names = list(experts or card.dit_components())
+        unknown = [n for n in names if n not in card.dit_components()]
+        if unknown or not names:
+            raise InvalidRequest(f"card {card.model_id} has no denoising expert {unknown[0] if unknown else ''!r}",
+                                 field="experts", limit=", ".join(card.dit_components()))
+        self.experts = names
+        self.dits: dict[str, object] = {}
+        digests = []
+        for name in names:
+            self.dits[name], digest = load_dit(card, self.device, self.dtype, component=name)
+            digests.append(digest if len(names) == 1 and name == "transformer" else f"{name}={digest}")
+        self.dit, self.weights_digest = self.dits[names[0]], "+".join(digests)
         self.base_weights_digest = self.weights_digest
         # The fast path (fused kernels; CUDA graphs for buckets captured by prepare_graphs) is the
         # default on CUDA only: on a CPU the executor runs the reference DiT, exactly as before.
         self.fast = self.device.startswith("cuda") if fast is None else bool(fast)
-        self._forward = self.dit
+        self._forwards = dict(self.dits)
         if self.fast:
             from fastvideo3.models.wan.fast import FastWanDiT
-            self._forward = FastWanDiT(self.dit)
+            self._forwards = {n: FastWanDiT(m) for n, m in self.dits.items()}
+        self._forward = self._forwards[names[0]]
         # LoRA adapters (fastvideo3.runtime.adapters): a per-row delta on the adapted layers of
         # whichever forward runs (hooks on the reference model, calls inside the fast path)
         from fastvideo3.models.wan.lora import adapted_linears, layer_shapes
@@ -182,6 +198,8 @@ class DenoiserExecutor(_Base):
     def _region(self, unit: WorkUnit) -> Region:
         reg = self.regions.get(unit.request_id)
         p = unit.params
+        if reg is None and p["step"] != 0 and p.get("handoff_meta"):
+            reg = self._take_over(unit)  # the other expert's pool handed this request over
         if reg is None:
             if p["step"] != 0:  # the replica lost it (restarted): the scheduler resumes from a snapshot
                 raise Unavailable(f"no resident latent for request at step {p['step']}", step=p["step"],
@@ -193,6 +211,8 @@ class DenoiserExecutor(_Base):
         if reg.step != p["step"]:
             raise FastVideoError(f"step {p['step']} issued but the resident latent is at step {reg.step}", step=p["step"])
         for name, d in unit.inputs.items():
+            if name.startswith(HANDOFF_PREFIX):
+                continue
             if name not in reg.embeds:  # fetched once per request, reused across steps
                 fetched = self.transport.fetch(_ref(d), deadline_s=self.fetch_deadline_s)
                 reg.embeds[name] = fetched.to(self.device, self.dtype)
@@ -214,6 +234,8 @@ class DenoiserExecutor(_Base):
                                  limit="1..128 chars")
         if type(self._forward).__name__ == "Fp8FastWanDiT":
             raise FailedPrecondition("the FP8 fast path takes no LoRA adapters", field="adapter_id")
+        if len(self.experts) > 1:  # the delta hooks sit on one expert's layers
+            raise FailedPrecondition("a two-expert pool takes no LoRA adapters yet", field="adapter_id")
         if getattr(self, "mesh", None) is not None:  # every rank would need it, loaded in step
             raise FailedPrecondition("a multi-rank (parallel) replica takes no LoRA adapters yet", field="adapter_id")
         if tensors is not None:
@@ -256,6 +278,32 @@ class DenoiserExecutor(_Base):
             self.runtime, self._prepared = self._build_runtime(default_buckets(self.card)), set()
         return {"id": adapter_id, "version": adapter.version, "scale": float(scale), "mode": "merged"}
 
+    # -- the expert switch across pools ------------------------------------------------------
+    def _hand_off(self, unit: WorkUnit, reg: Region, res: StepResult) -> None:
+        """After the last step of this pool's expert, when the next expert lives elsewhere: publish
+        the latent and sampler history for the other pool and drop the region here."""
+        tensors = {"latent": reg.latent, **{f"history.{k}": v for k, v in reg.history.tensors().items()}}
+        for name, t in tensors.items():
+            res.outputs[HANDOFF_PREFIX + name] = self.transport.publish(unit.request_id, HANDOFF_PREFIX + name,
+                                                                       t).to_dict()
+        res.payload["handoff_meta"] = {"step": reg.step, "history": reg.history.meta()}
+        self.regions.pop(unit.request_id, None)
+
+    def _take_over(self, unit: WorkUnit) -> Region:
+        p, meta = unit.params, unit.params["handoff_meta"]
+        if int(meta["step"]) != int(p["step"]):
+            raise FastVideoError(f"handed-over latent is at step {meta['step']}, step {p['step']} issued", step=p["step"])
+        got = {}
+        for name, d in unit.inputs.items():
+            if name.startswith(HANDOFF_PREFIX):
+                got[name[len(HANDOFF_PREFIX):]] = self.transport.fetch(_ref(d), deadline_s=self.fetch_deadline_s)
+        if "latent" not in got:
+            raise Unavailable("the expert switch names no handed-over latent", step=p["step"], field="inputs",
+                              details={"lost_region": True})
+        hist = {k[len("history."):]: v.to(self.device) for k, v in got.items() if k.startswith("history.")}
+        history = SamplerHistory.rebuild(meta["history"], hist)
+        return Region(latent=got["latent"].to(self.device), history=history, step=int(meta["step"]))
+
     # -- snapshot / restore (fastvideo3.runtime.resident) ----------------------------------
     @property
     def identity(self):
@@ -286,6 +334,7 @@ class DenoiserExecutor(_Base):
         d = super().describe()
         d["resident_regions"] = len(self.regions)
         d["weights_digest"] = self.weights_digest
+        d["experts"] = list(self.experts)
         d["dit_path"] = "fast" if self.fast else "reference"
         d["adapters"] = self.adapters.describe()
         d["graph_buckets"] = sorted(self._prepared)
@@ -328,8 +377,10 @@ class DenoiserExecutor(_Base):
                 self.runtime.prepare(b.key)
                 self._prepared.add(b.key)
 
-    def _dit(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+    def _dit(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor, expert: str | None = None) -> torch.Tensor:
         from fastvideo3.models.wan.runtime_export import bucket_key
+        if expert is not None and expert != self.experts[0]:
+            return self._forwards[expert](x, t, text)  # the runtime export covers the first expert
         key = bucket_key(x.shape[0], x.shape[1:], text.shape[1])
         if key not in self._prepared or text.shape[2] != self.dit.cfg.text_dim or self.adapters.active:
             return self._forward(x, t, text)  # eager: captured graphs hold no adapter deltas
@@ -354,7 +405,8 @@ class DenoiserExecutor(_Base):
                 results[unit.unit_id] = _fail(unit, e)
         groups: dict[tuple, list[tuple[WorkUnit, Region]]] = {}
         for unit, reg in ready:
-            groups.setdefault((unit.shape_sig, unit.params["cfg_policy"]), []).append((unit, reg))
+            groups.setdefault((unit.shape_sig, unit.params["cfg_policy"], unit.params.get("expert")), []).append(
+                (unit, reg))
         for members in groups.values():
             chunks = [members] if self.batching else [[m] for m in members]
             for chunk in chunks:
@@ -363,6 +415,9 @@ class DenoiserExecutor(_Base):
 
     def _validate(self, unit: WorkUnit) -> None:
         p = unit.params
+        if p.get("expert", self.experts[0]) not in self.dits:
+            raise Unavailable(f"this pool holds expert(s) {self.experts}, not {p.get('expert')!r}", field="expert",
+                              step=p.get("step"))
         if p.get("cfg_policy") not in cfg_policy.POLICIES:
             raise InvalidRequest(f"unknown cfg policy {p.get('cfg_policy')!r}", field="cfg_policy")
         # unknown adapter: NOT_FOUND naming it, before the request's first step; pinned from here
@@ -392,7 +447,7 @@ class DenoiserExecutor(_Base):
             t = torch.tensor(ts, dtype=torch.float32, device=self.device)
             rows = [adapter_refs(chunk[i][0].params.get("adapters")) for i, _ in index]
             with self.adapters.batch(rows):
-                out = self._dit(x, t, torch.cat(txt))
+                out = self._dit(x, t, torch.cat(txt), chunk[0][0].params.get("expert"))
             self.counters["forwards"] += 1
             self.counters["rows"] += len(index)
             self.counters["max_batch_rows"] = max(self.counters["max_batch_rows"], len(index))
@@ -416,6 +471,8 @@ class DenoiserExecutor(_Base):
                                           "batch_rows": float(len(chunk) * len(branches))})
                 if p.get("final"):
                     res.outputs["latents"] = self.transport.publish(unit.request_id, "latents", new).to_dict()
+                if p.get("handoff") and any(e not in self.dits for e in self.card.dit_components()):
+                    self._hand_off(unit, reg, res)  # the next step's expert lives in another pool
                 results[unit.unit_id] = res
             except Exception as e:  # noqa: BLE001 - request-local fault
                 self.regions.pop(unit.request_id, None)

@@ -21,6 +21,11 @@ from fastvideo3.runtime.cost import (
 _BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
+def vae_spatial_scale(card) -> int:
+    """The VAE's spatial compression the card declares (Wan2.1: 8; Wan2.2 TI2V-5B: 16)."""
+    return int(card.components["vae"].config.get("scale_factor_spatial", 8)) if "vae" in card.components else 8
+
+
 def dit_config(card) -> DitConfig:
     c = card.components["transformer"].config
     return DitConfig(
@@ -54,7 +59,9 @@ class Pricer:
     def features(self, kind: str, card, request, *, prompts: int = 1) -> Any:
         if kind == "diffusion_step":
             branches = 1 if request.cfg_policy == "none" else 2
-            shape = StepShape.from_video(request.num_frames, request.height, request.width, cfg_branches=branches)
+            s = vae_spatial_scale(card)
+            shape = StepShape.from_video(request.num_frames, request.height, request.width, cfg_branches=branches,
+                                         stride=(4, s, s))
             b = _BYTES.get(request.precision, 2)
             plan = self.plans.get("denoiser")
             if plan is not None and plan.world > 1:

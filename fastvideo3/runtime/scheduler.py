@@ -422,24 +422,34 @@ class CoreScheduler:
         chosen: list[Any] = [None] * len(units)
         pending = []
         for n, (u, r) in enumerate(units):
-            idx = r.placement.get(u.role)
-            if idx is not None and idx < len(self.executors.get(u.role) or []):
-                load[(u.role, idx)] = load.get((u.role, idx), 0) + 1
-                chosen[n] = self.executors[u.role][idx]
+            key = self.pool_key(u)
+            idx = r.placement.get(key)
+            if idx is not None and idx < len(self.executors.get(key) or []):
+                load[(key, idx)] = load.get((key, idx), 0) + 1
+                chosen[n] = self.executors[key][idx]
             else:
                 pending.append(n)
         for n in pending:
             u, r = units[n]
-            replicas = self.executors.get(u.role) or []
+            key = self.pool_key(u)
+            replicas = self.executors.get(key) or []
             if not replicas:
                 continue  # no pool serves this role: the batch fails with UNAVAILABLE
             healthy = [i for i in range(len(replicas)) if getattr(replicas[i], "healthy", True) is not False]
             idx = min(healthy or range(len(replicas)),
-                      key=lambda i: (self.inflight.get(id(replicas[i]), 0) + load.get((u.role, i), 0), i))
-            r.placement[u.role] = idx
-            load[(u.role, idx)] = load.get((u.role, idx), 0) + 1
+                      key=lambda i: (self.inflight.get(id(replicas[i]), 0) + load.get((key, i), 0), i))
+            r.placement[key] = idx
+            load[(key, idx)] = load.get((key, idx), 0) + 1
             chosen[n] = replicas[idx]
         return chosen
+
+    def pool_key(self, unit: WorkUnit) -> str:
+        """The pools a unit runs on: its role's, or — where the deployment gives each denoising
+        expert its own pools (key ``denoiser:<expert>``) — the pools of the expert its step names."""
+        expert = unit.params.get("expert") if unit.role == "denoiser" else None
+        if expert is not None and f"{unit.role}:{expert}" in self.executors:
+            return f"{unit.role}:{expert}"
+        return unit.role
 
     def _run_batch(self, batch, executor) -> list[StepResult]:
         units = [u for u, _ in batch]

@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "prompt", "negative_prompt", "num_frames", "height", "width", "num_inference_steps", "guidance_scale", "seed", "flow_shift", "sampler", "fps", "output_format", "slo_class", "deadline_s", "reward_scorers", "previews", "capture_behavior", "metadata", "cfg_policy", "detached", "adapters")
+    __slots__ = ("request_id", "model", "prompt", "negative_prompt", "num_frames", "height", "width", "num_inference_steps", "guidance_scale", "seed", "flow_shift", "sampler", "fps", "output_format", "slo_class", "deadline_s", "reward_scorers", "previews", "capture_behavior", "metadata", "cfg_policy", "detached", "adapters", "guidance_scale_2")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class GenerateRequest(_message.Message):
     CFG_POLICY_FIELD_NUMBER: _ClassVar[int]
     DETACHED_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    GUIDANCE_SCALE_2_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     prompt: str
@@ -65,7 +66,8 @@ class GenerateRequest(_message.Message):
     cfg_policy: str
     detached: bool
     adapters: _containers.RepeatedCompositeFieldContainer[_adapter_pb2.AdapterRef]
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., num_frames: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., num_inference_steps: _Optional[int] = ..., guidance_scale: _Optional[float] = ..., seed: _Optional[int] = ..., flow_shift: _Optional[float] = ..., sampler: _Optional[str] = ..., fps: _Optional[int] = ..., output_format: _Optional[str] = ..., slo_class: _Optional[str] = ..., deadline_s: _Optional[float] = ..., reward_scorers: _Optional[_Iterable[str]] = ..., previews: _Optional[bool] = ..., capture_behavior: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., cfg_policy: _Optional[str] = ..., detached: _Optional[bool] = ..., adapters: _Optional[_Iterable[_Union[_adapter_pb2.AdapterRef, _Mapping]]] = ...) -> None: ...
+    guidance_scale_2: float
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., num_frames: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., num_inference_steps: _Optional[int] = ..., guidance_scale: _Optional[float] = ..., seed: _Optional[int] = ..., flow_shift: _Optional[float] = ..., sampler: _Optional[str] = ..., fps: _Optional[int] = ..., output_format: _Optional[str] = ..., slo_class: _Optional[str] = ..., deadline_s: _Optional[float] = ..., reward_scorers: _Optional[_Iterable[str]] = ..., previews: _Optional[bool] = ..., capture_behavior: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., cfg_policy: _Optional[str] = ..., detached: _Optional[bool] = ..., adapters: _Optional[_Iterable[_Union[_adapter_pb2.AdapterRef, _Mapping]]] = ..., guidance_scale_2: _Optional[float] = ...) -> None: ...
 
 class GenerateEvent(_message.Message):
     __slots__ = ("request_id", "seq", "time_unix_ms", "accepted", "queued", "progress", "preview", "artifact", "error", "finished")

@@ -38,10 +38,11 @@ log = logging.getLogger("fastvideo3.dynamo")
 _I32 = 2**31 - 1
 _SEED_MAX = 2**63 - 1
 #: request fields a client may send beside Dynamo's (OpenAI ``extra_body``), and their types
-PASSTHROUGH = {"num_frames": int, "num_inference_steps": int, "guidance_scale": float, "seed": int,
-               "negative_prompt": str, "fps": int, "flow_shift": float, "sampler": str, "cfg_policy": str,
+PASSTHROUGH = {"num_frames": int, "num_inference_steps": int, "guidance_scale": float, "guidance_scale_2": float,
+               "seed": int, "negative_prompt": str, "fps": int, "flow_shift": float, "sampler": str, "cfg_policy": str,
                "slo_class": str, "deadline_s": float}
-_UNSUPPORTED_NVEXT = ("boundary_ratio", "guidance_scale_2")
+#: the two-expert boundary belongs to the checkpoint (its model_index.json), not to a request
+_UNSUPPORTED_NVEXT = ("boundary_ratio",)
 _ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
 
 #: core error code -> Dynamo exception (-> HTTP status at the frontend, measured with 1.6.1).
@@ -146,7 +147,8 @@ def translate(body: dict[str, Any], card: DeploymentCard, *, served_model_name: 
         for name in _UNSUPPORTED_NVEXT:
             if getattr(nv, name) is not None:
                 raise InvalidRequest("not supported by this model", field=f"nvext.{name}")
-        for name in ("num_frames", "fps", "num_inference_steps", "guidance_scale", "seed", "negative_prompt"):
+        for name in ("num_frames", "fps", "num_inference_steps", "guidance_scale", "guidance_scale_2", "seed",
+                     "negative_prompt"):
             value = getattr(nv, name)
             if value is not None:
                 params[name] = _typed(name, value, PASSTHROUGH[name])

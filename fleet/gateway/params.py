@@ -30,6 +30,7 @@ EXTENSION_FIELDS: dict[str, tuple[str, type]] = {
     "steps": ("num_inference_steps", int), "guidance": ("guidance_scale", float), "seed": ("seed", int),
     "negative_prompt": ("negative_prompt", str), "sampler": ("sampler", str), "frames": ("num_frames", int),
     "flow_shift": ("flow_shift", float), "cfg_policy": ("cfg_policy", str),
+    "guidance_2": ("guidance_scale_2", float),  # two-expert cards: the low-noise expert's guidance
 }
 MAX_SECONDS = 3600.0
 SEED_MAX = 2**63 - 1

@@ -44,6 +44,8 @@ class PoolConfig:
     feature_cache_mb: float = 256.0
     scorers: str = ""
     no_batching: bool = False
+    #: denoiser: the card's denoising experts this pool holds ("" = all; e.g. "transformer_2")
+    experts: str = ""
     exit_with_parent: bool = False
     log_level: str = "INFO"
     fetch_timeout_s: float = 30.0
@@ -108,6 +110,8 @@ def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
         p.add_argument("--merge-adapter", default=None, metavar="ID=PATH",
                        help="dedicate this pool to one LoRA merged into its weights (no per-row delta)")
         p.add_argument("--merge-scale", type=float, default=1.0, help="the merged adapter's scale")
+        p.add_argument("--experts", default="", help="two-expert cards: the expert(s) this pool holds, comma "
+                       "separated (default: all; the scheduler routes each step to a pool holding its expert)")
     p.add_argument("--exit-with-parent", action="store_true", help="stop when the launching process exits")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--fetch-timeout", type=float, default=30.0, dest="fetch_timeout_s",

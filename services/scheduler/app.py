@@ -84,18 +84,26 @@ def connect(cfg: SchedulerConfig, card_id: str, stop: threading.Event):
     for role, reps in replicas.items():
         for rep in reps:
             d = rep.describe_raw()
-            if d.role != role:
+            if d.role != role.partition(":")[0]:  # denoiser:EXPERT pools are denoiser pools
                 raise FailedPrecondition(f"{rep.target} is a {d.role or 'unknown'} pool", field=f"pools.{role}",
                                          limit=role)
             if card_id not in d.card_ids:
                 raise FailedPrecondition(f"{rep.target} serves {list(d.card_ids)}, not {card_id!r}",
                                          field=f"pools.{role}", limit=card_id)
-            caps.setdefault(role, []).append(caps_of(d))
+            caps.setdefault(role.partition(":")[0], []).append(caps_of(d))
     edges = choose_edges(cfg, caps)
     for role, reps in replicas.items():
         for rep in reps:
-            rep.output_transport = output_transport(edges, role)
+            rep.output_transport = output_transport(edges, role.partition(":")[0])
     return replicas, edges
+
+
+def denoiser_replica(replicas: dict[str, list]):
+    """A denoiser replica: of the ``denoiser`` pools, or of the first expert's (``denoiser:EXPERT``)."""
+    for role, reps in replicas.items():
+        if role.partition(":")[0] == "denoiser" and reps:
+            return reps[0]
+    raise KeyError("denoiser")
 
 
 def run_scheduler(argv: list[str] | None = None) -> int:
@@ -158,7 +166,7 @@ def _build(cfg: SchedulerConfig, host: ServiceHost):
     max_batch = min([cfg.max_batch] + [r.last_description.max_batch_units or cfg.max_batch
                                        for reps in replicas.values() for r in reps])
     import json
-    info = json.loads(replicas["denoiser"][0].last_description.description_json or b"{}")
+    info = json.loads(denoiser_replica(replicas).last_description.description_json or b"{}")
     precision = (info.get("executor") or {}).get("precision") or card.precision.default_cpu
     pricer, admission, telemetry = _economy(cfg)
     from services.scheduler.plans import denoiser_plan

@@ -89,9 +89,10 @@ class SchedulerConfig:
 
 def _pool_spec(text: str) -> tuple[str, tuple[str, ...]]:
     role, sep, targets = text.partition("=")
-    if not sep or role not in ROLES:
+    base, colon, expert = role.partition(":")  # denoiser:EXPERT: the pools of one denoising expert
+    if not sep or base not in ROLES or (colon and (base != "denoiser" or not expert.isidentifier())):
         raise InvalidRequest(f"bad --pools value {text!r}", field="pools",
-                             limit=f"ROLE=HOST:PORT[,HOST:PORT] with ROLE in {', '.join(ROLES)}")
+                             limit=f"ROLE=HOST:PORT[,HOST:PORT] with ROLE in {', '.join(ROLES)} or denoiser:EXPERT")
     addrs = tuple(a.strip() for a in targets.split(",") if a.strip())
     for a in addrs:
         host, _, port = a.rpartition(":")
@@ -183,7 +184,7 @@ def build_config(a: argparse.Namespace) -> SchedulerConfig:
     for spec in a.pools:  # flags win, per role
         role, addrs = _pool_spec(spec)
         pools[role] = addrs
-    missing = [r for r in REQUIRED_ROLES if r not in pools]
+    missing = [r for r in REQUIRED_ROLES if r not in {k.partition(":")[0] for k in pools}]
     if missing:
         raise InvalidRequest(f"no {missing[0]} pool given", field="pools",
                              limit=f"at least {', '.join(REQUIRED_ROLES)}")

@@ -19,7 +19,8 @@ PROGRAMS = {"t2v": ("text_encode", "diffusion_denoise", "vae_decode"),
 def build_card(cfg: SchedulerConfig, card, replicas: dict[str, list], edges: dict[str, str],
                health_services: list[str], cost_model=None) -> deployment_pb2.DeploymentCard:
     lim, den = card.limits, card.denoise
-    denoiser = replicas["denoiser"][0].last_description
+    from services.scheduler.app import denoiser_replica
+    denoiser = denoiser_replica(replicas).last_description
     summary = deployment_pb2.ModelCardSummary(
         card_id=card.model_id, family=card.family, capabilities=["t2v"], recipe=card.recipe.method,
         precision=_precision(denoiser),

@@ -29,8 +29,8 @@ log = logging.getLogger("fastvideo3.scheduler")
 
 SERVICE = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
 OUTPUT_FORMATS = ("mp4", "npy")
-_OPTIONAL = ("negative_prompt", "num_frames", "height", "width", "num_inference_steps", "guidance_scale", "seed",
-             "flow_shift", "sampler", "cfg_policy", "deadline_s")
+_OPTIONAL = ("negative_prompt", "num_frames", "height", "width", "num_inference_steps", "guidance_scale",
+             "guidance_scale_2", "seed", "flow_shift", "sampler", "cfg_policy", "deadline_s")
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
@@ -54,9 +54,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.weights: dict[str, str] = {}
         for role, key in (("encoder", "text_encoder"), ("denoiser", "transformer"), ("decoder", "vae"),
                           ("reward", "reward")):
-            if role in replicas:
-                info = json.loads(replicas[role][0].last_description.description_json or b"{}")
-                self.weights[key] = info.get("weights_digest", "")
+            pools = [k for k in replicas if k.partition(":")[0] == role]  # denoiser:EXPERT pools too
+            if pools:
+                infos = [json.loads(replicas[k][0].last_description.description_json or b"{}") for k in pools]
+                self.weights[key] = "+".join(i.get("weights_digest", "") for i in infos)
+                info = infos[0]
                 if role == "reward":
                     self.scorers = sorted((info.get("executor") or {}).get("scorers") or {})
         # the adapters requests may name (id -> version); a restarted scheduler learns the ones

@@ -41,6 +41,8 @@ def test_translate_maps_dynamo_fields_to_fleet_parameters():
     job = _translate(seconds=4, nvext={"num_frames": 9},
                      extra_args={"media_passthrough": {"sampler": "euler", "slo_class": "batch", "fps": 8}})
     assert job.params["num_frames"] == 9 and job.params["sampler"] == "euler" and job.fps == 8
+    # Wan2.2's low-noise guidance passes through under diffusers' name (the fleet checks it against the card)
+    assert _translate(nvext={"guidance_scale_2": 3.0}).params == {"guidance_scale_2": 3.0}
     assert _translate().params == {} and _translate().response_format == "url"  # card defaults apply
     assert translate({"model": "videos", "prompt": "x"}, CARD, served_model_name="videos").card_id == "wan-tiny"
 

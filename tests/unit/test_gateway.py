@@ -40,6 +40,8 @@ def test_multipart_fields_nest_like_the_sdk_sends_extra_body():
                       ("fastvideo3[frames]", "9")])
     spec = parse_create(body, MODELS, "wan-tiny")
     assert spec.params["num_inference_steps"] == 4 and spec.params["guidance_scale"] == 1.5
+    two = nest_form([("prompt", "a"), ("fastvideo3[guidance_2]", "3")])
+    assert parse_create(two, MODELS, "wan-tiny").params["guidance_scale_2"] == 3.0
     assert spec.params["num_frames"] == 9 and spec.frames_given
 
 

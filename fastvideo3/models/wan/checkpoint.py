@@ -94,7 +94,8 @@ def weights_digest(files: list[Path]) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def load_dit_weights(module: torch.nn.Module, folder: Path, cfg, key_map: str, dtype: torch.dtype, device) -> None:
+def load_dit_weights(module: torch.nn.Module, folder: Path, cfg, key_map: str, dtype: torch.dtype, device,
+                     component: str = "transformer") -> None:
     """Load a transformer folder into ``module`` (built on the meta device) strictly by key map."""
     table = KEY_MAPS[key_map](cfg)
     files = safetensors_files(folder)
@@ -112,28 +113,28 @@ def load_dit_weights(module: torch.nn.Module, folder: Path, cfg, key_map: str, d
                 got = tuple(sl.get_shape())
                 if got != shape:
                     raise CardError(f"tensor {key} has shape {list(got)}, the card's config expects {list(shape)}",
-                                    field=f"transformer.{key}")
+                                    field=f"{component}.{key}")
                 t = fh.get_tensor(key)
                 want = dtype
                 if key.endswith(".weight_scale"):
                     want = torch.float32
                 elif f"{key}_scale" in table and t.dtype != torch.float8_e4m3fn:
                     raise CardError(f"tensor {key} is {str(t.dtype).removeprefix('torch.')}; key map {key_map} "
-                                    "expects e4m3 (float8_e4m3fn) next to its weight_scale", field=f"transformer.{key}")
+                                    "expects e4m3 (float8_e4m3fn) next to its weight_scale", field=f"{component}.{key}")
                 elif t.dtype == torch.float8_e4m3fn:
                     if key_map not in FP8_KEY_MAPS:
                         raise CardError(f"tensor {key} is e4m3 but key map {key_map} loads bf16 weights",
-                                        field=f"transformer.{key}")
+                                        field=f"{component}.{key}")
                     want = t.dtype
                 state[name] = t.to(device=device, dtype=want) if (t.dtype != want or str(device) != "cpu") else t
                 seen.add(key)
     if unexpected:
         raise CardError(f"checkpoint has {len(unexpected)} tensor(s) the key map does not know, e.g. {unexpected[0]}",
-                        field="transformer")
+                        field=component)
     missing = sorted(set(table) - seen)
     if missing:
         raise CardError(f"checkpoint lacks {len(missing)} tensor(s) the card requires, e.g. {missing[0]}",
-                        field="transformer")
+                        field=component)
     module.load_state_dict(state, strict=True, assign=True)
 
 
@@ -153,28 +154,37 @@ def check_config(component: str, expected: dict, actual: dict) -> None:
 
 
 def card_for_directory(root: Path):
-    """Build a card for a diffusers-format Wan2.1 T2V directory, starting from the built-in card
-    whose architecture matches; an unknown size gets a custom card from its own config."""
-    from fastvideo3.card.registry import WAN_1_3B_DIT, WAN_14B_DIT, _wan_real, bind_checkpoint
+    """Build a card for a diffusers-format Wan T2V directory (Wan2.1, or Wan2.2's two experts),
+    starting from the built-in card whose architecture matches; an unknown size gets a custom card
+    from its own config. Layouts we do not implement are refused by name (models/wan/layout.py)."""
+    from fastvideo3.card.registry import (
+        WAN22_5B_DIT, WAN22_A14B_T2V, WAN_1_3B_DIT, WAN_14B_DIT, _wan_real, bind_checkpoint, wan22_moe, wan22_ti2v,
+    )
     from fastvideo3.card.spec import Limits, LoopSpec, SamplerSpec
+    from fastvideo3.models.wan.layout import inspect_directory
 
     root = Path(root)
-    index = root / "model_index.json"
-    if not index.exists():
-        raise CardError(f"{root.name}/ is not a diffusers-format directory (no model_index.json)", field="model")
-    mi = json.loads(index.read_text())
-    for sub in ("transformer", "vae", "text_encoder", "tokenizer", "scheduler"):
-        if sub not in mi or not (root / sub).is_dir():
-            raise CardError(f"{root.name}/ lacks the {sub}/ component a text-to-video card requires",
-                            field=f"checkpoint.{sub}")
-    tcfg = json.loads((root / "transformer" / "config.json").read_text())
+    layout = inspect_directory(root)  # refuses, by name, every layout and field we do not implement
+    moe, ti2v = layout.kind == "wan2.2-t2v-moe", layout.kind == "wan2.2-ti2v"
+    tcfg = layout.transformer
     arch = {k: tcfg[k] for k in WAN_1_3B_DIT if k in tcfg}
-    base = None
-    for mid, ref in (("wan2.1-t2v-1.3b", WAN_1_3B_DIT), ("wan2.1-t2v-14b", WAN_14B_DIT)):
+    refs = ((("wan2.2-t2v-a14b", WAN_14B_DIT),) if moe else (("wan2.2-ti2v-5b", WAN22_5B_DIT),) if ti2v
+            else (("wan2.1-t2v-1.3b", WAN_1_3B_DIT), ("wan2.1-t2v-14b", WAN_14B_DIT)))
+    found = None
+    for mid, ref in refs:
         if all(arch.get(k) == (list(v) if isinstance(v, tuple) else v) for k, v in ref.items() if k != "rope_max_seq_len"):
-            base = _wan_real(mid, ref, f"{mid} from {root.name}")
-    if base is None:
-        base = _wan_real(f"wan-custom-{_slug(root.name)}", arch, f"Wan2.1 architecture from {root.name}")
+            found = (mid, ref)
+    mid, ref = found or ((f"wan22-custom-{_slug(root.name)}" if moe or ti2v else f"wan-custom-{_slug(root.name)}"),
+                         arch)
+    kind = "2.2 two-expert" if moe else "2.2 TI2V" if ti2v else "2.1"
+    desc = f"{mid} from {root.name}" if found else f"Wan{kind} architecture from {root.name}"
+    if moe:
+        opts = dict(WAN22_A14B_T2V, boundary_ratio=layout.boundary_ratio)
+        base = wan22_moe(mid, ref, desc, **opts)
+    elif ti2v:
+        base = wan22_ti2v(mid, ref, desc)
+    else:
+        base = _wan_real(mid, ref, desc)
     sched = json.loads((root / "scheduler" / "scheduler_config.json").read_text())
     cls = sched.get("_class_name", "")
     if "UniPC" in cls:
@@ -189,10 +199,12 @@ def card_for_directory(root: Path):
                         field="checkpoint.scheduler")
     d = base.loops["diffusion_denoise"]
     loops = dict(base.loops)
-    loops["diffusion_denoise"] = LoopSpec(loop_id="diffusion_denoise", default_steps=d.default_steps, sampler=sampler)
-    # rope tables bound the latent grid: max pixels = rope_max_seq_len * patch * vae scale (8)
-    max_px = min(1280, int(arch.get("rope_max_seq_len", 1024)) * int(arch["patch_size"][1]) * 8)
-    max_px -= max_px % 16
+    loops["diffusion_denoise"] = LoopSpec(loop_id="diffusion_denoise", default_steps=d.default_steps, sampler=sampler,
+                                          experts=d.experts)
+    # rope tables bound the latent grid: max pixels = rope_max_seq_len * patch * vae scale (8, or 16)
+    from fastvideo3.runtime.pricing import vae_spatial_scale
+    max_px = min(1280, int(arch.get("rope_max_seq_len", 1024)) * int(arch["patch_size"][1]) * vae_spatial_scale(base))
+    max_px -= max_px % base.limits.size_multiple
     lim = base.limits.model_copy(update={
         "max_height": max_px, "max_width": max_px,
         "default_height": min(base.limits.default_height, max_px), "default_width": min(base.limits.default_width, max_px),

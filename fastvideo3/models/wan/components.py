@@ -185,10 +185,12 @@ def require_fp8_device(card: ModelCard, device: str) -> None:
                                  f"on {device}: {problem}", field="precision", limit="fp8_e4m3 on CUDA sm_89 or newer")
 
 
-def load_dit(card: ModelCard, device: str = "cpu", dtype: torch.dtype = torch.float32) -> tuple[WanDiT, str]:
-    """The card's DiT on ``device``. A DiT of precision ``fp8_e4m3`` loads in bf16 and has its block
-    Linears quantized (or loads them pre-quantized with an FP8 key map); its digest names the scheme."""
-    spec = card.components["transformer"]
+def load_dit(card: ModelCard, device: str = "cpu", dtype: torch.dtype = torch.float32,
+             component: str = "transformer") -> tuple[WanDiT, str]:
+    """The card's DiT ``component`` (``transformer``; a two-expert card's ``transformer_2`` too) on
+    ``device``. A DiT of precision ``fp8_e4m3`` loads in bf16 and has its block Linears quantized
+    (or loads them pre-quantized with an FP8 key map); its digest names the scheme."""
+    spec = card.components[component]
     fp8 = spec.precision == "fp8_e4m3"
     if fp8:  # before any weight is read
         require_fp8_device(card, device)
@@ -197,29 +199,32 @@ def load_dit(card: ModelCard, device: str = "cpu", dtype: torch.dtype = torch.fl
     prequantized = fp8 and spec.source == "diffusers_dir" and (spec.key_map or "") in FP8_KEY_MAPS
     if (spec.key_map or "") in FP8_KEY_MAPS and not fp8:
         raise CardError(f"key map {spec.key_map} holds e4m3 weights; the DiT's precision must be fp8_e4m3",
-                        field="components.transformer.precision")
+                        field=f"components.{component}.precision")
     cfg = WanDiTConfig.from_dict(spec.config)
     if spec.source == "seeded":
-        torch.manual_seed(_seed_for(card, "transformer"))
+        torch.manual_seed(_seed_for(card, component))
         model = WanDiT(cfg)
         _init_seeded_dit(model)
-        digest = _seeded_digest(card, "transformer")
+        digest = _seeded_digest(card, component)
     elif spec.source == "shipped":
         model = WanDiT(cfg)
-        path = shipped_path(card, "transformer")
+        path = shipped_path(card, component)
         load_shipped(model, path)
         digest = shipped_digest(path)
     else:
-        folder = _root(card, spec.subfolder or "transformer")
+        folder = _root(card, spec.subfolder or component)
         actual = json.loads((folder / "config.json").read_text())
-        check_config("transformer", spec.config, actual)
+        from fastvideo3.models.wan.layout import check_card_layout, check_dit_fields
+        check_card_layout(card)  # the directory as a whole is the layout the card implements
+        check_dit_fields(component, actual)
+        check_config(component, spec.config, actual)
         cfg = WanDiTConfig.from_dict({**spec.config, **{k: actual[k] for k in spec.config if k in actual}})
         with torch.device("meta"):
             model = WanDiT(cfg)
         if prequantized:
             from fastvideo3.models.wan.fp8 import fp8_skeleton_
             fp8_skeleton_(model, fp8_spec.activation_scaling, fp8_spec.attention, fp8_spec.accumulation, dtype)
-        load_dit_weights(model, folder, cfg, spec.key_map or "wan_dit_diffusers_v1", dtype, device)
+        load_dit_weights(model, folder, cfg, spec.key_map or "wan_dit_diffusers_v1", dtype, device, component)
         # non-persistent RoPE tables were created on meta: rebuild them for real
         from fastvideo3.models.wan.dit import rope_tables
         cos, sin = rope_tables(cfg.attention_head_dim, cfg.rope_max_seq_len)
@@ -288,7 +293,10 @@ class VideoDecoder:
                 self.digest = _seeded_digest(card, "vae")
         else:
             from diffusers import AutoencoderKLWan
+            from fastvideo3.models.wan.layout import check_vae_fields
             folder = _root(card, spec.subfolder or "vae")
+            # before any weight is read: the latent layout the card declares (default: Wan2.1's)
+            check_vae_fields(json.loads((folder / "config.json").read_text()), expected=vae_layout(card))
             self.model = AutoencoderKLWan.from_pretrained(str(folder), local_files_only=True, dtype=dtype)
             self.digest = weights_digest(safetensors_files(folder))
         self.model.to(device=device).eval().requires_grad_(False)
@@ -298,7 +306,7 @@ class VideoDecoder:
         c = self.model.config
         self.z_dim = c.z_dim
         self.temporal_scale = 2 ** sum(c.temperal_downsample)
-        self.spatial_scale = 2 ** len(c.temperal_downsample)
+        self.spatial_scale = int(getattr(c, "scale_factor_spatial", None) or 2 ** len(c.temperal_downsample))
         self.mean = torch.tensor(c.latents_mean).view(1, c.z_dim, 1, 1, 1)
         self.inv_std = 1.0 / torch.tensor(c.latents_std).view(1, c.z_dim, 1, 1, 1)
 
@@ -311,10 +319,21 @@ class VideoDecoder:
         return frames.permute(0, 2, 3, 4, 1).float().cpu()  # [B, F, H, W, 3]
 
 
+def vae_layout(card: ModelCard) -> dict | None:
+    """The VAE latent layout a card declares (its VAE config's layout keys), None for Wan2.1's."""
+    from fastvideo3.models.wan.layout import WAN21_VAE
+    cfg = card.components["vae"].config if "vae" in card.components else {}
+    declared = {k: cfg[k] for k in WAN21_VAE if k in cfg}
+    return {**WAN21_VAE, **declared} if declared else None
+
+
 def latent_shape(card: ModelCard, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
-    """(C, F_lat, H_lat, W_lat) for a request, from the VAE's fixed Wan2.1 scales (4x temporal, 8x spatial)."""
+    """(C, F_lat, H_lat, W_lat) for a request: 4x temporal, and the spatial compression the card's
+    VAE declares (8x unless it says otherwise: Wan2.2 TI2V-5B's is 16x)."""
+    from fastvideo3.runtime.pricing import vae_spatial_scale
     c = int(card.components["transformer"].config.get("in_channels", 16))
-    return (c, (frames - 1) // 4 + 1, height // 8, width // 8)
+    s = vae_spatial_scale(card)
+    return (c, (frames - 1) // 4 + 1, height // s, width // s)
 
 
 def precision_dtype(precision: str) -> torch.dtype:

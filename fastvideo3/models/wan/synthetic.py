@@ -414,9 +414,9 @@ def build_wan_dir(
     dtype = dtype or chosen.dtype
     if transformer_only:
         text_encoder = vae = False
-    if vae and t_cfg.get("in_channels", 16) != v_cfg.get("z_dim", 16):
+    if vae and t_cfg.get("out_channels", 16) != v_cfg.get("z_dim", 16):
         raise ValueError(
-            f"transformer in_channels ({t_cfg.get('in_channels')}) must equal vae z_dim ({v_cfg.get('z_dim')})"
+            f"transformer out_channels ({t_cfg.get('out_channels')}) must equal vae z_dim ({v_cfg.get('z_dim')})"
         )
     if text_encoder and t_cfg.get("text_dim", 4096) != e_cfg["d_model"]:
         raise ValueError(

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One GPU call for the newer model families' denoiser forward against diffusers (random weights,
+# real-size configs) and the cost of the Wan2.2 MoE switch: bench/denoiser_models.py.
+#
+#   BUDGET_S=470 bash bench/gpu_run_models.sh        # from the repository root
+#
+# diffusers (the baseline) comes from .wheels/ (git-ignored; carry it), FlashAttention-3 too when
+# its wheel imports. Results go to $OUT (default out/gpu_models): the JSON, its log, gpu.txt.
+set -uo pipefail
+OUT=${OUT:-out/gpu_models}
+BUDGET_S=${BUDGET_S:-470}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+install() {  # install <target> <wheels...>
+  local target=$1; shift
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" "$@"
+}
+shopt -s nullglob
+wheels=(.wheels/diffusers-*.whl)
+shopt -u nullglob
+if ((${#wheels[@]})) && install /tmp/site "${wheels[@]}"; then
+  export PYTHONPATH="$PYTHONPATH:/tmp/site"
+else
+  echo "wheels: diffusers not installed from .wheels/"
+fi
+if compgen -G ".wheels/fa3_fwd-*.whl" >/dev/null && install /tmp/site_fa3 .wheels/fa3_fwd-*.whl \
+  && PYTHONPATH="$PYTHONPATH:/tmp/site_fa3" timeout 60 python3 -c "import torch, fa3_fwd_interface" >/dev/null 2>&1; then
+  export PYTHONPATH="$PYTHONPATH:/tmp/site_fa3"; echo "fa3_fwd: available"
+else
+  echo "fa3_fwd: not used"
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+# each row and the switch stage get 150 s; the whole run stops before the budget, JSON kept
+timeout $((BUDGET_S - SECONDS - 10)) python3 bench/denoiser.py --models wan2.2-ti2v-5b,wan2.2-a14b --quick \
+  --stage-timeout 150 \
+  --out "$OUT/denoiser_models_h200.json" 2>&1 | tee "$OUT/denoiser_models.log"
+echo "rc=${PIPESTATUS[0]} at ${SECONDS}s"
