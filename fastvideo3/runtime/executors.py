@@ -234,7 +234,7 @@ class DenoiserExecutor(_Base):
                                  limit="1..128 chars")
         if type(self._forward).__name__ == "Fp8FastWanDiT":
             raise FailedPrecondition("the FP8 fast path takes no LoRA adapters", field="adapter_id")
-        if len(self.experts) > 1:  # the delta hooks sit on one expert's layers
+        if len(getattr(self, "experts", ())) > 1:  # the delta hooks sit on one expert's layers
             raise FailedPrecondition("a two-expert pool takes no LoRA adapters yet", field="adapter_id")
         if getattr(self, "mesh", None) is not None:  # every rank would need it, loaded in step
             raise FailedPrecondition("a multi-rank (parallel) replica takes no LoRA adapters yet", field="adapter_id")
