@@ -74,7 +74,8 @@ def test_shape_errors_name_the_operands():
         lora_delta_(x, y, a, b, sl[:2], sc)
 
 
-@pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()), reason="run through the interpreter test below")
+@pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()),
+                    reason="needs a GPU, or the Triton interpreter: on a CPU the test below runs it in a child process")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_kernel_matches_torch_path(dtype):
     device = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
