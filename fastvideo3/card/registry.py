@@ -18,8 +18,8 @@ import yaml
 from pydantic import ValidationError
 
 from fastvideo3.card.spec import (
-    FP8, CheckpointManifest, ComponentSpec, Fp8Spec, Limits, LoopSpec, ModelCard, PrecisionContract, RecipeSpec,
-    SamplerSpec,
+    FP8, CheckpointManifest, ComponentSpec, ExtensionContract, Fp8Spec, Limits, LoopSpec, ModelCard, PrecisionContract,
+    RecipeSpec, SamplerSpec,
 )
 from fastvideo3.errors import CardError, NotFound
 
@@ -82,7 +82,8 @@ def _loops(default_steps: int, flow_shift: float) -> dict[str, LoopSpec]:
 
 
 def _tiny(model_id: str, description: str, components: dict[str, ComponentSpec], loops: dict[str, LoopSpec],
-          recipe: RecipeSpec, guidance: float, precision: PrecisionContract | None = None) -> ModelCard:
+          recipe: RecipeSpec, guidance: float, precision: PrecisionContract | None = None,
+          extensions: ExtensionContract | None = None) -> ModelCard:
     return ModelCard(
         model_id=model_id,
         description=description,
@@ -96,6 +97,7 @@ def _tiny(model_id: str, description: str, components: dict[str, ComponentSpec],
         # sizes are multiples of 32: the VAE's 8x times the DiT's 4x4 latent patch
         limits=Limits(max_frames=65, min_size=32, max_height=512, max_width=512, size_multiple=32,
                       default_frames=33, default_height=128, default_width=128, default_guidance=guidance),
+        extensions=extensions or ExtensionContract(),
         max_text_tokens=64,
     )
 
@@ -147,6 +149,7 @@ def wan_tiny_4step() -> ModelCard:
                    training_command=TINY_TRAINING_COMMAND),
         guidance=1.0,  # guidance is distilled in: one conditional forward per step
         precision=_TRAINED_FP32,
+        extensions=ExtensionContract(allowed=[]),  # 4 distilled steps: reusing any of them is refused
     )
 
 

@@ -6,6 +6,8 @@ it is small and a resume point at every step boundary.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from fastvideo3.errors import NumericFault
 from fastvideo3.loop.protocol import Done, LoopResult, LoopState, Resources, StepResult, WorkPlan
 from fastvideo3.loop.samplers import make_schedule
@@ -27,6 +29,11 @@ class DenoiseState(LoopState):
     embeds: dict[str, dict]  # name -> TensorRef dict, fetched once by the pool
     latent_norms: list[float] = []
     outputs: dict[str, dict] = {}
+    #: the request's interceptor settings (fastvideo3.extend), None for none
+    cache: dict | None = None
+    #: interceptor state (JSON): policy -> CFG stream -> values; the pool returns it updated
+    #: with each step's result, and it is checkpointed with the rest of this state
+    plugin_state: dict[str, Any] = {}
 
 
 class DenoiseLoop:
@@ -45,6 +52,7 @@ class DenoiseLoop:
             latent_shape=list(latent_shape(card, request.num_frames, request.height, request.width)),
             precision=request.precision,
             embeds={k: ctx[k] for k in ("prompt_embeds", "negative_embeds") if k in ctx},
+            cache=getattr(request, "cache", None),
         )
 
     def shape_sig(self, state: DenoiseState) -> str:
@@ -62,6 +70,8 @@ class DenoiseLoop:
                 "step": k, "timestep": state.timesteps[k], "sigmas": state.sigmas, "guidance": state.guidance,
                 "cfg_policy": state.cfg_policy, "sampler": state.sampler, "solver_order": state.solver_order,
                 "seed": state.seed, "latent_shape": state.latent_shape, "final": k == state.num_steps - 1,
+                **({"cache": state.cache, "plugin_state": state.plugin_state, "num_steps": state.num_steps}
+                   if state.cache else {}),
             },
             resources=Resources(),
         )
@@ -71,11 +81,16 @@ class DenoiseLoop:
         if result.metrics.get("finite", 1.0) != 1.0:
             raise NumericFault("latents became non-finite", step=state.step, request_id=state.request_id)
         upd = {"step": state.step + 1, "latent_norms": [*state.latent_norms, norm]}
+        if state.cache and "plugin_state" in result.payload:
+            upd["plugin_state"] = result.payload["plugin_state"]
         if state.step + 1 >= state.num_steps:
             upd["outputs"] = dict(result.outputs)
             upd["done"] = True
         return state.model_copy(update=upd)
 
     def finalize(self, state: DenoiseState) -> LoopResult:
-        return LoopResult(state.request_id, self.loop_id, outputs=dict(state.outputs),
-                          payload={"latent_norms": list(state.latent_norms)})
+        payload = {"latent_norms": list(state.latent_norms)}
+        if state.cache:
+            from fastvideo3.extend.stats import summarize
+            payload["cache"] = {"settings": dict(state.cache), **summarize(state.plugin_state)}
+        return LoopResult(state.request_id, self.loop_id, outputs=dict(state.outputs), payload=payload)

@@ -33,6 +33,9 @@ class GenerateRequest:
     request_id: str | None = None
     slo_class: str = "interactive"
     deadline_s: float | None = None
+    #: an interceptor by name with its parameters ({"policy": "dbcache", "threshold": 0.1});
+    #: None = the card's default, {"policy": "none"} = none (see fastvideo3.extend.settings)
+    cache: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class ResolvedRequest:
     precision: str
     slo_class: str
     deadline_s: float
+    cache: dict | None = None  # full interceptor settings, or None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -126,9 +130,11 @@ def resolve(req: GenerateRequest, card: ModelCard, *, precision: str = "fp32") -
     if not isinstance(rid, str) or not 1 <= len(rid) <= 128 or not set(rid) <= ID_CHARS:
         raise InvalidRequest("must be 1-128 characters of [A-Za-z0-9-_.:]", field="request_id", limit="1..128 chars")
     card.check_recipe(loop="diffusion_denoise", steps=steps, sampler=sampler, precision=precision)
+    from fastvideo3.extend.settings import resolve_cache
+    cache = resolve_cache(req.cache, card, steps)
     return ResolvedRequest(
         request_id=rid, model_id=card.model_id, prompt=req.prompt, negative_prompt=neg, num_frames=frames,
         height=sizes["height"], width=sizes["width"], num_inference_steps=steps, guidance_scale=guidance,
         seed=seed, flow_shift=shift, sampler=sampler, cfg_policy=cfg, precision=precision,
-        slo_class=req.slo_class, deadline_s=deadline,
+        slo_class=req.slo_class, deadline_s=deadline, cache=cache,
     )
