@@ -106,3 +106,36 @@ def test_policy_state_is_json_and_decisions_follow_the_reference_rules():
         if not out[-1]:
             tea.after_step(row, r, 2 * r)
     assert out == [False, True, True, False]  # accumulated 0.02, 0.02+0.0196 < 0.05; the last step computes
+
+
+@pytest.mark.timeout(120)
+def test_staged_forward_is_the_forward_on_both_dit_paths():
+    from fastvideo3.extend.runner import RowGroup, staged_forward
+    from fastvideo3.models.wan.dit import WanDiT, WanDiTConfig
+    from fastvideo3.models.wan.fast import FastWanDiT
+    torch.manual_seed(0)
+    cfg = WanDiTConfig(num_attention_heads=2, attention_head_dim=12, text_dim=16, freq_dim=16, ffn_dim=32,
+                       num_layers=4, rope_max_seq_len=32)
+    dit = WanDiT(cfg).eval()
+    x, t, text = torch.randn(3, 16, 3, 8, 8), torch.tensor([900.0, 500.0, 20.0]), torch.randn(3, 7, 16)
+    with torch.no_grad():
+        want = dit(x, t, text)
+        # reference path: bit-identical, whole batch and row by row through gathered segments
+        assert torch.equal(staged_forward(dit, x, t, text, [RowGroup([0, 1, 2])]), want)
+        db = DBCache({"front_blocks": 1, "back_blocks": 1, "threshold": 0.5, "warmup_steps": 0,
+                      "max_cached_steps": -1, "max_continuous_cached_steps": -1})
+        views = [RowView(step=0, num_steps=2, state={}), RowView(step=0, num_steps=2, state={})]
+        groups = [RowGroup([0], views[0], None, db), RowGroup([1]), RowGroup([2], views[1], None, db)]
+        got = staged_forward(dit, x, t, text, groups)  # nothing cached yet: every row computes
+        assert [g.blocks_run for g in groups] == [4, 4, 4]
+        assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+        fast = FastWanDiT(dit, kernels="torch")
+        got = staged_forward(fast, x, t, text, [RowGroup([0, 1, 2])])
+        assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+        # the next step with the same input: both cached rows reuse their middle, the plain row computes
+        for v in views:
+            v.step = 1
+        groups = [RowGroup([0], views[0], None, db), RowGroup([1]), RowGroup([2], views[1], None, db)]
+        got = staged_forward(dit, x, t, text, groups)
+        assert [(g.reused_middle, g.blocks_run) for g in groups] == [(True, 2), (False, 4), (True, 2)]
+        assert (got - want).abs().max() <= 1e-5 * want.abs().max()  # same input: the residual is exact
