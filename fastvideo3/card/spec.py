@@ -186,12 +186,19 @@ class ExtensionContract(_Spec):
     """Which interceptors (fastvideo3.extend) the card allows, its default, and its tuned
     parameters per policy. A distilled few-step recipe allows none: every step matters."""
 
-    allowed: list[Literal["teacache", "fbcache", "dbcache"]] = Field(
-        default_factory=lambda: ["teacache", "fbcache", "dbcache"])
+    allowed: list[str] = Field(default_factory=lambda: ["teacache", "fbcache", "dbcache"])
     #: the interceptor a request gets when it names none ({"policy": ..., params}); None = none
     default: dict[str, Any] | None = None
     #: policy -> parameter defaults tuned for this card (a request's values override them)
     params: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known(self) -> "ExtensionContract":
+        from fastvideo3.extend.settings import POLICIES
+        for name in [*self.allowed, *self.params, *([self.default.get("policy")] if self.default else [])]:
+            if name not in POLICIES and name != "none":
+                raise ValueError(f"extensions: unknown interceptor {name!r} (known: {', '.join(sorted(POLICIES))})")
+        return self
 
 
 class ModelCard(_Spec):

@@ -60,6 +60,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             raise NotFound(f"this fleet serves {self.card.model_id!r}, not {msg.model!r}", field="model",
                            limit=self.card.model_id)
         kw = {name: getattr(msg, name) for name in _OPTIONAL if msg.HasField(name)}
+        if msg.HasField("cache"):
+            kw["cache"] = {"policy": msg.cache.policy, **dict(msg.cache.params), **dict(msg.cache.flags)}
         req = GenerateRequest(prompt=msg.prompt, request_id=msg.request_id or None,
                               slo_class=msg.slo_class or "interactive", **kw)
         resolved = resolve(req, self.card, precision=self.precision)

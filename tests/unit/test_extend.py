@@ -21,7 +21,8 @@ from fastvideo3.runtime.resident import pool_identity, restore_regions, snapshot
 def test_settings_are_filled_and_checked():
     card = get_card("wan-tiny")
     s = resolve_cache({"policy": "dbcache", "threshold": 0.2}, card, 50)
-    assert s["threshold"] == 0.2 and s["front_blocks"] == 1 and s["taylorseer"] is False
+    assert s["threshold"] == 0.2 and s["front_blocks"] == 1 and s["taylorseer"] is True  # the card's tuning
+    assert resolve_cache({"policy": "fbcache"}, card, 50)["threshold"] == 0.08  # the policy's default
     assert resolve_cache(None, card, 50) is None and resolve_cache({"policy": "none"}, card, 50) is None
     cases = [
         ({"policy": "nope"}, "cache.policy", "none, dbcache, fbcache, teacache"),
@@ -65,7 +66,7 @@ def test_every_output_changing_setting_splits_the_cache_key():
                 shape_sig="s", input_hash="h")
     keys = {CacheKey(**base).digest()}
     for req in ({"policy": "dbcache"}, {"policy": "dbcache", "threshold": 0.09},
-                {"policy": "dbcache", "taylorseer": True}, {"policy": "teacache"}, {"policy": "fbcache"}):
+                {"policy": "dbcache", "taylorseer": False}, {"policy": "teacache"}, {"policy": "fbcache"}):
         keys.add(CacheKey(**base, interceptors=settings_key(resolve_cache(req, card, 50))).digest())
     assert len(keys) == 6
 
