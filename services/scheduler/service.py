@@ -127,6 +127,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             "weights": {k: v for k, v in self.weights.items() if k != "reward"},
             "timings_s": {k: round(v, 4) for k, v in data.get("phase_seconds", {}).items()},
             "latent_norms": run.ctx.get("payloads", {}).get("diffusion_denoise", {}).get("latent_norms", []),
+            # every output-changing interceptor setting, and what it reused
+            "cache": run.ctx.get("payloads", {}).get("diffusion_denoise", {}).get("cache"),
             "fps": run.ctx.get("fps", self.card.limits.fps),
             "fastvideo3_version": fastvideo3.__version__,
             "output_format": run.ctx.get("encode"),

@@ -25,6 +25,9 @@ def test_scheduler_sigkill_with_caching_resumes_bit_identical(balanced):
     assert ref.state == "SUCCEEDED", (ref.error, ref.error_event)
     settings = ref.events[0].data["resolved"]["cache"]  # the settings crossed the wire, in full
     assert settings["policy"] == "dbcache" and settings["taylorseer"] is True and settings["threshold"] == 0.3
+    side = next(e.data["sidecar"] for e in ref.events if e.kind == "artifact" and e.data.get("sidecar"))
+    assert side["cache"]["settings"] == settings and side["request"]["cache"] == settings  # provenance
+    assert any(side["cache"]["reused_steps"].values())
     skipped = sum(pool_describe(t).counters.get("blocks_total", 0) - pool_describe(t).counters.get("blocks_computed", 0)
                   for t in [p.target for p in fleet.pools["denoiser"]])
     assert skipped > 0  # the denoisers reused middle blocks for it
