@@ -37,6 +37,13 @@ def _idx(rows: list[int], device) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.long, device=device)
 
 
+def _sel(rows: list[int]):
+    """A view (slice) of a request's rows when they are contiguous, as they are from the executor."""
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return slice(rows[0], rows[0] + len(rows))
+    return rows
+
+
 @torch.no_grad()
 def staged_forward(model, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor,
                    groups: list[RowGroup]) -> torch.Tensor:
@@ -50,7 +57,7 @@ def staged_forward(model, latents: torch.Tensor, timestep: torch.Tensor, text: t
     for g in groups:
         g.front, g.mid_end = n_blocks, n_blocks
         if g.step is not None:
-            probe = model.modulated_input(stage.select(_idx(g.rows, dev)), h0[g.rows])
+            probe = model.modulated_input(stage.select(_idx(g.rows, dev)), h0[_sel(g.rows)])
             g.reused_step = bool(g.step.reuse_step(g.view, probe))
         if g.block is not None and not g.reused_step:
             front, back = g.block.split(n_blocks)
@@ -62,14 +69,14 @@ def staged_forward(model, latents: torch.Tensor, timestep: torch.Tensor, text: t
             if g.block is None:
                 continue
             if start == g.front:
-                rows = g.rows
+                rows = _sel(g.rows)
                 g.reused_middle = bool(g.block.reuse_middle(g.view, h[rows] - h0[rows]))
                 if g.reused_middle:
                     h[rows] = h[rows] + g.block.middle_residual(g.view).to(h.dtype)
                 else:
                     g._mid_in = h[rows].clone()
             if start == g.mid_end and not g.reused_middle:
-                g.block.after_middle(g.view, h[g.rows] - g._mid_in)
+                g.block.after_middle(g.view, h[_sel(g.rows)] - g._mid_in)
                 g._mid_in = None
         if start == n_blocks:
             break
@@ -88,7 +95,7 @@ def staged_forward(model, latents: torch.Tensor, timestep: torch.Tensor, text: t
     for g in groups:
         if g.step is None:
             continue
-        rows = g.rows
+        rows = _sel(g.rows)
         if g.reused_step:
             h[rows] = h0[rows] + g.step.reused_residual(g.view).to(h.dtype)
         else:
