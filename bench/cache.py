@@ -5,7 +5,7 @@
     python bench/cache.py --smoke                  # CPU, tiny model: checks the command runs
 
 The forced schedule is a block interceptor (the seam every caching policy uses) that keeps the
-first and last ``front`` blocks and reuses the middle 40% of the blocks at every step after the
+first and last 30% of the blocks and reuses the middle 40% at every step after the
 first, so each timed step runs 60% of the block evaluations. It runs through the same staged
 forward as the policies (``fastvideo3.extend.runner``), with the per-request state and residual
 in a RowView, on the fast DiT path, eagerly (no CUDA graph) like the uncached baseline here.

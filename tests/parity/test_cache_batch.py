@@ -26,7 +26,7 @@ def _alone(card):
         return [engine.generate(p, seed=s, cache=CACHE, **OPTS) for p, s in REQS]
 
 
-def _staggered(card, batching, forwards):
+def _staggered(card, batching):
     """Two requests start; once they are past warm-up (reusing), two more start (computing)."""
     with Engine(card, keep_latents=True, batching=batching) as engine:
         first = [engine.submit(p, seed=s, cache=CACHE, **OPTS) for p, s in REQS[:2]]
@@ -53,12 +53,12 @@ def test_mixed_batch_equals_each_request_alone(forwards):
     card = resolve_card("wan-tiny-seeded")
     alone = _alone(card)
     forwards.clear()
-    serial = _staggered(card, batching=False, forwards=forwards)
+    serial = _staggered(card, batching=False)
     assert all(len(f) == 1 for f in forwards)  # batching off: one request per forward
     for a, b in zip(serial, alone):
         assert np.array_equal(a.frames, b.frames) and torch.equal(a.latents, b.latents)
     forwards.clear()
-    batched = _staggered(card, batching=True, forwards=forwards)
+    batched = _staggered(card, batching=True)
     mixed = [f for f in forwards if len(f) == 4 and sorted(g[0] for g in f) == [False, False, True, True]]
     assert mixed, "no forward held two reusing and two computing requests"
     for f in mixed:  # reusing rows ran only the front and back block; computing rows all four
