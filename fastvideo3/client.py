@@ -209,9 +209,11 @@ class FleetClient:
                 guidance_scale_2: float | None = None,
                 rewards: list[str] | tuple[str, ...] = (), request_id: str | None = None, model: str = "",
                 deadline_s: float | None = None, fps: int | None = None, slo_class: str = "",
-                metadata: dict[str, str] | None = None, detached: bool = False, adapters: list | None = None):
+                metadata: dict[str, str] | None = None, detached: bool = False, adapters: list | None = None,
+                cache: dict | None = None):
         """The wire GenerateRequest for these (diffusers-named) parameters. ``detached``: the
-        request outlives this client's stream and can be re-attached by id (job-style APIs)."""
+        request outlives this client's stream and can be re-attached by id (job-style APIs).
+        ``cache``: an interceptor, ``{"policy": name, param: number-or-bool, ...}`` (docs/extend.md)."""
         from fastvideo3.v1 import scheduler_pb2
         msg = scheduler_pb2.GenerateRequest(prompt=prompt, request_id=request_id or "", model=model,
                                             output_format=output_format, slo_class=slo_class,
@@ -227,6 +229,15 @@ class FleetClient:
                             ("fps", fps)):
             if value is not None:
                 setattr(msg, name, value)
+        if cache is not None:
+            msg.cache.policy = str(cache.get("policy", ""))
+            for k, v in cache.items():
+                if k == "policy":
+                    continue
+                if isinstance(v, bool):
+                    msg.cache.flags[k] = v
+                else:
+                    msg.cache.params[k] = float(v)
         return msg
 
     def stream(self, prompt: str, *, timeout_s: float | None = None, **kw) -> Iterator[FleetEvent]:

@@ -32,6 +32,8 @@ class CacheKey:
     input_hash: str          # content hash of the inputs (see :func:`input_hash`)
     tokenizer_version: str = ""              # digest of tokenizer files, when separate from weights
     adapter_versions: tuple[str, ...] = ()   # LoRA / adapter digests applied, in order
+    #: interceptor settings that change outputs (fastvideo3.extend.settings.settings_key), "none"
+    interceptors: str = "none"
     contract_version: str = CONTRACT_VERSION
 
     def digest(self) -> str:

@@ -8,7 +8,7 @@ lives in :meth:`ModelCard._check_consistency`. Request-time checks against a car
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -202,6 +202,25 @@ class CapabilityMatrix(_Spec):
     batching: bool = True
 
 
+class ExtensionContract(_Spec):
+    """Which interceptors (fastvideo3.extend) the card allows, its default, and its tuned
+    parameters per policy. A distilled few-step recipe allows none: every step matters."""
+
+    allowed: list[str] = Field(default_factory=lambda: ["teacache", "fbcache", "dbcache"])
+    #: the interceptor a request gets when it names none ({"policy": ..., params}); None = none
+    default: dict[str, Any] | None = None
+    #: policy -> parameter defaults tuned for this card (a request's values override them)
+    params: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known(self) -> "ExtensionContract":
+        from fastvideo3.extend.settings import POLICIES
+        for name in [*self.allowed, *self.params, *([self.default.get("policy")] if self.default else [])]:
+            if name not in POLICIES and name != "none":
+                raise ValueError(f"extensions: unknown interceptor {name!r} (known: {', '.join(sorted(POLICIES))})")
+        return self
+
+
 class ModelCard(_Spec):
     model_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
     family: Literal["wan"] = "wan"
@@ -215,6 +234,7 @@ class ModelCard(_Spec):
     parallelism: ParallelismContract = Field(default_factory=ParallelismContract)
     checkpoint: CheckpointManifest = Field(default_factory=CheckpointManifest)
     limits: Limits = Field(default_factory=Limits)
+    extensions: ExtensionContract = Field(default_factory=ExtensionContract)
     #: text encoder sequence length (Wan: 512)
     max_text_tokens: int = Field(512, ge=1, le=4096)
 

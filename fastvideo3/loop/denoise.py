@@ -6,6 +6,8 @@ it is small and a resume point at every step boundary.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from fastvideo3.errors import NumericFault
 from fastvideo3.loop.protocol import Done, LoopResult, LoopState, Resources, StepResult, WorkPlan
 from fastvideo3.loop.samplers import make_schedule
@@ -49,6 +51,11 @@ class DenoiseState(LoopState):
     latent_norms: list[float] = []
     adapters: list[dict] = []  # [{"id", "version", "scale"}]: applied per row by the denoiser
     outputs: dict[str, dict] = {}
+    #: the request's interceptor settings (fastvideo3.extend), None for none
+    cache: dict | None = None
+    #: interceptor state (JSON): policy -> CFG stream -> values; the pool returns it updated
+    #: with each step's result, and it is checkpointed with the rest of this state
+    plugin_state: dict[str, Any] = {}
 
 
 class DenoiseLoop:
@@ -69,6 +76,7 @@ class DenoiseLoop:
             embeds={k: ctx[k] for k in ("prompt_embeds", "negative_embeds") if k in ctx},
             adapters=[dict(a) for a in getattr(request, "adapters", ())],
             **_experts(card, request, spec.num_train_timesteps if spec else 1000),
+            cache=getattr(request, "cache", None),
         )
 
     def expert(self, state: DenoiseState, k: int) -> str:
@@ -97,6 +105,8 @@ class DenoiseLoop:
         }
         if state.adapters:
             params["adapters"] = [dict(a) for a in state.adapters]
+        if state.cache:
+            params.update(cache=state.cache, plugin_state=state.plugin_state, num_steps=state.num_steps)
         inputs = dict(state.embeds)
         if state.experts:
             params["expert"] = expert
@@ -119,11 +129,16 @@ class DenoiseLoop:
         handoff = {k: v for k, v in result.outputs.items() if k.startswith(HANDOFF_PREFIX)}
         if handoff:
             upd["handoff"], upd["handoff_meta"] = handoff, dict(result.payload.get("handoff_meta", {}))
+        if state.cache and "plugin_state" in result.payload:
+            upd["plugin_state"] = result.payload["plugin_state"]
         if state.step + 1 >= state.num_steps:
             upd["outputs"] = dict(result.outputs)
             upd["done"] = True
         return state.model_copy(update=upd)
 
     def finalize(self, state: DenoiseState) -> LoopResult:
-        return LoopResult(state.request_id, self.loop_id, outputs=dict(state.outputs),
-                          payload={"latent_norms": list(state.latent_norms)})
+        payload = {"latent_norms": list(state.latent_norms)}
+        if state.cache:
+            from fastvideo3.extend.stats import summarize
+            payload["cache"] = {"settings": dict(state.cache), **summarize(state.plugin_state)}
+        return LoopResult(state.request_id, self.loop_id, outputs=dict(state.outputs), payload=payload)

@@ -39,6 +39,9 @@ class GenerateRequest:
     deadline_s: float | None = None
     #: LoRA adapters to apply, in order: ``[{"id": "style-a", "scale": 0.7}, ...]``
     adapters: list | None = None
+    #: an interceptor by name with its parameters ({"policy": "dbcache", "threshold": 0.1});
+    #: None = the card's default, {"policy": "none"} = none (see fastvideo3.extend.settings)
+    cache: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class ResolvedRequest:
     adapters: tuple = ()
     #: the low-noise expert's guidance on a two-expert card; None on a one-DiT card
     guidance_scale_2: float | None = None
+    cache: dict | None = None  # full interceptor settings, or None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -173,11 +177,13 @@ def resolve(req: GenerateRequest, card: ModelCard, *, precision: str = "fp32",
         raise InvalidRequest("must be 1-128 characters of [A-Za-z0-9-_.:]", field="request_id", limit="1..128 chars")
     card.check_recipe(loop="diffusion_denoise", steps=steps, sampler=sampler, precision=precision)
     lora = resolve_adapters(req.adapters, adapters)
+    from fastvideo3.extend.settings import resolve_cache
+    cache = resolve_cache(req.cache, card, steps)
     return ResolvedRequest(
         request_id=rid, model_id=card.model_id, prompt=req.prompt, negative_prompt=neg, num_frames=frames,
         height=sizes["height"], width=sizes["width"], num_inference_steps=steps, guidance_scale=guidance,
         seed=seed, flow_shift=shift, sampler=sampler, cfg_policy=cfg, precision=precision,
-        slo_class=req.slo_class, deadline_s=deadline, adapters=lora, guidance_scale_2=guidance_2,
+        slo_class=req.slo_class, deadline_s=deadline, adapters=lora, guidance_scale_2=guidance_2, cache=cache,
     )
 
 

@@ -123,7 +123,7 @@ class Engine:
                  height: int | None = None, width: int | None = None, num_inference_steps: int | None = None,
                  guidance_scale: float | None = None, guidance_scale_2: float | None = None, seed: int | None = None,
                  flow_shift: float | None = None, sampler: str | None = None, cfg_policy: str | None = None,
-                 adapters: list | None = None,
+                 adapters: list | None = None, cache: dict | None = None,
                  request_id: str | None = None, on_event: Callable[[Event], None] | None = None) -> Video:
         prev = self.scheduler.on_event
         self.scheduler.on_event = on_event or prev
@@ -131,7 +131,7 @@ class Engine:
             run = self.submit(prompt, negative_prompt=negative_prompt, num_frames=num_frames, height=height,
                               width=width, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
                               guidance_scale_2=guidance_scale_2, seed=seed, flow_shift=flow_shift, sampler=sampler,
-                              cfg_policy=cfg_policy, adapters=adapters, request_id=request_id)
+                              cfg_policy=cfg_policy, adapters=adapters, cache=cache, request_id=request_id)
             self.run(until=lambda: run.status in TERMINAL)
         finally:
             self.scheduler.on_event = prev
@@ -152,6 +152,8 @@ class Engine:
                         "adapter_mode": self.denoiser.adapters.describe()["mode"]},
             "timings_s": {k: round(v, 4) for k, v in run.phase_seconds.items()},
             "latent_norms": run.ctx.get("payloads", {}).get("diffusion_denoise", {}).get("latent_norms", []),
+            # every output-changing interceptor setting, and what it reused
+            "cache": run.ctx.get("payloads", {}).get("diffusion_denoise", {}).get("cache"),
             "fps": self.card.limits.fps,
             "fastvideo3_version": __import__("fastvideo3").__version__,
         }

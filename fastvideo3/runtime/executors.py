@@ -6,6 +6,7 @@ references published on its transport; results carry references and a few number
 """
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from dataclasses import dataclass, field
@@ -136,6 +137,8 @@ class Region:
     history: SamplerHistory
     embeds: dict[str, torch.Tensor] = field(default_factory=dict)
     step: int = 0
+    #: interceptor tensors ("policy/stream" -> name -> tensor); their JSON state is in the LoopState
+    plugin: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
 
 
 class DenoiserExecutor(_Base):
@@ -319,15 +322,15 @@ class DenoiserExecutor(_Base):
             reg = self.regions.get(request_id)
             if reg is None:
                 raise NotFound("no resident region for this request", field="request_id")
-            return snapshot_regions(self.identity, reg.latent, reg.history, reg.step)
+            return snapshot_regions(self.identity, reg.latent, reg.history, reg.step, plugin=reg.plugin)
 
     def restore(self, request_id: str, blob: bytes) -> int:
         """Replace the request's region with a snapshot (same fingerprint only); returns its step.
         Embeddings are fetched again by the next step (its unit names them)."""
         from fastvideo3.runtime.resident import restore_regions
-        latent, history, step = restore_regions(self.identity, blob, self.device)
+        latent, history, step, plugin = restore_regions(self.identity, blob, self.device, with_plugin=True)
         with self._lock:
-            self.regions[request_id] = Region(latent=latent, history=history, step=step)
+            self.regions[request_id] = Region(latent=latent, history=history, step=step, plugin=plugin)
         return step
 
     def describe(self) -> dict:
@@ -435,6 +438,9 @@ class DenoiserExecutor(_Base):
         # one forward per branch (classic) or one for all branches (batched / none)
         passes = [branches] if policy in ("batched", "none") else [(b,) for b in branches]
         preds: list[dict[str, torch.Tensor]] = [{} for _ in chunk]
+        intercepted = any(unit.params.get("cache") for unit, _ in chunk)
+        # each request's interceptor state for this step: a copy of its LoopState's, returned updated
+        plugin_states = [copy.deepcopy(unit.params.get("plugin_state") or {}) for unit, _ in chunk]
         for branch_set in passes:
             lat, ts, txt, index = [], [], [], []
             for i, (unit, reg) in enumerate(chunk):
@@ -447,7 +453,11 @@ class DenoiserExecutor(_Base):
             t = torch.tensor(ts, dtype=torch.float32, device=self.device)
             rows = [adapter_refs(chunk[i][0].params.get("adapters")) for i, _ in index]
             with self.adapters.batch(rows):
-                out = self._dit(x, t, torch.cat(txt), chunk[0][0].params.get("expert"))
+                if intercepted:
+                    out = self._dit_intercepted(x, t, torch.cat(txt), index, chunk, "+".join(branch_set), plugin_states,
+                                                chunk[0][0].params.get("expert"))
+                else:
+                    out = self._dit(x, t, torch.cat(txt), chunk[0][0].params.get("expert"))
             self.counters["forwards"] += 1
             self.counters["rows"] += len(index)
             self.counters["max_batch_rows"] = max(self.counters["max_batch_rows"], len(index))
@@ -469,6 +479,8 @@ class DenoiserExecutor(_Base):
                 res = StepResult(unit.unit_id, unit.request_id,
                                  metrics={"latent_norm": float(new.float().norm()), "finite": 1.0,
                                           "batch_rows": float(len(chunk) * len(branches))})
+                if p.get("cache"):
+                    res.payload["plugin_state"] = plugin_states[i]
                 if p.get("final"):
                     res.outputs["latents"] = self.transport.publish(unit.request_id, "latents", new).to_dict()
                 if p.get("handoff") and any(e not in self.dits for e in self.card.dit_components()):
@@ -477,6 +489,41 @@ class DenoiserExecutor(_Base):
             except Exception as e:  # noqa: BLE001 - request-local fault
                 self.regions.pop(unit.request_id, None)
                 results[unit.unit_id] = _fail(unit, e)
+
+
+    def _dit_intercepted(self, x, t, text, index, chunk, stream: str, plugin_states: list[dict],
+                         expert: str | None = None) -> torch.Tensor:
+        """One forward where each request's interceptors decide for its own rows
+        (:mod:`fastvideo3.extend.runner`); the eager path (no captured graph). Each expert of a
+        two-expert card keeps its own cached state (a residual of one expert means nothing to the other)."""
+        forward = self._forwards[expert] if expert is not None else self._forward
+        if expert is not None and expert != self.experts[0]:
+            stream = f"{stream}@{expert}"
+        from fastvideo3.extend.policies import build
+        from fastvideo3.extend.protocols import RowView
+        from fastvideo3.extend.runner import RowGroup, staged_forward
+        groups = []
+        for i, (unit, reg) in enumerate(chunk):
+            rows = [r for r, (j, _) in enumerate(index) if j == i]
+            settings = unit.params.get("cache")
+            if not settings:
+                groups.append(RowGroup(rows))
+                continue
+            step_icpt, block_icpt = build(settings)
+            name = settings["policy"]
+            state = plugin_states[i].setdefault(name, {}).setdefault(stream, {})
+            view = RowView(step=int(unit.params["step"]), num_steps=int(unit.params["num_steps"]), state=state,
+                           tensors=reg.plugin.setdefault(f"{name}/{stream}", {}))
+            groups.append(RowGroup(rows, view, step_icpt, block_icpt))
+        out = staged_forward(forward, x, t, text, groups)
+        n_blocks = forward.num_blocks
+        for g in groups:
+            if g.view is not None:  # block evaluations, counted per row
+                g.view.state["blocks_computed"] = g.view.state.get("blocks_computed", 0) + g.blocks_run * len(g.rows)
+                g.view.state["blocks_total"] = g.view.state.get("blocks_total", 0) + n_blocks * len(g.rows)
+            self.counters["blocks_computed"] = self.counters.get("blocks_computed", 0) + g.blocks_run * len(g.rows)
+            self.counters["blocks_total"] = self.counters.get("blocks_total", 0) + n_blocks * len(g.rows)
+        return out
 
 
 class DecoderExecutor(_Base):

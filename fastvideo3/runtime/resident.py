@@ -11,7 +11,8 @@ an earlier step after a scheduler restart; it never crosses a change of weights 
 
 Region order (contractual, fingerprinted): ``latent``, ``history.meta`` (int64:
 ``[step, order, lower_order_nums, this_order, has_last, present_0 .. present_{order-1}]``), then
-``history.model_output.<i>`` for each present output and ``history.last_sample`` if present.
+``history.model_output.<i>`` for each present output and ``history.last_sample`` if present, then
+the request's interceptor tensors (``plugin/<policy>/<stream>/<name>``, sorted).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from fastvideo3.export.regions import Snapshot, StateRegion, pack_regions, resto
 from fastvideo3.loop.samplers import SamplerHistory
 
 META = "history.meta"
+PLUGIN = "plugin"
 _META_FIXED = 5  # step, order, lower_order_nums, this_order, has_last
 
 
@@ -71,7 +73,8 @@ def snapshot_fingerprint(blob: bytes) -> str:
 
 # -- the denoiser's regions -----------------------------------------------------------------
 
-def snapshot_regions(identity: RuntimeIdentity, latent: torch.Tensor, history: SamplerHistory, step: int) -> bytes:
+def snapshot_regions(identity: RuntimeIdentity, latent: torch.Tensor, history: SamplerHistory, step: int,
+                     plugin: dict[str, dict[str, torch.Tensor]] | None = None) -> bytes:
     meta = history.meta()
     head = [int(step), int(meta["order"]), int(meta["lower_order_nums"]), int(meta["this_order"]),
             int(meta["has_last"])] + [int(p) for p in meta["present"]]
@@ -79,13 +82,22 @@ def snapshot_regions(identity: RuntimeIdentity, latent: torch.Tensor, history: S
     named += [(f"history.{k}", v) for k, v in history.tensors().items() if k.startswith("model_output.")]
     if history.last_sample is not None:
         named.append(("history.last_sample", history.last_sample))
+    for key in sorted(plugin or {}):  # interceptor tensors: plugin/<policy>/<stream>/<name>
+        named += [(f"{PLUGIN}/{key}/{name}", t) for name, t in sorted(plugin[key].items())]
     return snapshot_tensors(identity, named)
 
 
-def restore_regions(identity: RuntimeIdentity, blob: bytes,
-                    device: str | torch.device = "cpu") -> tuple[torch.Tensor, SamplerHistory, int]:
-    """``(latent, history, step)`` from a denoiser snapshot; refuses another identity or layout."""
+def restore_regions(identity: RuntimeIdentity, blob: bytes, device: str | torch.device = "cpu", *,
+                    with_plugin: bool = False):
+    """``(latent, history, step)`` from a denoiser snapshot (``with_plugin``: and the interceptor
+    tensors, ``{"policy/stream": {name: tensor}}``); refuses another identity or layout."""
     tensors = restore_tensors(identity, blob)
+    plugin: dict[str, dict[str, torch.Tensor]] = {}
+    for name in [n for n in tensors if n.startswith(PLUGIN + "/")]:
+        parts = name.split("/")
+        if len(parts) != 4:
+            raise RegionLayoutError(f"malformed interceptor region {name!r}", field="regions")
+        plugin.setdefault(f"{parts[1]}/{parts[2]}", {})[parts[3]] = tensors.pop(name).to(device)
     if "latent" not in tensors or META not in tensors:
         raise RegionLayoutError("not a denoiser snapshot (needs 'latent' and 'history.meta')", field="regions")
     head = [int(x) for x in tensors[META].tolist()]
@@ -99,4 +111,6 @@ def restore_regions(identity: RuntimeIdentity, blob: bytes,
                                       "present": present, "has_last": bool(has_last)}, hist)
     if sum(present) != sum(k.startswith("model_output.") for k in hist) or bool(has_last) != ("last_sample" in hist):
         raise RegionLayoutError("history regions disagree with history.meta", field="regions")
+    if with_plugin:
+        return tensors["latent"].to(device), history, step, plugin
     return tensors["latent"].to(device), history, step

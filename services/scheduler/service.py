@@ -77,6 +77,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             kw["adapters"] = [{"id": a.id, "scale": a.scale} for a in msg.adapters]
             if any(a.id not in self.adapters for a in msg.adapters):
                 self._refresh_adapters()  # loaded through another scheduler replica, perhaps
+        if msg.HasField("cache"):
+            kw["cache"] = {"policy": msg.cache.policy, **dict(msg.cache.params), **dict(msg.cache.flags)}
         req = GenerateRequest(prompt=msg.prompt, request_id=msg.request_id or None,
                               slo_class=msg.slo_class or "interactive", **kw)
         resolved = resolve(req, self.card, precision=self.precision, adapters=dict(self.adapters))
@@ -182,6 +184,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                          if role == "denoiser"}},
             "timings_s": {k: round(v, 4) for k, v in data.get("phase_seconds", {}).items()},
             "latent_norms": run.ctx.get("payloads", {}).get("diffusion_denoise", {}).get("latent_norms", []),
+            # every output-changing interceptor setting, and what it reused
+            "cache": run.ctx.get("payloads", {}).get("diffusion_denoise", {}).get("cache"),
             "fps": run.ctx.get("fps", self.card.limits.fps),
             "fastvideo3_version": fastvideo3.__version__,
             "output_format": run.ctx.get("encode"),

@@ -225,27 +225,70 @@ class WanDiT(nn.Module):
         return grid(self.rope_cos), grid(self.rope_sin)
 
     def forward(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, tap: Tap = None):
-        b, _, f, h, w = latents.shape
+        stage = self.embed(latents, timestep, text)
+        x = stage.x
+        if tap:
+            tap("patch_embed", x)
+            tap("temb", stage.temb)
+        for i, block in enumerate(self.blocks):
+            x = block(x, stage.ctx, stage.temb6, stage.rope)
+            if tap:
+                tap(f"block.{i}", x)
+        out = self.head(stage, x)
+        if tap:
+            tap("output", out)
+        return out
+
+    # -- the forward in stages (block-range interceptors run between them) ----------------
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    def embed(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor) -> "DitStage":
+        """Patch embedding, condition embedding and RoPE: what every block range needs."""
+        _, _, f, h, w = latents.shape
         pt, ph, pw = self.cfg.patch_size
         ff, hh, ww = f // pt, h // ph, w // pw
         if max(ff, hh, ww) > self.cfg.rope_max_seq_len:
             raise ValueError(f"latent grid {ff}x{hh}x{ww} exceeds rope_max_seq_len {self.cfg.rope_max_seq_len}")
-        rope = self.rope(ff, hh, ww)
         x = self.patch_embedding(latents).flatten(2).transpose(1, 2).contiguous()
         temb, temb6, ctx = self.condition_embedder(timestep, text)
-        temb6 = temb6.unflatten(1, (6, -1))
-        if tap:
-            tap("patch_embed", x)
-            tap("temb", temb)
-        for i, block in enumerate(self.blocks):
-            x = block(x, ctx, temb6, rope)
-            if tap:
-                tap(f"block.{i}", x)
-        shift, scale = (self.scale_shift_table + temb.unsqueeze(1)).chunk(2, dim=1)
+        return DitStage(x=x, ctx=ctx, temb=temb, temb6=temb6.unflatten(1, (6, -1)), rope=self.rope(ff, hh, ww),
+                        grid=(ff, hh, ww))
+
+    def run_blocks(self, stage: "DitStage", x: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """Blocks ``[start, end)`` on the hidden states ``x`` of the stage's rows."""
+        for block in self.blocks[start:end]:
+            x = block(x, stage.ctx, stage.temb6, stage.rope)
+        return x
+
+    def modulated_input(self, stage: "DitStage", x: torch.Tensor) -> torch.Tensor:
+        """The first block's time-modulated, normed input (the step-reuse probe)."""
+        blk = self.blocks[0]
+        shift, scale = (blk.scale_shift_table + stage.temb6.float()).chunk(6, dim=1)[:2]
+        return _layer_norm_fp32(x, blk.eps) * (1 + scale) + shift
+
+    def head(self, stage: "DitStage", x: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        ff, hh, ww = stage.grid
+        pt, ph, pw = self.cfg.patch_size
+        shift, scale = (self.scale_shift_table + stage.temb.unsqueeze(1)).chunk(2, dim=1)
         x = (_layer_norm_fp32(x, self.cfg.eps) * (1 + scale) + shift).type_as(x)
         x = self.proj_out(x)
         x = x.reshape(b, ff, hh, ww, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
-        out = x.flatten(6, 7).flatten(4, 5).flatten(2, 3)
-        if tap:
-            tap("output", out)
-        return out
+        return x.flatten(6, 7).flatten(4, 5).flatten(2, 3)
+
+
+@dataclass
+class DitStage:
+    """One forward's block inputs: per-row tensors (``select`` keeps some rows) and shared RoPE."""
+
+    x: torch.Tensor       # [B, N, D] hidden states entering block 0
+    ctx: torch.Tensor     # [B, T, D] projected text
+    temb: torch.Tensor    # [B, D]
+    temb6: torch.Tensor   # [B, 6, D]
+    rope: tuple[torch.Tensor, torch.Tensor]
+    grid: tuple[int, int, int]
+
+    def select(self, rows: torch.Tensor) -> "DitStage":
+        return DitStage(self.x[rows], self.ctx[rows], self.temb[rows], self.temb6[rows], self.rope, self.grid)

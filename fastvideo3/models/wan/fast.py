@@ -238,6 +238,79 @@ class FastWanDiT:
             tap("output", out)
         return out
 
+    # -- the forward in stages (block-range interceptors run between them) ----------------
+    # The same math as ``forward``; a range starts by norming its input again (the fused
+    # residual+norm rounds the residual first, so the recomputed norm is the same value).
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @torch.no_grad()
+    def embed(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor) -> "FastStage":
+        dit, cfg = self.base, self.cfg
+        b, c, f, h, w = latents.shape
+        pt, ph, pw = cfg.patch_size
+        ff, hh, ww = f // pt, h // ph, w // pw
+        if max(ff, hh, ww) > cfg.rope_max_seq_len:
+            raise ValueError(f"latent grid {ff}x{hh}x{ww} exceeds rope_max_seq_len {cfg.rope_max_seq_len}")
+        n, d = ff * hh * ww, cfg.inner_dim
+        patches = latents.reshape(b, c, ff, pt, hh, ph, ww, pw).permute(0, 2, 4, 6, 1, 3, 5, 7)
+        x = F.linear(patches.reshape(b, n, -1), self.patch_w, self.patch_b)
+        temb, temb6, ctx = dit.condition_embedder(timestep, text)
+        mod = self.mod_table + temb6.float().view(1, b, 6, d)
+        final = dit.scale_shift_table.float() + temb.float().unsqueeze(1)
+        k_all, v_all = self._cross_kv(ctx)
+        rope = RopeGrid(dit.rope_cos, dit.rope_sin, (ff, hh, ww), *self.rope_split)
+        return FastStage(x, mod, final, k_all, v_all, rope, (ff, hh, ww))
+
+    @torch.no_grad()
+    def run_blocks(self, stage: "FastStage", x: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        impl, eps, d = self.kernels, self.cfg.eps, self.cfg.inner_dim
+        heads, hd = self.heads, self.head_dim
+        x = x.clone()  # the residual stream is updated in place below; the caller keeps its input
+        b, n, _ = x.shape
+        mod, final = stage.mod, stage.final
+        hidden = add_norm(x, None, None, mod[start, :, 1], mod[start, :, 0], modulate=True, eps=eps, impl=impl)
+        for i in range(start, end):
+            blk, m = self.blocks[i], mod[i]
+            qkv = F.linear(hidden, blk.qkv_w, blk.qkv_b)
+            qk = qk_norm_rope(qkv, blk.qk_norm, parts=2, eps=eps, heads=heads, rope=stage.rope, impl=impl)
+            o = attention(qk[..., :d].view(b, n, heads, hd), qk[..., d:].view(b, n, heads, hd),
+                          qkv[..., 2 * d:].view(b, n, heads, hd), self.attention)
+            y = F.linear(o.reshape(b, n, d), blk.out_w, blk.out_b)
+            if blk.norm2_w is not None:
+                hidden = add_norm(x, y, m[:, 2], blk.norm2_w, blk.norm2_b, modulate=False, eps=eps, impl=impl)
+            else:
+                x.copy_((x.float() + y.float() * m[:, 2].unsqueeze(1)).to(x.dtype))
+                hidden = x.clone()
+            q = qk_norm_rope(F.linear(hidden, blk.q2_w, blk.q2_b), blk.q2_norm, parts=1, eps=eps, heads=heads,
+                             impl=impl)
+            o = attention(q.view(b, n, heads, hd), stage.k_all[i], stage.v_all[i], self.cross_attention)
+            y = F.linear(o.reshape(b, n, d), blk.out2_w, blk.out2_b)
+            hidden = add_norm(x, y, None, m[:, 4], m[:, 3], modulate=True, eps=eps, impl=impl)
+            y = F.linear(self._gelu_linear(hidden, blk.ff1_w, blk.ff1_b), blk.ff2_w, blk.ff2_b)
+            scale, shift = (mod[i + 1, :, 1], mod[i + 1, :, 0]) if i + 1 < len(self.blocks) else (
+                final[:, 1], final[:, 0])
+            hidden = add_norm(x, y, m[:, 5], scale, shift, modulate=True, eps=eps, impl=impl)
+        return x
+
+    @torch.no_grad()
+    def modulated_input(self, stage: "FastStage", x: torch.Tensor) -> torch.Tensor:
+        m = stage.mod[0]
+        return F.layer_norm(x.float(), (x.shape[-1],), eps=self.cfg.eps) * (1 + m[:, 1].unsqueeze(1)) + m[:, 0].unsqueeze(1)
+
+    @torch.no_grad()
+    def head(self, stage: "FastStage", x: torch.Tensor) -> torch.Tensor:
+        dit, cfg = self.base, self.cfg
+        b = x.shape[0]
+        ff, hh, ww = stage.grid
+        pt, ph, pw = cfg.patch_size
+        hidden = add_norm(x, None, None, stage.final[:, 1], stage.final[:, 0], modulate=True, eps=cfg.eps,
+                          impl=self.kernels)
+        out = F.linear(hidden, dit.proj_out.weight, dit.proj_out.bias)
+        out = out.reshape(b, ff, hh, ww, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
+        return out.flatten(6, 7).flatten(4, 5).flatten(2, 3)
+
     def _cross_kv(self, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Every block's normed cross-attention K and its V: two [layers, B, T, H, head_dim] tensors."""
         b, t, d = ctx.shape
@@ -261,3 +334,20 @@ class FastWanDiT:
                 *x.shape[:-1], w.shape[0])
         return F.gelu(F.linear(x, w, b), approximate="tanh")
 
+
+
+@dataclass
+class FastStage:
+    """One forward's block inputs on the fast path; ``select`` keeps some rows."""
+
+    x: torch.Tensor       # [B, N, D]
+    mod: torch.Tensor     # [layers, B, 6, D]
+    final: torch.Tensor   # [B, 2, D]
+    k_all: torch.Tensor   # [layers, B, T, H, hd]
+    v_all: torch.Tensor
+    rope: RopeGrid
+    grid: tuple[int, int, int]
+
+    def select(self, rows: torch.Tensor) -> "FastStage":
+        return FastStage(self.x[rows], self.mod[:, rows], self.final[rows], self.k_all[:, rows],
+                         self.v_all[:, rows], self.rope, self.grid)
