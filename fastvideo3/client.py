@@ -48,6 +48,34 @@ def error_from_rpc(err: grpc.RpcError) -> FastVideoError:
     return from_code(code, details or code)
 
 
+def error_data(e) -> dict[str, Any]:
+    """A wire ``Error`` as plain data: code, message, field, limit, step, retry hint, and the loss
+    report — ``retryable`` (None: not said), ``resume_from_step`` and ``loss`` (role, replica,
+    step_reached, checkpoint; None when no replica was lost)."""
+    from fastvideo3.v1 import common_pb2
+    loss = ({"role": e.loss.role, "replica": e.loss.replica, "step_reached": e.loss.step_reached,
+             "checkpoint": e.loss.checkpoint} if e.HasField("loss") else None)
+    return {"code": common_pb2.Error.Code.Name(e.code), "message": e.message, "field": e.field or None,
+            "limit": e.limit or None, "step": e.step if e.HasField("step") else None,
+            "retry_after_s": e.retry_after_s if e.HasField("retry_after_s") else None,
+            "retryable": e.retryable if e.HasField("retryable") else None,
+            "resume_from_step": e.resume_from_step if e.HasField("resume_from_step") else None,
+            "loss": loss, "details": dict(e.details)}
+
+
+def loss_details(d: dict[str, Any]) -> dict[str, Any]:
+    """:func:`error_data`'s loss report back as typed-error ``details`` (fastvideo3.errors.LOSS_KEYS)."""
+    out = dict(d.get("details") or {})
+    for key in ("retryable", "resume_from_step"):
+        if d.get(key) is not None:
+            out[key] = d[key]
+    loss = d.get("loss") or {}
+    if loss:
+        out.update(lost_role=loss["role"], lost_replica=loss["replica"], step_reached=loss["step_reached"],
+                   checkpoint=loss["checkpoint"])
+    return out
+
+
 @dataclass
 class FleetEvent:
     """One event of a request's stream. ``kind``: accepted, queued, progress, preview, artifact,
@@ -125,10 +153,7 @@ def _event(msg) -> FleetEvent:
                 "data": bytes(body.data), "total_bytes": body.total_bytes, "checksum": body.checksum,
                 "sidecar": json.loads(body.sidecar_json) if body.sidecar_json else None}
     elif kind == "error":
-        e = body.error
-        from fastvideo3.v1 import common_pb2
-        data = {"code": common_pb2.Error.Code.Name(e.code), "message": e.message, "field": e.field or None,
-                "limit": e.limit or None, "step": e.step if e.HasField("step") else None}
+        data = error_data(body.error)
     elif kind == "finished":
         data = {"state": STATES[body.state], "timings": dict(body.timings), "rewards": dict(body.rewards),
                 "gpu_seconds": body.gpu_seconds}
@@ -260,7 +285,8 @@ class FleetClient:
             if error is not None:
                 d = error.data
                 raise from_code(d["code"], d["message"], field=d["field"], limit=d["limit"], step=d["step"],
-                                request_id=error.request_id)
+                                request_id=error.request_id, retry_after_s=d.get("retry_after_s"),
+                                details=loss_details(d))
             raise Internal("the stream ended without a result")
         data = b"".join(chunks)
         want = meta.get("checksum", "")
@@ -287,9 +313,7 @@ class FleetClient:
             s = self.stub.GetRequest(scheduler_pb2.GetRequestRequest(request_id=request_id), timeout=self.rpc_timeout_s)
         except grpc.RpcError as err:
             raise error_from_rpc(err) from None
-        from fastvideo3.v1 import common_pb2
-        err = ({"code": common_pb2.Error.Code.Name(s.error.code), "message": s.error.message,
-                "field": s.error.field or None} if s.HasField("error") else None)
+        err = error_data(s.error) if s.HasField("error") else None
         return {"request_id": s.request_id, "state": STATES[s.state], "card_id": s.card_id, "phase": s.phase,
                 "step": s.step, "total": s.total, "last_seq": s.last_seq, "error": err}
 

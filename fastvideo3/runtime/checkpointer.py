@@ -46,8 +46,10 @@ def _healthy(ex: Any) -> bool:
 
 
 class Checkpointer:
-    def __init__(self, store, *, every: int = 1, retry_s: float = 1.0, max_recoveries: int = 3):
+    def __init__(self, store, *, every: int = 1, retry_s: float = 1.0, max_recoveries: int = 3,
+                 media_max_bytes: int = 64 << 20):
         self.store = store
+        self.media_max_bytes = int(media_max_bytes)  # finished outputs up to this size are kept in the store
         self.every = max(0, int(every))
         self.retry_s = retry_s
         self.max_recoveries = max_recoveries
@@ -56,12 +58,13 @@ class Checkpointer:
         self.recoveries: dict[str, int] = {}
         # request -> terminal status not yet written (REFUSED: an admission whose write may have landed)
         self.pending_ends: dict[str, str] = {}
+        self._end_infos: dict[str, dict] = {}  # request -> what end_request records with its status
         self._down_until = 0.0
         self._lock = threading.Lock()
         self.counters: dict[str, float] = {
             "checkpoints": 0, "snapshots": 0, "snapshot_bytes": 0, "checkpoint_skipped_store_down": 0,
             "checkpoint_errors": 0, "store_errors": 0, "recovered": 0, "recovery_failed": 0, "resumed": 0,
-            "resume_failed": 0, "ends_deferred": 0,
+            "resume_failed": 0, "ends_deferred": 0, "media_stored": 0, "revived": 0,
         }
 
     def attach(self, sched) -> "Checkpointer":
@@ -99,6 +102,17 @@ class Checkpointer:
         with self._lock:
             self.pending_ends.pop(run.request_id, None)  # registered now: an older cleanup must not touch it
 
+    def checkpoint_step(self, run) -> int | None:
+        """The denoise step the request's latest record lets it continue from (None: no record)."""
+        rec = self.latest.get(run.request_id)
+        if rec is None:
+            return None
+        if rec.loop_id == DENOISE:
+            return rec.step
+        if DENOISE in run.program and rec.loop_index > run.program.index(DENOISE):
+            return int(run.request.num_inference_steps)
+        return 0
+
     # -- checkpoints ------------------------------------------------------------------------
     def checkpoint(self, run) -> None:
         """Called after each applied result (scheduler lock held)."""
@@ -107,12 +121,12 @@ class Checkpointer:
             return
         loop = run.loop_id
         snapshot, role, fingerprint = b"", "", ""
-        if loop == DENOISE and not d.state.done:
-            if d.state.step % self.every:
+        if loop == DENOISE:  # the final latents too: a decode that loses them re-decodes from here
+            if d.state.step % self.every and not d.state.done:
                 return
             role = SNAPSHOT_ROLES[loop]
             snapshot, fingerprint = self._snapshot(run, role)
-            if not snapshot:
+            if not snapshot and not d.state.done:
                 return  # keep the previous record rather than one that cannot be resumed exactly
         record = record_of(run, snapshot=snapshot, snapshot_role=role, snapshot_fingerprint=fingerprint)
         self.latest[run.request_id] = record
@@ -226,13 +240,18 @@ class Checkpointer:
             for loop_id, data in (run.artifacts or {}).items():
                 meta = {"name": f"video.{fmt}", "loop": loop_id, "bytes": len(data),
                         "checksum": "sha256:" + hashlib.sha256(data).hexdigest()}
-                try:
+                try:  # the video itself first: the store says SUCCEEDED only once it holds the video
+                    if len(data) <= self.media_max_bytes and self.store.put_media(rid, meta["name"], data):
+                        meta["stored"] = True
+                        self.counters["media_stored"] += 1
                     self.store.put_artifact(rid, meta["name"], meta)
                 except Unavailable as e:
                     self._store_failed(e)
                     break
                 except FastVideoError:
                     break
+        with self._lock:
+            self._end_infos[rid] = end_info(run)
         self._end(rid, status)
 
     def _end(self, rid: str, status: str) -> bool:
@@ -241,9 +260,10 @@ class Checkpointer:
                 if status in ("CANCELLED", "REFUSED"):  # nothing of it remains; its id is free
                     self.store.delete_request(rid)
                 else:
-                    self.store.end_request(rid, status)
+                    self.store.end_request(rid, status, self._end_infos.get(rid))
                 with self._lock:
                     self.pending_ends.pop(rid, None)
+                    self._end_infos.pop(rid, None)
                 return True
             except Unavailable as e:
                 self._store_failed(e)
@@ -269,6 +289,56 @@ class Checkpointer:
             self.store.delete_request(run.request_id)
         except FastVideoError:
             pass
+
+    # -- ended requests, read back ------------------------------------------------------------
+    def ended(self, rid: str) -> dict | None:
+        """An ended request as the store keeps it (within its TTL): ``meta`` (as registered),
+        ``status``, ``info`` (error, progress, timings) and ``media`` (name -> bytes); None if the
+        store does not know it as ended. Raises Unavailable when the store cannot be reached."""
+        status = self.store.status(rid)
+        if status is None or status == "INFLIGHT":
+            return None
+        meta = self.store.get_request(rid) or {}
+        media = {}
+        for name, art in self.store.artifacts(rid).items():
+            if art.get("stored"):
+                data = self.store.media(rid, name)
+                if data is not None:
+                    media[art.get("loop") or "vae_decode"] = data
+        return {"meta": meta, "status": status, "info": self.store.end_info(rid) or {}, "media": media}
+
+    def revive(self, request, card, program, ctx):
+        """Run a request that failed with a retryable error again, under its id: it is registered
+        anew and continues from the checkpoint it left (its ``resume_from_step``) or starts over.
+        Returns the adopted RequestRun (scheduler lock held by the caller)."""
+        from fastvideo3.runtime.scheduler import RequestRun
+        rid = request.request_id
+        ck = None
+        try:
+            ck = self.store.load_checkpoint(rid)
+        except Unavailable as e:
+            self._store_failed(e)
+        fresh = RequestRun(request=request, card=card, program=tuple(program), ctx=dict(ctx))
+        self.register(fresh)  # replaces the ended record (and its checkpoint): write it back below
+        run, rec = fresh, None
+        if ck is not None:
+            try:
+                rec = RunRecord.from_bytes(ck.loop_state)
+                run = rebuild_run(rec, card)
+                run.ctx.update(ctx)
+                self._resume_resident(run, rec)
+                self.latest[rid] = rec
+                self._write(rec)
+            except FastVideoError as e:
+                log.warning("checkpoint of %s not usable, starting over: %s", rid, e.one_line())
+                run, rec = fresh, None
+        if rec is None:
+            self.sched.release(rid)
+        run.resumed = True
+        self.sched.adopt(run)
+        self.counters["revived"] += 1
+        log.info("request %s runs again from %s", rid, f"step {rec.step}" if rec is not None else "the start")
+        return run
 
     # -- resume after a scheduler restart -----------------------------------------------------
     def resume(self, card) -> list[str]:
@@ -331,3 +401,27 @@ class Checkpointer:
         run.placement.pop("denoiser", None)
         if mid_denoise:
             run.driver = None
+
+
+def end_info(run) -> dict:
+    """What the store records with a request's terminal status: its error, progress and timings
+    (read back by a scheduler that did not run it, for GetRequest and re-attach)."""
+    err = run.error
+    step, total = run.progress()
+    last = next((e for e in reversed(run.events) if e.kind == "progress"), None)
+    if last is not None:
+        step, total = int(last.data.get("step", 0)), int(last.data.get("total", 0))
+    out = {"step": step, "total": total, "phase_seconds": dict(run.phase_seconds), "started": run.started,
+           "ended": time.time()}
+    if err is not None:
+        import json
+        details = {}
+        for k, v in err.details.items():
+            try:
+                json.dumps(v)
+                details[k] = v
+            except (TypeError, ValueError):
+                details[k] = str(v)
+        out["error"] = {"code": err.code, "message": err.message, "field": err.field, "limit": err.limit,
+                        "step": err.step, "retry_after_s": err.retry_after_s, "details": details}
+    return out

@@ -34,6 +34,9 @@ from fastvideo3.runtime.workunit import WorkUnit
 
 PROGRAM_T2V = ("text_encode", "diffusion_denoise", "vae_decode")
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+#: error codes after which the same request sent again (same id, same parameters) can succeed:
+#: something outside the request failed (a replica, the store, a transfer, the load)
+RETRYABLE_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "DATA_LOSS", "CANCELLED")
 
 
 @dataclass
@@ -105,6 +108,7 @@ class CoreScheduler:
         checkpoint: Callable[[RequestRun], None] | None = None,
         admit_hook: Callable[[RequestRun], None] | None = None,
         recover: Callable[[RequestRun, WorkUnit, StepResult], bool] | None = None,
+        checkpoint_step: Callable[[RequestRun], int | None] | None = None,
         parallel_dispatch: bool = False,
         dispatch_workers: int = 4,
         pipelined: bool = False,
@@ -134,6 +138,9 @@ class CoreScheduler:
         # lost to another replica instead of failing it (True = it continues)
         self.admit_hook = admit_hook
         self.recover = recover
+        # the denoise step a request's latest checkpoint was taken at (None: no checkpoint); it is
+        # what a retry continues from, reported on every terminal error (``resume_from_step``)
+        self.checkpoint_step = checkpoint_step
         self.pricer = pricer
         self.admission = admission
         if telemetry is None:
@@ -500,6 +507,10 @@ class CoreScheduler:
             run.artifacts[loop_id] = res.inline
         if not res.ok and self.recover is not None and self.recover(run, unit, res):
             return  # moved to another replica; it continues from its last snapshot
+        if not res.ok and res.error is not None and (res.error.details.get("dispatch_failed")
+                                                     or res.error.details.get("lost_region")):
+            self._terminate(run, "FAILED", self._lost(run, unit, res.error))
+            return
         try:
             run.driver.apply(res)
         except FastVideoError as e:
@@ -515,6 +526,30 @@ class CoreScheduler:
             self._emit(run, "progress", {"phase": loop_id, "step": run.progress()[0], "total": run.progress()[1]})
         if self.checkpoint is not None:
             self.checkpoint(run)
+
+    def _lost(self, run: RequestRun, unit: WorkUnit, err: ErrorInfo) -> Unavailable:
+        """The terminal error of a request whose replica was lost with none to take over: it names
+        the role, the replica, the step reached and whether a checkpoint exists, and says what to
+        do (the transport's own text is kept in ``details["cause"]``)."""
+        idx = run.placement.get(unit.role)
+        replicas = self.executors.get(unit.role) or []
+        ex = replicas[idx] if idx is not None and idx < len(replicas) else None
+        replica = str(getattr(ex, "replica_id", "") or getattr(ex, "target", "") or (idx if idx is not None else "?"))
+        step, total = run.progress()
+        ck = self.checkpoint_step(run) if self.checkpoint_step is not None else None
+        healthy = sum(getattr(r, "healthy", True) is not False for r in replicas)
+        where = "no healthy replica of the role is left" if not healthy else "no other replica could take it over"
+        saved = (f"a checkpoint at step {ck} exists: sending the same request again (same id and parameters) "
+                 f"resumes from it" if ck is not None else
+                 "no checkpoint exists: sending the same request again (same id and parameters) starts it over")
+        lost = "lost its region" if err.details.get("lost_region") else "was lost"
+        from fastvideo3.errors import loss_report
+        return Unavailable(
+            f"{unit.role} replica {replica} {lost} at denoise step {step} of {total} and {where}; {saved}",
+            field="role", limit=unit.role, step=step, retry_after_s=err.retry_after_s or 1.0,
+            details={"cause": err.message, **loss_report(retryable=True, resume_from_step=ck or 0, role=unit.role,
+                                                         replica=replica, step_reached=step,
+                                                         checkpoint=ck is not None)})
 
     # -- terminal states -----------------------------------------------------------------
     def _finish(self, run: RequestRun) -> None:
@@ -534,6 +569,13 @@ class CoreScheduler:
             self.telemetry.dropped([unit], f"request {status.lower()} before dispatch")
         run.status = status
         run.error = ErrorInfo.of(exc)
+        if "retryable" not in run.error.details:  # every terminal error says whether a retry can succeed
+            from fastvideo3.errors import loss_report
+            ck = self.checkpoint_step(run) if self.checkpoint_step is not None else None
+            retry = run.error.code in RETRYABLE_CODES
+            run.error = dataclasses.replace(run.error, details={
+                **run.error.details, **loss_report(retryable=retry, resume_from_step=(ck or 0) if retry else None,
+                                                   checkpoint=ck is not None)})
         run.driver = None
         self.counters["cancelled" if status == "CANCELLED" else "failed"] += 1
         self.release(run.request_id)

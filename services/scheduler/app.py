@@ -158,6 +158,7 @@ def _build(cfg: SchedulerConfig, host: ServiceHost):
     runtime = FleetRuntime(replicas, batching=cfg.batching, max_batch=max_batch, max_running=cfg.max_running,
                            max_queued=cfg.max_queued, retain_finished=cfg.retain_finished, pricer=pricer,
                            admission=admission, telemetry=telemetry, checkpointer=checkpointer)
+    runtime.card_of = lambda card_id: card if card_id == card.model_id else None
     resumed = checkpointer.resume(card)  # requests a previous scheduler left in flight
     if resumed:
         log.info("resumed %d in-flight request(s) from %s: %s", len(resumed), checkpointer.store.address,

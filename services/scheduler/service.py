@@ -137,7 +137,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     # -- Cancel / GetRequest ------------------------------------------------------------------
     def Cancel(self, request, context):  # noqa: N802
-        run = self.runtime.get(request.request_id)
+        run = self.runtime.lookup(request.request_id)
         if run is None:
             abort(context, NotFound("no such request", field="request_id"))
         ok = self.runtime.cancel(request.request_id)
@@ -146,7 +146,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.CancelResponse(request_id=request.request_id, cancelled=ok, state=STATE.Value(run.status))
 
     def GetRequest(self, request, context):  # noqa: N802
-        run = self.runtime.get(request.request_id)
+        run = self.runtime.lookup(request.request_id)  # an ended request is read back from the store
         if run is None:
             abort(context, NotFound("no such request (or no longer retained)", field="request_id"))
         step, total = run.progress()
