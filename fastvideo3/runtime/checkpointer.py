@@ -47,8 +47,11 @@ def _healthy(ex: Any) -> bool:
 
 class Checkpointer:
     def __init__(self, store, *, every: int = 1, retry_s: float = 1.0, max_recoveries: int = 3,
-                 media_max_bytes: int = 64 << 20):
+                 media_max_bytes: int = 64 << 20, replica_wait_s: float = 30.0):
         self.store = store
+        # a single-step loop (decode, encode, reward) whose last replica was lost waits this long
+        # for one to serve again, then runs again there (its inputs live elsewhere)
+        self.replica_wait_s = float(replica_wait_s)
         self.media_max_bytes = int(media_max_bytes)  # finished outputs up to this size are kept in the store
         self.every = max(0, int(every))
         self.retry_s = retry_s
@@ -64,7 +67,7 @@ class Checkpointer:
         self.counters: dict[str, float] = {
             "checkpoints": 0, "snapshots": 0, "snapshot_bytes": 0, "checkpoint_skipped_store_down": 0,
             "checkpoint_errors": 0, "store_errors": 0, "recovered": 0, "recovery_failed": 0, "resumed": 0,
-            "resume_failed": 0, "ends_deferred": 0, "media_stored": 0, "revived": 0,
+            "resume_failed": 0, "ends_deferred": 0, "media_stored": 0, "revived": 0, "parked": 0,
         }
 
     def attach(self, sched) -> "Checkpointer":
@@ -182,6 +185,18 @@ class Checkpointer:
         order = [i for i in range(len(replicas)) if _healthy(replicas[i])]
         if lost_pool:  # somewhere else first
             order.sort(key=lambda i: (i == failed, self.sched.inflight.get(id(replicas[i]), 0)))
+        if not order and lost_pool and role not in SNAPSHOT_ROLES.values() and self.replica_wait_s > 0 \
+                and replicas:
+            # nothing of the request lives on this role's replicas: wait for one to come back
+            # (a restarted decoder re-decodes the final latents, still held by the denoiser)
+            self.sched.park(run, role, self.replica_wait_s, self.sched._lost(run, unit, err))
+            self.recoveries[rid] = self.recoveries.get(rid, 0) + 1
+            self.counters["parked"] += 1
+            log.warning("request %s waits up to %.0fs for a %s replica (%s)", rid, self.replica_wait_s, role,
+                        err.message)
+            self.sched._emit(run, "resumed", {"role": role, "replica": -1, "step": run.progress()[0],
+                                              "reason": err.message, "waiting": True})
+            return True
         if not order:
             self.counters["recovery_failed"] += 1
             return False

@@ -74,6 +74,11 @@ class RequestRun:
     in_flight: bool = False
     #: pipelined dispatch: a planned unit held back because its replica was busy (sent next round)
     pending: Any = None
+    #: parked: its current loop waits for a healthy replica of this role (its last one was lost);
+    #: until ``parked_until`` (monotonic), then it fails with ``parked_error``
+    parked_role: str | None = None
+    parked_until: float = 0.0
+    parked_error: Any = None
     _seq: Any = field(default_factory=lambda: itertools.count())
     done_event: threading.Event = field(default_factory=threading.Event)
 
@@ -234,6 +239,9 @@ class CoreScheduler:
             units: list[tuple[WorkUnit, RequestRun]] = []
             for run in list(self.runs.values()):
                 if run.status != "RUNNING" or run.in_flight:
+                    continue
+                if run.parked_role is not None and not self._unpark(run):
+                    changed |= run.status in TERMINAL
                     continue
                 if run.pending is not None:  # planned last round, its replica was busy
                     units.append((run.pending, run))
@@ -526,6 +534,24 @@ class CoreScheduler:
             self._emit(run, "progress", {"phase": loop_id, "step": run.progress()[0], "total": run.progress()[1]})
         if self.checkpoint is not None:
             self.checkpoint(run)
+
+    def park(self, run: RequestRun, role: str, wait_s: float, error: FastVideoError) -> None:
+        """Hold ``run`` until a replica of ``role`` serves again (at most ``wait_s``, and never past
+        its deadline); its current loop then runs again there. Fails it with ``error`` after that."""
+        run.parked_role, run.parked_until, run.parked_error = role, time.monotonic() + wait_s, error
+        run.placement.pop(role, None)
+        run.driver = None  # the loop starts again (deterministic), on the replica that comes back
+
+    def _unpark(self, run: RequestRun) -> bool:
+        """True when a parked run may go on; fails it once its wait is over (lock held)."""
+        replicas = self.executors.get(run.parked_role) or []
+        if any(getattr(r, "healthy", True) is not False for r in replicas):
+            run.parked_role, run.parked_error = None, None
+            return True
+        if time.monotonic() > run.parked_until:
+            err, run.parked_role, run.parked_error = run.parked_error, None, None
+            self._terminate(run, "FAILED", err)
+        return False
 
     def _lost(self, run: RequestRun, unit: WorkUnit, err: ErrorInfo) -> Unavailable:
         """The terminal error of a request whose replica was lost with none to take over: it names

@@ -253,7 +253,8 @@ def _checkpointer(cfg: SchedulerConfig):
     store = make_store(cfg.state_store, StoreConfig(namespace=cfg.state_namespace or cfg.engine_id,
                                                     ttl_after_end_s=cfg.state_ttl_s, timeout_s=cfg.state_timeout_s))
     store.ping()
-    return Checkpointer(store, every=cfg.checkpoint_every, retry_s=max(0.5, cfg.state_timeout_s))
+    return Checkpointer(store, every=cfg.checkpoint_every, retry_s=max(0.5, cfg.state_timeout_s),
+                        replica_wait_s=cfg.replica_wait_s)
 
 
 def _economy(cfg: SchedulerConfig):
