@@ -58,6 +58,7 @@ class Checkpointer:
         self.max_recoveries = max_recoveries
         self.sched = None
         self.latest: dict[str, RunRecord] = {}  # request -> its latest record (with snapshot)
+        self.before_final: dict[str, RunRecord] = {}  # request -> its snapshot taken before the last step
         self.recoveries: dict[str, int] = {}
         # request -> terminal status not yet written (REFUSED: an admission whose write may have landed)
         self.pending_ends: dict[str, str] = {}
@@ -67,7 +68,7 @@ class Checkpointer:
         self.counters: dict[str, float] = {
             "checkpoints": 0, "snapshots": 0, "snapshot_bytes": 0, "checkpoint_skipped_store_down": 0,
             "checkpoint_errors": 0, "store_errors": 0, "recovered": 0, "recovery_failed": 0, "resumed": 0,
-            "resume_failed": 0, "ends_deferred": 0, "media_stored": 0, "revived": 0, "parked": 0,
+            "resume_failed": 0, "ends_deferred": 0, "media_stored": 0, "revived": 0, "parked": 0, "inputs_remade": 0,
         }
 
     def attach(self, sched) -> "Checkpointer":
@@ -124,13 +125,19 @@ class Checkpointer:
             return
         loop = run.loop_id
         snapshot, role, fingerprint = b"", "", ""
-        if loop == DENOISE:  # the final latents too: a decode that loses them re-decodes from here
-            if d.state.step % self.every and not d.state.done:
+        if loop == DENOISE and not d.state.done:
+            # always right before the final step too: a denoiser lost with the final latents (after
+            # the last step, before decoding ends) costs one step and the decode, never the request
+            if d.state.step % self.every and d.state.step != d.state.num_steps - 1:
                 return
             role = SNAPSHOT_ROLES[loop]
             snapshot, fingerprint = self._snapshot(run, role)
-            if not snapshot and not d.state.done:
+            if not snapshot:
                 return  # keep the previous record rather than one that cannot be resumed exactly
+        elif loop == DENOISE:
+            prev = self.latest.get(run.request_id)
+            if prev is not None and prev.snapshot and prev.loop_id == DENOISE:
+                self.before_final[run.request_id] = prev
         record = record_of(run, snapshot=snapshot, snapshot_role=role, snapshot_fingerprint=fingerprint)
         self.latest[run.request_id] = record
         self.counters["checkpoints"] += 1
@@ -173,6 +180,8 @@ class Checkpointer:
         lost_pool = bool(err.details.get("dispatch_failed"))
         lost_region = bool(err.details.get("lost_region"))
         if not (lost_pool or lost_region):
+            if err.field == "owner":  # the replica holding this unit's input is gone: make it again
+                return self._remake_input(run, unit, err)
             return False  # e.g. a transfer from a peer failed: that is the request's failure
         rid, role = run.request_id, unit.role
         replicas = self.executors.get(role) or []
@@ -224,6 +233,79 @@ class Checkpointer:
                                           "reason": err.message})
         return True
 
+    def _remake_input(self, run, unit, err: ErrorInfo) -> bool:
+        """The replica that held the unit's input died: produce the input again at the cheapest
+        point. Final latents lost before decoding: the denoise loop goes back to its snapshot
+        taken before the last step (on a healthy denoiser), runs that step, and decoding starts
+        over. Encoder output lost mid-denoise: the prompt is encoded again, then denoising
+        continues from the latest snapshot with the new embeddings."""
+        rid, program = run.request_id, run.program
+        if self.recoveries.get(rid, 0) >= self.max_recoveries or DENOISE not in program:
+            return False
+        den = program.index(DENOISE)
+        denoisers = self.executors.get("denoiser") or []
+        if run.loop_index > den:  # the final latents were lost with their denoiser
+            lost = run.placement.get("denoiser")
+            order = sorted((i for i in range(len(denoisers)) if _healthy(denoisers[i])), key=lambda i: i == lost)
+            if not order:
+                return False
+            rec = self.before_final.get(rid)
+            target = self._restore_somewhere(rid, rec, denoisers, order) if rec is not None else None
+            run.loop_index = den
+            for loop_id in program[den:]:
+                run.ctx.get("payloads", {}).pop(loop_id, None)
+            if target is None:  # no snapshot: the denoise loop runs again (deterministic)
+                self._release_role(rid, "denoiser")
+                run.driver, target, from_step = None, order[0], 0
+            else:
+                self._rewind(run, rec)
+                from_step = rec.step
+            run.placement["denoiser"] = target
+            what = "final latents"
+        elif run.loop_index == den and "text_encode" in program[:den]:  # the encoder output was lost
+            rec = self.latest.get(rid)
+            run.loop_index, run.driver = program.index("text_encode"), None
+            run.placement.pop("encoder", None)
+            if rec is not None and rec.snapshot and rec.loop_id == DENOISE:
+                run.continue_loop = (DENOISE, lambda r, fresh: self._continue_denoise(r, rec, fresh))
+                from_step = rec.step
+            else:
+                self._release_role(rid, "denoiser")
+                run.placement.pop("denoiser", None)
+                from_step = 0
+            what = "encoder output"
+        else:
+            return False
+        self.recoveries[rid] = self.recoveries.get(rid, 0) + 1
+        self.counters["inputs_remade"] += 1
+        log.warning("request %s lost its %s (%s): made again, denoising from step %d", rid, what, err.message,
+                    from_step)
+        self.sched._emit(run, "resumed", {"role": unit.role, "step": from_step, "reason": err.message, "remade": what})
+        return True
+
+    def _continue_denoise(self, run, rec: RunRecord, fresh):
+        """The denoise loop, started after its embeddings were encoded again: it goes on from
+        ``rec``'s snapshot (restored on a healthy denoiser) with the new embeddings."""
+        from fastvideo3.loop import LOOPS, STATES, LoopDriver
+        denoisers = self.executors.get("denoiser") or []
+        want = run.placement.get("denoiser")
+        order = sorted((i for i in range(len(denoisers)) if _healthy(denoisers[i])), key=lambda i: i != want)
+        target = self._restore_somewhere(run.request_id, rec, denoisers, order)
+        if target is None:
+            self._release_role(run.request_id, "denoiser")
+            run.placement.pop("denoiser", None)
+            return fresh
+        run.placement["denoiser"] = target
+        state = STATES[DENOISE].from_json(rec.loop_state).model_copy(update={"embeds": fresh.state.embeds})
+        return LoopDriver(LOOPS[DENOISE](), state)
+
+    def _release_role(self, rid: str, role: str) -> None:
+        for ex in self.executors.get(role) or []:
+            try:
+                ex.release(rid)
+            except FastVideoError:
+                pass
+
     def _restore_somewhere(self, rid: str, rec: RunRecord, replicas: list, order: list[int]) -> int | None:
         for i in order:
             ex = replicas[i]
@@ -249,6 +331,7 @@ class Checkpointer:
             return  # the id was already reused by a newer request: that one owns the store record
         with self._lock:
             self.latest.pop(rid, None)
+            self.before_final.pop(rid, None)
             self.recoveries.pop(rid, None)
         if status == "SUCCEEDED" and not self._store_down():
             fmt = run.ctx.get("encode") or "mp4"

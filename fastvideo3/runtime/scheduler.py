@@ -79,6 +79,9 @@ class RequestRun:
     parked_role: str | None = None
     parked_until: float = 0.0
     parked_error: Any = None
+    #: (loop id, fn(run, fresh driver) -> driver): when that loop next starts, ``fn`` picks up where
+    #: it was (e.g. denoising continues from a snapshot after its lost inputs were encoded again)
+    continue_loop: Any = None
     _seq: Any = field(default_factory=lambda: itertools.count())
     done_event: threading.Event = field(default_factory=threading.Event)
 
@@ -350,6 +353,9 @@ class CoreScheduler:
                     return None
                 loop = LOOPS[loop_id]()
                 run.driver = LoopDriver(loop, loop.init(run.request, run.card, run.ctx))
+                if run.continue_loop is not None and run.continue_loop[0] == loop_id:
+                    fn, run.continue_loop = run.continue_loop[1], None
+                    run.driver = fn(run, run.driver)
                 run.phase_seconds.setdefault(loop_id, 0.0)
                 self.telemetry.loop_started(run.request_id, loop_id)
             plan = run.driver.plan()

@@ -11,7 +11,7 @@ denoisers, decoder — and two schedulers:
 
 The pools carry test-only faults, each armed for one request id (services/common/faults.py):
 denoisers ``nan:nan-victim@2``, ``oom:oom-victim@1``, ``raise:raise-victim@2``, and
-``stall:decode-victim@3`` (the decoder's fetch of its final latents, over the gRPC edge
+``stall:decode-victim@3`` / ``stall:latents-lost@3`` (the decoder's fetch of its final latents, over the gRPC edge
 denoiser->decoder, takes 3 s: a decode certainly in flight); encoder
 ``corrupt:xfer-corrupt``, ``drop:xfer-drop``, ``stall:xfer-stall@8``. Denoisers pull inputs
 with a 3 s deadline.
@@ -29,7 +29,7 @@ FETCH_TIMEOUT_S = 3.0
 STALL_S = 8
 DECODE_STALL_S = 3
 DENOISER_FAULTS = ["nan:nan-victim@2", "oom:oom-victim@1", "raise:raise-victim@2",
-                   f"stall:decode-victim@{DECODE_STALL_S}"]
+                   f"stall:decode-victim@{DECODE_STALL_S}", f"stall:latents-lost@{DECODE_STALL_S}"]
 ENCODER_FAULTS = ["corrupt:xfer-corrupt", "drop:xfer-drop", f"stall:xfer-stall@{STALL_S}"]
 
 
