@@ -26,13 +26,13 @@ pytestmark = pytest.mark.timeout(300)
 def ha_fleet(real_redis, tmp_path_factory):
     from fleet.launcher import LocalFleet
     args = ["--state-store", real_redis.url, "--state-namespace", NS, "--state-ttl", "120", "--checkpoint-every", "1",
-            "--leader-lease", "1.5", "--no-batching", *BUDGETS]
+            "--no-batching", *BUDGETS]
     fleet = LocalFleet("wan-tiny", fake=True, roles=("encoder", "denoiser", "decoder"), scheduler_args=args,
-                       pool_args={"denoiser": ["--fake-step-seconds", "0.05"]},
+                       pool_args={"denoiser": ["--fake-step-seconds", "0.05"]}, schedulers=2, leader_lease_s=1.5,
                        log_dir=tmp_path_factory.mktemp("ha-logs"))
     try:
         fleet.start(timeout_s=START_TIMEOUT_S)
-        fleet.standby = fleet.add_scheduler(args, name="scheduler-b")
+        fleet.standby = fleet.schedulers[1].target
         yield fleet
     except BaseException:
         dump_logs(fleet)
