@@ -48,6 +48,17 @@ def error_from_rpc(err: grpc.RpcError) -> FastVideoError:
     return from_code(code, details or code)
 
 
+def stream_broken(err: FastVideoError, request_id: str | None) -> FastVideoError:
+    """A Generate stream that broke after its request was accepted: the scheduler replica went
+    away, not the request (a request that fails ends its stream with an ``error`` event). Sending
+    the same request again (same id, same parameters) re-attaches to it on any replica."""
+    from fastvideo3.errors import Unavailable, loss_report
+    how = f"send the same request again (id {request_id!r}, same parameters) to re-attach to it"
+    return Unavailable(f"the stream to the scheduler broke before the request ended ({err.message}); {how}",
+                       retry_after_s=1.0, request_id=request_id,
+                       details={"cause": err.message, **loss_report(retryable=True, role="scheduler")})
+
+
 def error_data(e) -> dict[str, Any]:
     """A wire ``Error`` as plain data: code, message, field, limit, step, retry hint, and the loss
     report — ``retryable`` (None: not said), ``resume_from_step`` and ``loss`` (role, replica,
@@ -254,11 +265,19 @@ class FleetClient:
         """Submit a request and yield its events until ``finished``. Closing the iterator early
         (or dropping it) cancels the call, and with it the request."""
         call = self.stub.Generate(self.request(prompt, **kw), timeout=timeout_s or self.timeout_s)
+        accepted = False
+        rid = kw.get("request_id")
         try:
             for msg in call:
-                yield _event(msg)
+                ev = _event(msg)
+                accepted = accepted or ev.kind == "accepted"
+                rid = rid or ev.request_id
+                yield ev
         except grpc.RpcError as err:
-            raise error_from_rpc(err) from None
+            e = error_from_rpc(err)
+            if accepted and e.code == "UNAVAILABLE" and "retryable" not in e.details:
+                raise stream_broken(e, rid) from None
+            raise e from None
         finally:
             call.cancel()  # no-op after a complete stream
 

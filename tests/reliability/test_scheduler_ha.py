@@ -91,6 +91,10 @@ def test_leader_sigkill_standby_takes_over_bit_identical(ha_fleet):
     # ended first: its re-attach then replays its result from the store)
     assert any(isinstance(o.error, FastVideoError) for o in outs.values()), {k: (o.state, o.error)
                                                                              for k, o in outs.items()}
+    for o in outs.values():  # the client tells "re-attach" from "failed for good"
+        if o.error is not None:
+            assert o.error.details["retryable"] is True and o.error.details["lost_role"] == "scheduler", o.error
+            assert o.request_id in o.error.message and "re-attach" in o.error.message
     results = [None, None]
 
     def again(i):
