@@ -1,7 +1,8 @@
 """Fleet-side commands of the ``fastvideo3`` CLI.
 
     fastvideo3 serve [--card wan-tiny] [--port P] [--replicas denoiser=2] [--transport auto|shm|grpc|nixl]
-                     [--schedulers N] [--no-reward] [--no-batching] [--fake] [--device D] [--precision P] [--log-dir DIR]
+                     [--schedulers N] [--no-reward] [--no-batching] [--fake] [--device D] [--precision P]
+                     [--log-dir DIR]
                      [--state-store redis://host:port/db] [--gateway-port P [--media-dir DIR] [--api-keys-file F]]
     fastvideo3 client generate --target HOST:PORT "PROMPT" -o out.mp4 [generate's options] [--rewards a,b]
     fastvideo3 client describe --target HOST:PORT

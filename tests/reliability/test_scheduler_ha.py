@@ -113,7 +113,8 @@ def test_leader_sigkill_standby_takes_over_bit_identical(ha_fleet):
     with FleetClient(fleet.standby) as c:
         counters = c.describe()["counters"]
     assert counters["admitted"] == 0  # taken over, not admitted again
-    assert counters["state.resumed"] == sum(o.error is not None for o in outs.values()) and counters["state.resume_failed"] == 0
+    assert counters["state.resumed"] == sum(o.error is not None for o in outs.values())
+    assert counters["state.resume_failed"] == 0
     ran = pool_describe(denoiser).counters.get("units", 0) - units_before
     assert 2 * STEPS <= ran <= 2 * STEPS + 4, ran  # resumed from checkpoints: a few steps at most ran twice
     # the old leader comes back as a standby: it forwards, and the new leader keeps the lease
