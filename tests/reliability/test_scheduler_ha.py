@@ -1,5 +1,5 @@
-"""RELIABILITY 17 (no single scheduler): two scheduler replicas over the same pools and one real
-redis-server elect a leader (``--leader-lease``). The standby admits nothing and forwards to the
+"""RELIABILITY 17 (no single scheduler): two scheduler replicas over the same pools (the tiny
+seeded Wan model in real pool processes) and one real redis-server elect a leader (``--leader-lease``). The standby admits nothing and forwards to the
 leader; when the leader is SIGKILLed mid-denoise, the standby takes the lease over, adopts the
 in-flight requests from their checkpoints, and the clients that re-attach to it get results
 byte-identical to uninterrupted runs within 10 s of the kill, with nothing admitted twice.
@@ -14,10 +14,11 @@ import pytest
 from fastvideo3.client import FleetClient
 from fastvideo3.errors import FastVideoError
 from tests.fleet_fixture import START_TIMEOUT_S, dump_logs, pool_describe
+from tests.reliability.conftest import REAL_CARD
 from tests.reliability.helpers import BUDGETS, stream
 
 NS = "rel-ha"
-STEPS = 60
+STEPS = 24
 PARAMS = {"output_format": "npy", "num_inference_steps": STEPS, "num_frames": 9, "height": 32, "width": 32}
 pytestmark = pytest.mark.timeout(300)
 
@@ -27,9 +28,8 @@ def ha_fleet(real_redis, tmp_path_factory):
     from fleet.launcher import LocalFleet
     args = ["--state-store", real_redis.url, "--state-namespace", NS, "--state-ttl", "120", "--checkpoint-every", "1",
             "--no-batching", *BUDGETS]
-    fleet = LocalFleet("wan-tiny", fake=True, roles=("encoder", "denoiser", "decoder"), scheduler_args=args,
-                       pool_args={"denoiser": ["--fake-step-seconds", "0.05"]}, schedulers=2, leader_lease_s=1.5,
-                       log_dir=tmp_path_factory.mktemp("ha-logs"))
+    fleet = LocalFleet(REAL_CARD, roles=("encoder", "denoiser", "decoder"), scheduler_args=args, schedulers=2,
+                       leader_lease_s=1.5, log_dir=tmp_path_factory.mktemp("ha-logs"))
     try:
         fleet.start(timeout_s=START_TIMEOUT_S)
         fleet.standby = fleet.schedulers[1].target
