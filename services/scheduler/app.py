@@ -182,11 +182,20 @@ def run_scheduler(argv: list[str] | None = None) -> int:
     host.set_serving(True)
     if not host.stop_event.is_set():
         print(f"scheduler serving on {cfg.host}:{port} (edges: {servicer.edges})", flush=True)
-    host.wait_and_drain(cfg.drain_timeout_s)
-    if leadership is not None:
+    handed_over = threading.Event()
+
+    def hand_over() -> None:  # a leader leaving (e.g. a rolling update): the standby adopts its requests
+        if leadership is not None and leadership.is_leader:
+            left = runtime.hand_over()
+            leadership.stop()  # release the lease now: a standby takes it without waiting for it to expire
+            handed_over.set()
+            log.info("handed %d request(s) over to the next leader: %s", len(left), ", ".join(left) or "none")
+
+    host.wait_and_drain(cfg.drain_timeout_s, on_drain=hand_over)
+    if leadership is not None and not handed_over.is_set():
         leadership.stop()
     monitor_stop.set()
-    runtime.stop(cancel_active=True)
+    runtime.stop(cancel_active=not handed_over.is_set())
     runtime.sched.telemetry.tracing.shutdown()  # flush the last spans: SIGTERM runs no exit hooks
     for reps in replicas.values():
         for rep in reps:

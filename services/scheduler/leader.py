@@ -11,6 +11,8 @@ leader as ``ID@HOST:PORT``:
 * when the leader dies its lease expires; the first standby to take it adopts every request
   the store lists in flight, from its checkpoint (``Checkpointer.resume``), and serves them:
   clients re-attach (same id, same parameters) to any replica;
+* a leader stopped with SIGTERM hands over: it stops stepping, waits for its batches in flight,
+  releases the lease and tells its clients to re-attach (``FleetRuntime.hand_over``);
 * a leader that finds the lease held by another replica (it was paused past its TTL, or the
   store lost it and another took it first) exits at once: the new leader owns its requests.
   While the store cannot be reached nobody can take the lease, so the leader keeps running.

@@ -271,6 +271,29 @@ class FleetRuntime:
         while len(self._finished) > self.retain_finished:
             self.sched.forget(self._finished.popleft())
 
+    def hand_over(self, timeout_s: float = 30.0) -> list[str]:
+        """Stop stepping without ending anything (a leader leaving: another replica adopts the
+        requests from their checkpoints, still in flight in the store). Waits for the batches in
+        flight to come back, so no step of this replica lands after the adopter restored a
+        snapshot; then every open stream ends with a retryable UNAVAILABLE telling its client to
+        re-attach. Returns the ids left in flight."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout_s)
+        end = time.monotonic() + timeout_s
+        while any(r.in_flight for r in self.sched.runs.values()) and time.monotonic() < end:
+            time.sleep(0.05)  # the dispatch threads apply their results and clear the flag
+        self._after_tick()  # requests that ended meanwhile: their ends reach the store and clients
+        if self.checkpointer is not None:
+            self.checkpointer.flush()
+        left = [r.request_id for r in self.sched.active()]
+        with self._lock:
+            streams = list(self.streams.values())
+        for stream in streams:
+            stream.events.put(Event(stream.request_id, -1, "moved", {}))
+        return left
+
     def stop(self, cancel_active: bool = True, timeout_s: float = 10.0) -> None:
         if cancel_active:  # cancelled at their next step boundary by the still-running tick thread
             active = self.sched.active()

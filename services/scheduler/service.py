@@ -109,6 +109,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                         self.runtime.disconnect(stream)
                         return
                     continue
+                if ev.kind == "moved":  # this replica handed its requests over (services/scheduler/leader.py)
+                    from fastvideo3.errors import loss_report
+                    raise Unavailable(f"this scheduler replica stopped and handed request {stream.request_id!r} "
+                                      "over to another replica: send the same request again (same id and "
+                                      "parameters) to any replica to re-attach", retry_after_s=1.0,
+                                      request_id=stream.request_id,
+                                      details=loss_report(retryable=True, role="scheduler"))
                 yield from wire.convert(ev)
                 if ev.kind == "finished":
                     return

@@ -123,3 +123,39 @@ def test_leader_sigkill_standby_takes_over_bit_identical(ha_fleet):
     assert done.state == "SUCCEEDED", (done.error, done.error_event)
     with FleetClient(fleet.target) as c:
         assert c.describe()["counters"]["admitted"] == 0
+
+
+def _leader(fleet, redis_url: str):
+    import redis
+    client = redis.Redis.from_url(redis_url)
+    try:
+        holder = (client.get(f"{NS}:lease:scheduler") or b"").decode()
+    finally:
+        client.close()
+    return next(p for p in fleet.schedulers if holder.endswith("@" + p.target))
+
+
+def test_a_leader_stopped_with_sigterm_hands_its_requests_over(ha_fleet, real_redis):
+    fleet = ha_fleet
+    ref = stream(fleet.target, "handed over", seed=7, **PARAMS)
+    assert ref.state == "SUCCEEDED", (ref.error, ref.error_event)
+    leader = _leader(fleet, real_redis.url)
+    other = next(p for p in fleet.schedulers if p is not leader)
+    t_stop: list[float] = []
+
+    def stop_at_step_3(out, ev):
+        if ev.kind == "progress" and ev.data["phase"] == "denoise" and ev.data["step"] == 3 and not t_stop:
+            t_stop.append(time.monotonic())
+            threading.Thread(target=fleet.terminate, args=(leader,), daemon=True).start()
+
+    first = stream(leader.target, "handed over", seed=7, request_id="handed-1", on_event=stop_at_step_3, **PARAMS)
+    assert first.state is None and first.error is not None and first.error.code == "UNAVAILABLE", first.error
+    assert first.error.details["retryable"] in (True, "True") and "re-attach" in first.error.message
+    again = _reattach(other.target, "handed over", 30, seed=7, request_id="handed-1", **PARAMS)
+    assert again.state == "SUCCEEDED", (again.error, again.error_event)
+    assert again.artifact() == ref.artifact()
+    assert again.t_end - t_stop[0] < 10.0
+    assert leader.proc.wait(30) == 0  # it exited cleanly, nothing cancelled
+    with FleetClient(other.target) as c:
+        assert c.describe()["counters"]["cancelled"] == 0
+    fleet.restart(leader)  # back as a standby
