@@ -1,19 +1,23 @@
-"""Soak: a fleet of no-op pools under steady load for a set time while a denoiser replica is
-SIGKILLed and relaunched periodically (RELIABILITY 15).
+"""Soak: a fleet of no-op pools under steady load for a set time while its parts are killed in
+turn (RELIABILITY 15, 17, 19): a denoiser, the decoder, the leading scheduler (of 2+ replicas
+that elect a leader through Redis) and the Redis server itself, each SIGKILLed and started again.
 
 The fleet: encoder, two denoisers and decoder with ``--fake`` (no model math; each unit sleeps
-``--step-seconds``), and a scheduler with step batching off (so each unit costs one step time
-and the denoise capacity is ``replicas / (steps * step_seconds)`` requests per second) that
-checkpoints every step. Requests arrive open-loop (Poisson) at ``--load`` times that capacity.
-Every ``--kill-every`` seconds one denoiser (alternating) is SIGKILLed and started again on
-the same port; its in-flight requests resume on the other replica from their snapshots.
+``--step-seconds``), ``--schedulers`` scheduler replicas over one redis-server (append-only file,
+fsync always: a restarted Redis keeps the requests), step batching off (so each unit costs one
+step time and the denoise capacity is ``replicas / (steps * step_seconds)`` requests per second),
+checkpoints every step. Requests arrive open-loop (Poisson) at ``--load`` times that capacity,
+each to one scheduler replica (round robin). A client whose stream breaks, or whose request
+fails with a retryable error, sends the same request (same id, same parameters) again to the
+next replica — a re-attach, a replayed result, or a retry from the checkpoint — up to
+``--attempts`` times. Every ``--kill-every`` seconds the next part of ``--chaos`` is SIGKILLed
+and started again; a scheduler that exits on its own (a deposed leader) is started again too.
 
-Reported: success rate (overall, and outside the killed pool's in-flight requests), latency
-percentiles, failures by code; per kill the relaunch time and the time until the scheduler
-routes to the replica again; RSS and thread count of the scheduler and of the pools that were
-never killed, sampled every ``--sample-every`` seconds (first, last, max, growth).
+Reported: requests that succeeded (first try, after a retry), failed (by code; whether the error
+said ``retryable``), lost (no answer at all); latency percentiles; per kill the relaunch time;
+RSS and thread count of every process incarnation, with the RSS slope after warm-up (KiB/min).
 
-    python bench/soak.py --duration 600 --kill-every 120 --out bench/results/soak_cpu.json
+    python bench/soak.py --duration 1800 --kill-every 60 --out bench/results/soak_cpu.json
 """
 from __future__ import annotations
 
@@ -63,7 +67,53 @@ def summarize(series: list[dict], key: str, warmup: int = 1) -> dict:
             "growth_after_warmup": vals[-1] - base, "growth_second_half": vals[-1] - mid, "samples": len(vals)}
 
 
+def slope_per_min(series: list[dict], key: str, warmup_s: float) -> float | None:
+    """Least-squares slope of ``key`` over time (units per minute), from the samples taken
+    ``warmup_s`` or more after the process's first sample (a restarted process warms up again)."""
+    if not series:
+        return None
+    start = series[0]["t"] + warmup_s
+    pts = [(x["t"], x[key]) for x in series if key in x and x["t"] >= start]
+    if len(pts) < 3:
+        return None
+    n = len(pts)
+    mt, mv = sum(t for t, _ in pts) / n, sum(v for _, v in pts) / n
+    den = sum((t - mt) ** 2 for t, _ in pts)
+    return round(60 * sum((t - mt) * (v - mv) for t, v in pts) / den, 2) if den else None
+
+
+class PersistentRedis:
+    """A redis-server with an append-only file (fsync always): a SIGKILL loses nothing written."""
+
+    def __init__(self, port: int):
+        import shutil
+        import tempfile
+        self.binary = shutil.which("redis-server")
+        if self.binary is None:
+            raise SystemExit("soak: needs redis-server on PATH")
+        self.port, self.dir, self.proc = port, tempfile.mkdtemp(prefix="soak-redis-"), None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        import subprocess
+        from fastvideo3.state.redis_store import wait_for_ping
+        self.proc = subprocess.Popen([self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "yes", "--appendfsync", "always", "--dir", self.dir],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_ping(self.url, 15.0)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
 class Soak:
+    NS = "soak"
+
     def __init__(self, args):
         self.args = args
         self.results: list[dict] = []
@@ -71,7 +121,7 @@ class Soak:
         self.samples: dict[str, list[dict]] = {}
         self.lock = threading.Lock()
         self.stop = threading.Event()
-        self.killing: dict | None = None  # the kill in progress: which replica, when
+        self.restarted_on_exit: list[dict] = []
 
     def capacity(self) -> float:
         a = self.args
@@ -83,14 +133,27 @@ class Soak:
         a = self.args
         rid = f"soak-{i}"
         t0 = time.monotonic()
-        rec = {"id": rid, "t": round(t0 - self.t_start, 3)}
-        try:
-            with FleetClient(self.fleet.target, timeout_s=a.request_timeout) as c:
-                c.generate("soak", request_id=rid, num_inference_steps=a.steps, output_format="npy",
-                           num_frames=9, height=32, width=32, seed=i)
-            rec["ok"] = True
-        except FastVideoError as e:
-            rec.update(ok=False, code=e.code, message=e.message[:200])
+        rec = {"id": rid, "t": round(t0 - self.t_start, 3), "attempts": 0, "errors": []}
+        targets = [p.target for p in self.fleet.schedulers]
+        while True:
+            target = targets[(i + rec["attempts"]) % len(targets)]
+            rec["attempts"] += 1
+            try:
+                left = max(1.0, a.request_timeout - (time.monotonic() - t0))
+                with FleetClient(target, timeout_s=left) as c:
+                    c.generate("soak", request_id=rid, num_inference_steps=a.steps, output_format="npy",
+                               num_frames=9, height=32, width=32, seed=i)
+                rec["ok"] = True
+                break
+            except FastVideoError as e:
+                said = e.details.get("retryable")
+                retryable = said in (True, "true", "True") or (said is None and e.code == "UNAVAILABLE")
+                rec["errors"].append({"code": e.code, "retryable": retryable, "said": said is not None,
+                                      "message": e.message[:160]})
+                if not retryable or rec["attempts"] >= a.attempts or time.monotonic() - t0 > a.request_timeout:
+                    rec.update(ok=False, code=e.code, retryable=retryable)
+                    break
+                time.sleep(min(2.0, 0.5 * rec["attempts"]))  # back off, then the next replica
         rec["latency_s"] = round(time.monotonic() - t0, 4)
         rec["end"] = round(time.monotonic() - self.t_start, 3)
         with self.lock:
@@ -105,56 +168,97 @@ class Soak:
         for p in self.fleet.processes():
             if p.proc is None or p.proc.poll() is not None:
                 continue
-            s = proc_stats(p.proc.pid)
-            if s:
-                self.samples.setdefault(f"{p.name}#{p.proc.pid}", []).append({"t": now, **s})
+            st = proc_stats(p.proc.pid)
+            if st:
+                self.samples.setdefault(f"{p.name}#{p.proc.pid}", []).append({"t": now, **st})
+        if self.redis.proc is not None and self.redis.proc.poll() is None:
+            st = proc_stats(self.redis.proc.pid)
+            if st:
+                self.samples.setdefault(f"redis#{self.redis.proc.pid}", []).append({"t": now, **st})
+
+    def leader(self):
+        """The scheduler process holding the leader lease (the one a crash hurts most)."""
+        import redis as redis_py
+        client = redis_py.Redis.from_url(self.redis.url, socket_timeout=2)
+        try:
+            holder = (client.get(f"{self.NS}:lease:scheduler") or b"").decode()
+        finally:
+            client.close()
+        address = holder.rsplit("@", 1)[-1]
+        return next((p for p in self.fleet.schedulers if p.target == address), self.fleet.schedulers[0])
 
     def killer(self) -> None:
+        chaos = [c for c in self.args.chaos.split(",") if c]
         n = 0
         while not self.stop.wait(self.args.kill_every):
-            fp = self.fleet.pools["denoiser"][n % len(self.fleet.pools["denoiser"])]
-            n += 1
+            what = chaos[n % len(chaos)]
             t_kill = time.monotonic()
-            with self.lock:
-                self.killing = {"replica": fp.name, "t_kill": t_kill}
-            self.fleet.kill(fp)
-            t_dead = time.monotonic()
-            self.fleet.restart(fp, timeout_s=120)
-            t_serving = time.monotonic()
-            rejoined = None
-            while time.monotonic() - t_serving < 30:
-                if self.pool_health().get(fp.target):
-                    rejoined = time.monotonic()
-                    break
-                time.sleep(0.05)  # polling a status with a deadline (a benchmark, not a test)
-            self.kills.append({"replica": fp.name, "at_s": round(t_kill - self.t_start, 2),
-                               "relaunch_to_serving_s": round(t_serving - t_dead, 3),
-                               "kill_to_routed_again_s": round(rejoined - t_kill, 3) if rejoined else None})
-            with self.lock:
-                self.killing = None
+            if what == "redis":
+                name = "redis"
+                self.redis.kill()
+                t_dead = time.monotonic()
+                self.redis.start()
+            else:
+                if what == "scheduler":
+                    fp = self.leader()
+                else:
+                    procs = self.fleet.pools[what]
+                    fp = procs[(n // len(chaos)) % len(procs)]
+                name = fp.name
+                self.fleet.kill(fp)
+                t_dead = time.monotonic()
+                self.fleet.restart(fp, timeout_s=120)
+            n += 1
+            self.kills.append({"what": what, "process": name, "at_s": round(t_kill - self.t_start, 2),
+                               "relaunch_s": round(time.monotonic() - t_dead, 3)})
 
-    def describe(self) -> dict:
+    def watchdog(self) -> None:
+        """Start again a scheduler that exited on its own (as an orchestrator would)."""
+        while not self.stop.wait(1.0):
+            for fp in self.fleet.schedulers:
+                if fp.proc is not None and fp.proc.poll() is not None and not fp.signalled:
+                    code = fp.proc.returncode
+                    if code == -9:  # the killer's own SIGKILL: it restarts that one itself
+                        continue
+                    self.restarted_on_exit.append({"process": fp.name, "code": code,
+                                                   "at_s": round(time.monotonic() - self.t_start, 2)})
+                    try:
+                        self.fleet.restart(fp, timeout_s=120)
+                    except Exception:  # noqa: BLE001 - reported by the next round
+                        pass
+
+    def describe(self, target: str) -> dict:
         from fastvideo3.client import FleetClient
-        with FleetClient(self.fleet.target) as c:
+        with FleetClient(target) as c:
             return c.describe()
 
-    def pool_health(self) -> dict[str, bool]:
-        return {p["address"]: bool(p.get("healthy", False)) for p in self.describe().get("pools", [])}
-
     def run(self) -> dict:
-        from fleet.launcher import LocalFleet
+        from fleet.launcher import LocalFleet, free_port
         a = self.args
+        self.redis = PersistentRedis(free_port())
+        self.redis.start()
+        budgets = ["--interactive-budget-s", "1e9", "--batch-budget-s", "1e9"]
         self.fleet = LocalFleet("wan-tiny-seeded", fake=True, roles=("encoder", "denoiser", "decoder"),
-                                replicas={"denoiser": a.denoisers},
+                                replicas={"denoiser": a.denoisers}, schedulers=a.schedulers,
+                                leader_lease_s=a.leader_lease,
                                 pool_args={"denoiser": ["--fake-step-seconds", str(a.step_seconds)]},
                                 scheduler_args=["--no-batching", "--health-interval", "0.5", "--health-timeout", "0.5",
-                                                "--checkpoint-every", "1", "--interactive-budget-s", "1e9",
-                                                "--batch-budget-s", "1e9"])
-        self.fleet.start(timeout_s=240)
+                                                "--checkpoint-every", "1", "--state-store", self.redis.url,
+                                                "--state-namespace", self.NS, "--state-ttl", "900", *budgets])
+        try:
+            self.fleet.start(timeout_s=240)
+            return self._load()
+        finally:
+            self.fleet.stop()
+            self.redis.kill()
+
+    def _load(self) -> dict:
+        a = self.args
         rate = a.load * self.capacity()
         rng = random.Random(0)
         self.t_start = time.monotonic()
-        threads = [threading.Thread(target=self.sampler, daemon=True)]
+        threads = [threading.Thread(target=self.sampler, daemon=True),
+                   threading.Thread(target=self.watchdog, daemon=True)]
         if a.kill_every > 0:
             threads.append(threading.Thread(target=self.killer, daemon=True))
         for t in threads:
@@ -174,11 +278,16 @@ class Soak:
         for t in threads:
             t.join(timeout=180)
         self.sample()
-        counters = self.describe()["counters"]
-        self.fleet.stop()
-        return self.report(rate, counters)
+        counters = {}
+        for fp in self.fleet.schedulers:
+            try:
+                for k, v in self.describe(fp.target)["counters"].items():
+                    counters[k] = counters.get(k, 0) + v
+            except Exception:  # noqa: BLE001 - a replica that is down reports nothing
+                pass
+        return self.report(rate, n, counters)
 
-    def report(self, rate: float, counters: dict) -> dict:
+    def report(self, rate: float, sent: int, counters: dict) -> dict:
         a = self.args
         res = self.results
         ok = [r for r in res if r["ok"]]
@@ -186,37 +295,34 @@ class Soak:
         codes: dict[str, int] = {}
         for r in failed:
             codes[r["code"]] = codes.get(r["code"], 0) + 1
-        # requests in flight on a killed replica: those whose lifetime spans a kill
-        spans = [(k["at_s"], k["at_s"] + 1.0) for k in self.kills]
-        hit = [r for r in res if any(r["t"] <= s <= r["end"] for s, _ in spans)]
-        outside = [r for r in res if r not in hit]
         lat = [r["latency_s"] for r in ok]
-        never_killed = {k: v for k, v in self.samples.items() if not k.startswith("denoiser")}
+        warm = a.warmup
+        procs = {name: {"rss_kib": summarize(s, "rss_kib"), "threads": summarize(s, "threads"),
+                        "rss_slope_kib_per_min": slope_per_min(s, "rss_kib", warm),
+                        "threads_slope_per_min": slope_per_min(s, "threads", warm)}
+                 for name, s in self.samples.items()}
+        slopes = [v["rss_slope_kib_per_min"] for v in procs.values() if v["rss_slope_kib_per_min"] is not None]
         return {
             "command": "python bench/soak.py " + " ".join(sys.argv[1:]),
             "host": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
             "config": {"duration_s": a.duration, "load": a.load, "capacity_req_per_s": round(self.capacity(), 3),
                        "arrival_rate_req_per_s": round(rate, 3), "steps": a.steps, "step_seconds": a.step_seconds,
-                       "denoisers": a.denoisers, "kill_every_s": a.kill_every, "fake_pools": True,
-                       "batching": False, "checkpoint_every": 1},
-            "requests": {"total": len(res), "succeeded": len(ok), "failed": len(failed), "failed_by_code": codes,
-                         "success_rate": round(len(ok) / len(res), 5) if res else None,
-                         "in_flight_across_a_kill": len(hit),
-                         "succeeded_across_a_kill": sum(r["ok"] for r in hit),
-                         "success_rate_outside_kills": (round(sum(r["ok"] for r in outside) / len(outside), 5)
-                                                        if outside else None),
-                         "throughput_req_per_s": round(len(ok) / a.duration, 3),
+                       "denoisers": a.denoisers, "schedulers": a.schedulers, "leader_lease_s": a.leader_lease,
+                       "kill_every_s": a.kill_every, "chaos": a.chaos, "attempts": a.attempts,
+                       "fake_pools": True, "batching": False, "checkpoint_every": 1, "warmup_s": warm},
+            "summary": {
+                "requests": sent, "succeeded": len(ok), "succeeded_after_retry": sum(r["attempts"] > 1 for r in ok),
+                "failed": len(failed), "failed_not_retryable": sum(not r.get("retryable") for r in failed),
+                "lost": sent - len(res), "success_rate": round(len(ok) / sent, 5) if sent else None,
+                "kills": len(self.kills), "max_rss_slope_kib_per_min": max(slopes) if slopes else None,
+            },
+            "requests": {"failed_by_code": codes, "throughput_req_per_s": round(len(ok) / a.duration, 3),
+                         "attempts_max": max((r["attempts"] for r in res), default=0),
                          "latency_s": {"p50": pct(lat, 50), "p95": pct(lat, 95), "p99": pct(lat, 99),
                                        "max": max(lat) if lat else None}},
             "kills": self.kills,
-            "recovery": {"relaunch_to_serving_s_max": max((k["relaunch_to_serving_s"] for k in self.kills),
-                                                          default=None),
-                         "kill_to_routed_again_s_max": max((k["kill_to_routed_again_s"] or 0 for k in self.kills),
-                                                           default=None),
-                         "requests_moved_to_another_replica": counters.get("state.recovered"),
-                         "recoveries_failed": counters.get("state.recovery_failed")},
-            "processes": {name: {"rss_kib": summarize(s, "rss_kib"), "threads": summarize(s, "threads")}
-                          for name, s in never_killed.items()},
+            "restarted_on_exit": self.restarted_on_exit,
+            "processes": procs,
             "scheduler_counters": {k: v for k, v in counters.items()
                                    if k.startswith("state.") or k in ("admitted", "succeeded", "failed", "cancelled",
                                                                       "refused", "tick_errors")},
@@ -231,7 +337,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--step-seconds", type=float, default=0.05)
     p.add_argument("--denoisers", type=int, default=2)
-    p.add_argument("--kill-every", type=float, default=120.0, help="seconds between denoiser kills (0 = never)")
+    p.add_argument("--schedulers", type=int, default=2, help="scheduler replicas (they elect a leader)")
+    p.add_argument("--leader-lease", type=float, default=2.0)
+    p.add_argument("--kill-every", type=float, default=60.0, help="seconds between kills (0 = never)")
+    p.add_argument("--chaos", default="denoiser,scheduler,decoder,redis", help="what is killed, in turn")
+    p.add_argument("--attempts", type=int, default=10, help="sends of one request (same id) before giving up")
+    p.add_argument("--warmup", type=float, default=60.0, help="seconds before memory slopes are measured")
     p.add_argument("--sample-every", type=float, default=10.0)
     p.add_argument("--clients", type=int, default=64, help="client threads (bounds requests in flight)")
     p.add_argument("--request-timeout", type=float, default=120.0)

@@ -1,7 +1,8 @@
 """Fleet-side commands of the ``fastvideo3`` CLI.
 
     fastvideo3 serve [--card wan-tiny] [--port P] [--replicas denoiser=2] [--transport auto|shm|grpc|nixl]
-                     [--no-reward] [--no-batching] [--fake] [--device D] [--precision P] [--log-dir DIR]
+                     [--schedulers N] [--no-reward] [--no-batching] [--fake] [--device D] [--precision P]
+                     [--log-dir DIR]
                      [--state-store redis://host:port/db] [--gateway-port P [--media-dir DIR] [--api-keys-file F]]
     fastvideo3 client generate --target HOST:PORT "PROMPT" -o out.mp4 [generate's options] [--rewards a,b]
     fastvideo3 client describe --target HOST:PORT
@@ -44,6 +45,8 @@ def add_commands(sub) -> None:
     s.add_argument("--no-reward", action="store_true", help="do not start a reward pool")
     s.add_argument("--expert-pools", action="store_true",
                    help="two-expert cards: one denoiser pool set per expert (the latent moves at the switch)")
+    s.add_argument("--schedulers", type=int, default=1,
+                   help="scheduler replicas (> 1 elects a leader; needs --state-store redis://...)")
     s.add_argument("--no-batching", action="store_true", help="scheduler sends one WorkUnit per pool call")
     s.add_argument("--max-running", type=int, default=None, help="requests stepping at once")
     s.add_argument("--fake", action="store_true", help="no-op pools (no model math): for overhead tests")
@@ -126,9 +129,14 @@ def cmd_serve(args) -> int:
         if len(experts) < 2:
             raise InvalidRequest(f"card {args.card} has one denoising expert", field="expert_pools",
                                  limit="a two-expert card")
+    if not 1 <= args.schedulers <= 16:
+        raise InvalidRequest(f"{args.schedulers} is out of range", field="schedulers", limit="[1, 16]")
+    if args.schedulers > 1 and not (args.state_store or "").startswith(("redis://", "rediss://", "unix://")):
+        raise InvalidRequest("scheduler replicas elect a leader through a shared store", field="schedulers",
+                             limit="1 without --state-store redis://...")
     fleet = LocalFleet(args.card, replicas=replicas, roles=roles, port=args.port, transport=args.transport,
                        device=args.device, precision=args.precision, fake=args.fake, scheduler_args=sched_args,
-                       log_dir=args.log_dir, denoiser_experts=experts)
+                       log_dir=args.log_dir, denoiser_experts=experts, schedulers=args.schedulers)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -140,7 +148,9 @@ def cmd_serve(args) -> int:
         print(f"fastvideo3: error: {e}", file=sys.stderr)
         return 1
     print(f"fleet serving after {time.perf_counter() - t0:.1f}s", flush=True)
-    print(f"  scheduler  {fleet.target}", flush=True)
+    for i, sched in enumerate(fleet.schedulers):
+        print(f"  scheduler  {sched.target}" + ("" if len(fleet.schedulers) == 1 else
+                                                 " (leader)" if i == 0 else " (standby)"), flush=True)
     for role, procs in fleet.pools.items():
         print(f"  {role:<10} {', '.join(p.target for p in procs)}", flush=True)
     gateway = None

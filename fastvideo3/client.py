@@ -48,6 +48,45 @@ def error_from_rpc(err: grpc.RpcError) -> FastVideoError:
     return from_code(code, details or code)
 
 
+def stream_broken(err: FastVideoError, request_id: str | None) -> FastVideoError:
+    """A Generate stream that broke after its request was accepted: the scheduler replica went
+    away, not the request (a request that fails ends its stream with an ``error`` event). Sending
+    the same request again (same id, same parameters) re-attaches to it on any replica."""
+    from fastvideo3.errors import Unavailable, loss_report
+    how = f"send the same request again (id {request_id!r}, same parameters) to re-attach to it"
+    return Unavailable(f"the stream to the scheduler broke before the request ended ({err.message}); {how}",
+                       retry_after_s=1.0, request_id=request_id,
+                       details={"cause": err.message, **loss_report(retryable=True, role="scheduler")})
+
+
+def error_data(e) -> dict[str, Any]:
+    """A wire ``Error`` as plain data: code, message, field, limit, step, retry hint, and the loss
+    report — ``retryable`` (None: not said), ``resume_from_step`` and ``loss`` (role, replica,
+    step_reached, checkpoint; None when no replica was lost)."""
+    from fastvideo3.v1 import common_pb2
+    loss = ({"role": e.loss.role, "replica": e.loss.replica, "step_reached": e.loss.step_reached,
+             "checkpoint": e.loss.checkpoint} if e.HasField("loss") else None)
+    return {"code": common_pb2.Error.Code.Name(e.code), "message": e.message, "field": e.field or None,
+            "limit": e.limit or None, "step": e.step if e.HasField("step") else None,
+            "retry_after_s": e.retry_after_s if e.HasField("retry_after_s") else None,
+            "retryable": e.retryable if e.HasField("retryable") else None,
+            "resume_from_step": e.resume_from_step if e.HasField("resume_from_step") else None,
+            "loss": loss, "details": dict(e.details)}
+
+
+def loss_details(d: dict[str, Any]) -> dict[str, Any]:
+    """:func:`error_data`'s loss report back as typed-error ``details`` (fastvideo3.errors.LOSS_KEYS)."""
+    out = dict(d.get("details") or {})
+    for key in ("retryable", "resume_from_step"):
+        if d.get(key) is not None:
+            out[key] = d[key]
+    loss = d.get("loss") or {}
+    if loss:
+        out.update(lost_role=loss["role"], lost_replica=loss["replica"], step_reached=loss["step_reached"],
+                   checkpoint=loss["checkpoint"])
+    return out
+
+
 @dataclass
 class FleetEvent:
     """One event of a request's stream. ``kind``: accepted, queued, progress, preview, artifact,
@@ -125,10 +164,7 @@ def _event(msg) -> FleetEvent:
                 "data": bytes(body.data), "total_bytes": body.total_bytes, "checksum": body.checksum,
                 "sidecar": json.loads(body.sidecar_json) if body.sidecar_json else None}
     elif kind == "error":
-        e = body.error
-        from fastvideo3.v1 import common_pb2
-        data = {"code": common_pb2.Error.Code.Name(e.code), "message": e.message, "field": e.field or None,
-                "limit": e.limit or None, "step": e.step if e.HasField("step") else None}
+        data = error_data(body.error)
     elif kind == "finished":
         data = {"state": STATES[body.state], "timings": dict(body.timings), "rewards": dict(body.rewards),
                 "gpu_seconds": body.gpu_seconds}
@@ -244,11 +280,19 @@ class FleetClient:
         """Submit a request and yield its events until ``finished``. Closing the iterator early
         (or dropping it) cancels the call, and with it the request."""
         call = self.stub.Generate(self.request(prompt, **kw), timeout=timeout_s or self.timeout_s)
+        accepted = False
+        rid = kw.get("request_id")
         try:
             for msg in call:
-                yield _event(msg)
+                ev = _event(msg)
+                accepted = accepted or ev.kind == "accepted"
+                rid = rid or ev.request_id
+                yield ev
         except grpc.RpcError as err:
-            raise error_from_rpc(err) from None
+            e = error_from_rpc(err)
+            if accepted and e.code == "UNAVAILABLE" and "retryable" not in e.details:
+                raise stream_broken(e, rid) from None
+            raise e from None
         finally:
             call.cancel()  # no-op after a complete stream
 
@@ -275,7 +319,8 @@ class FleetClient:
             if error is not None:
                 d = error.data
                 raise from_code(d["code"], d["message"], field=d["field"], limit=d["limit"], step=d["step"],
-                                request_id=error.request_id)
+                                request_id=error.request_id, retry_after_s=d.get("retry_after_s"),
+                                details=loss_details(d))
             raise Internal("the stream ended without a result")
         data = b"".join(chunks)
         want = meta.get("checksum", "")
@@ -302,9 +347,7 @@ class FleetClient:
             s = self.stub.GetRequest(scheduler_pb2.GetRequestRequest(request_id=request_id), timeout=self.rpc_timeout_s)
         except grpc.RpcError as err:
             raise error_from_rpc(err) from None
-        from fastvideo3.v1 import common_pb2
-        err = ({"code": common_pb2.Error.Code.Name(s.error.code), "message": s.error.message,
-                "field": s.error.field or None} if s.HasField("error") else None)
+        err = error_data(s.error) if s.HasField("error") else None
         return {"request_id": s.request_id, "state": STATES[s.state], "card_id": s.card_id, "phase": s.phase,
                 "step": s.step, "total": s.total, "last_seq": s.last_seq, "error": err}
 

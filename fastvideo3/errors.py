@@ -90,6 +90,12 @@ class ResourceExhausted(FastVideoError):
     code = "RESOURCE_EXHAUSTED"
 
 
+class AlreadyExists(FastVideoError):
+    """The request id is taken by a live or retained request with other parameters."""
+
+    code = "ALREADY_EXISTS"
+
+
 class Cancelled(FastVideoError):
     code = "CANCELLED"
 
@@ -133,6 +139,7 @@ _BY_CODE: dict[str, type[FastVideoError]] = {
         FailedPrecondition,
         NotFound,
         ResourceExhausted,
+        AlreadyExists,
         Cancelled,
         Unavailable,
         DataLoss,
@@ -147,6 +154,31 @@ _BY_CODE: dict[str, type[FastVideoError]] = {
 def from_code(code: str, message: str, **kw: Any) -> FastVideoError:
     """Rebuild a typed error from its status name (e.g. after it crossed the wire)."""
     return _BY_CODE.get(code, Internal)(message, **kw)
+
+
+#: ``details`` keys of a request's terminal error that say what was lost and what to do; on the
+#: wire they are typed fields of ``fastvideo3.v1.Error`` (``retryable``, ``resume_from_step``,
+#: ``loss``), see :func:`loss_report`.
+LOSS_KEYS = ("retryable", "resume_from_step", "lost_role", "lost_replica", "step_reached", "checkpoint")
+
+
+def loss_report(*, retryable: bool, resume_from_step: int | None = None, role: str | None = None,
+                replica: str | None = None, step_reached: int | None = None,
+                checkpoint: bool | None = None) -> dict[str, Any]:
+    """The ``details`` entries of a terminal error: whether the same request sent again can
+    succeed, the step it would continue from, and which role / replica died at which step."""
+    out: dict[str, Any] = {"retryable": bool(retryable)}
+    if resume_from_step is not None:
+        out["resume_from_step"] = int(resume_from_step)
+    if role:
+        out["lost_role"] = role
+    if replica:
+        out["lost_replica"] = replica
+    if step_reached is not None:
+        out["step_reached"] = int(step_reached)
+    if checkpoint is not None:
+        out["checkpoint"] = bool(checkpoint)
+    return out
 
 
 @dataclass(frozen=True)

@@ -84,11 +84,13 @@ class LocalFleet:
                  fake: bool = False, scheduler_args: list[str] | None = None,
                  pool_args: dict[str, list[str]] | None = None, log_dir: str | Path | None = None,
                  python: str = sys.executable, stop_timeout_s: float = 30.0, security=None,
-                 denoiser_experts: tuple[str, ...] = ()):
+                 denoiser_experts: tuple[str, ...] = (), schedulers: int = 1, leader_lease_s: float = 2.0):
         """``security`` (services.common.auth.Security): TLS / token flags given to every process,
         and used by the launcher's own health watchers. ``denoiser_experts`` (two-expert cards):
         one set of denoiser pools per named expert (``pools["denoiser:<expert>"]``, each started with
-        ``--experts <expert>``) instead of denoiser pools holding every expert."""
+        ``--experts <expert>``) instead of denoiser pools holding every expert. ``schedulers`` > 1
+        starts that many scheduler replicas over the same pools; they elect a leader with a
+        ``leader_lease_s`` lease in the state store (``scheduler_args`` must name a shared ``--state-store``)."""
         self.card, self.host = card, host
         self.replicas = {r: 1 for r in roles}
         self.replicas.update(replicas or {})
@@ -98,6 +100,11 @@ class LocalFleet:
         self.port = port
         self.transport, self.device, self.precision, self.fake = transport, device, precision, fake
         self.scheduler_args = list(scheduler_args or [])
+        if schedulers < 1:
+            raise ValueError(f"schedulers must be >= 1, got {schedulers}")
+        self.n_schedulers = schedulers
+        if schedulers > 1 and "--leader-lease" not in self.scheduler_args:
+            self.scheduler_args += ["--leader-lease", str(leader_lease_s)]
         self.pool_args = dict(pool_args or {})
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="fastvideo3-fleet-"))
         self.python = python
@@ -174,6 +181,8 @@ class LocalFleet:
                 for fp in procs:
                     self._spawn(fp)
             self.wait_serving(timeout_s)
+            for i in range(1, self.n_schedulers):  # standbys: they forward to the elected leader
+                self.add_scheduler(self.scheduler_args, name=f"scheduler-{i}", timeout_s=timeout_s)
         except BaseException:
             self.stop()
             raise

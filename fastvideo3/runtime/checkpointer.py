@@ -46,22 +46,29 @@ def _healthy(ex: Any) -> bool:
 
 
 class Checkpointer:
-    def __init__(self, store, *, every: int = 1, retry_s: float = 1.0, max_recoveries: int = 3):
+    def __init__(self, store, *, every: int = 1, retry_s: float = 1.0, max_recoveries: int = 3,
+                 media_max_bytes: int = 64 << 20, replica_wait_s: float = 30.0):
         self.store = store
+        # a single-step loop (decode, encode, reward) whose last replica was lost waits this long
+        # for one to serve again, then runs again there (its inputs live elsewhere)
+        self.replica_wait_s = float(replica_wait_s)
+        self.media_max_bytes = int(media_max_bytes)  # finished outputs up to this size are kept in the store
         self.every = max(0, int(every))
         self.retry_s = retry_s
         self.max_recoveries = max_recoveries
         self.sched = None
         self.latest: dict[str, RunRecord] = {}  # request -> its latest record (with snapshot)
+        self.before_final: dict[str, RunRecord] = {}  # request -> its snapshot taken before the last step
         self.recoveries: dict[str, int] = {}
         # request -> terminal status not yet written (REFUSED: an admission whose write may have landed)
         self.pending_ends: dict[str, str] = {}
+        self._end_infos: dict[str, dict] = {}  # request -> what end_request records with its status
         self._down_until = 0.0
         self._lock = threading.Lock()
         self.counters: dict[str, float] = {
             "checkpoints": 0, "snapshots": 0, "snapshot_bytes": 0, "checkpoint_skipped_store_down": 0,
             "checkpoint_errors": 0, "store_errors": 0, "recovered": 0, "recovery_failed": 0, "resumed": 0,
-            "resume_failed": 0, "ends_deferred": 0,
+            "resume_failed": 0, "ends_deferred": 0, "media_stored": 0, "revived": 0, "parked": 0, "inputs_remade": 0,
         }
 
     def attach(self, sched) -> "Checkpointer":
@@ -99,6 +106,17 @@ class Checkpointer:
         with self._lock:
             self.pending_ends.pop(run.request_id, None)  # registered now: an older cleanup must not touch it
 
+    def checkpoint_step(self, run) -> int | None:
+        """The denoise step the request's latest record lets it continue from (None: no record)."""
+        rec = self.latest.get(run.request_id)
+        if rec is None:
+            return None
+        if rec.loop_id == DENOISE:
+            return rec.step
+        if DENOISE in run.program and rec.loop_index > run.program.index(DENOISE):
+            return int(run.request.num_inference_steps)
+        return 0
+
     # -- checkpoints ------------------------------------------------------------------------
     def checkpoint(self, run) -> None:
         """Called after each applied result (scheduler lock held)."""
@@ -108,12 +126,18 @@ class Checkpointer:
         loop = run.loop_id
         snapshot, role, fingerprint = b"", "", ""
         if loop == DENOISE and not d.state.done:
-            if d.state.step % self.every:
+            # always right before the final step too: a denoiser lost with the final latents (after
+            # the last step, before decoding ends) costs one step and the decode, never the request
+            if d.state.step % self.every and d.state.step != d.state.num_steps - 1:
                 return
             role = self._denoise_pools(run)
             snapshot, fingerprint = self._snapshot(run, role)
             if not snapshot:
                 return  # keep the previous record rather than one that cannot be resumed exactly
+        elif loop == DENOISE:
+            prev = self.latest.get(run.request_id)
+            if prev is not None and prev.snapshot and prev.loop_id == DENOISE:
+                self.before_final[run.request_id] = prev
         record = record_of(run, snapshot=snapshot, snapshot_role=role, snapshot_fingerprint=fingerprint)
         self.latest[run.request_id] = record
         self.counters["checkpoints"] += 1
@@ -167,6 +191,8 @@ class Checkpointer:
         lost_pool = bool(err.details.get("dispatch_failed"))
         lost_region = bool(err.details.get("lost_region"))
         if not (lost_pool or lost_region):
+            if err.field == "owner":  # the replica holding this unit's input is gone: make it again
+                return self._remake_input(run, unit, err)
             return False  # e.g. a transfer from a peer failed: that is the request's failure
         rid, role = run.request_id, self.sched.pool_key(unit)
         replicas = self.executors.get(role) or []
@@ -179,6 +205,18 @@ class Checkpointer:
         order = [i for i in range(len(replicas)) if _healthy(replicas[i])]
         if lost_pool:  # somewhere else first
             order.sort(key=lambda i: (i == failed, self.sched.inflight.get(id(replicas[i]), 0)))
+        if not order and lost_pool and role not in SNAPSHOT_ROLES.values() and self.replica_wait_s > 0 \
+                and replicas:
+            # nothing of the request lives on this role's replicas: wait for one to come back
+            # (a restarted decoder re-decodes the final latents, still held by the denoiser)
+            self.sched.park(run, role, self.replica_wait_s, self.sched._lost(run, unit, err))
+            self.recoveries[rid] = self.recoveries.get(rid, 0) + 1
+            self.counters["parked"] += 1
+            log.warning("request %s waits up to %.0fs for a %s replica (%s)", rid, self.replica_wait_s, role,
+                        err.message)
+            self.sched._emit(run, "resumed", {"role": role, "replica": -1, "step": run.progress()[0],
+                                              "reason": err.message, "waiting": True})
+            return True
         if not order:
             self.counters["recovery_failed"] += 1
             return False
@@ -206,6 +244,79 @@ class Checkpointer:
                                           "reason": err.message})
         return True
 
+    def _remake_input(self, run, unit, err: ErrorInfo) -> bool:
+        """The replica that held the unit's input died: produce the input again at the cheapest
+        point. Final latents lost before decoding: the denoise loop goes back to its snapshot
+        taken before the last step (on a healthy denoiser), runs that step, and decoding starts
+        over. Encoder output lost mid-denoise: the prompt is encoded again, then denoising
+        continues from the latest snapshot with the new embeddings."""
+        rid, program = run.request_id, run.program
+        if self.recoveries.get(rid, 0) >= self.max_recoveries or DENOISE not in program:
+            return False
+        den = program.index(DENOISE)
+        denoisers = self.executors.get("denoiser") or []
+        if run.loop_index > den:  # the final latents were lost with their denoiser
+            lost = run.placement.get("denoiser")
+            order = sorted((i for i in range(len(denoisers)) if _healthy(denoisers[i])), key=lambda i: i == lost)
+            if not order:
+                return False
+            rec = self.before_final.get(rid)
+            target = self._restore_somewhere(rid, rec, denoisers, order) if rec is not None else None
+            run.loop_index = den
+            for loop_id in program[den:]:
+                run.ctx.get("payloads", {}).pop(loop_id, None)
+            if target is None:  # no snapshot: the denoise loop runs again (deterministic)
+                self._release_role(rid, "denoiser")
+                run.driver, target, from_step = None, order[0], 0
+            else:
+                self._rewind(run, rec)
+                from_step = rec.step
+            run.placement["denoiser"] = target
+            what = "final latents"
+        elif run.loop_index == den and "text_encode" in program[:den]:  # the encoder output was lost
+            rec = self.latest.get(rid)
+            run.loop_index, run.driver = program.index("text_encode"), None
+            run.placement.pop("encoder", None)
+            if rec is not None and rec.snapshot and rec.loop_id == DENOISE:
+                run.continue_loop = (DENOISE, lambda r, fresh: self._continue_denoise(r, rec, fresh))
+                from_step = rec.step
+            else:
+                self._release_role(rid, "denoiser")
+                run.placement.pop("denoiser", None)
+                from_step = 0
+            what = "encoder output"
+        else:
+            return False
+        self.recoveries[rid] = self.recoveries.get(rid, 0) + 1
+        self.counters["inputs_remade"] += 1
+        log.warning("request %s lost its %s (%s): made again, denoising from step %d", rid, what, err.message,
+                    from_step)
+        self.sched._emit(run, "resumed", {"role": unit.role, "step": from_step, "reason": err.message, "remade": what})
+        return True
+
+    def _continue_denoise(self, run, rec: RunRecord, fresh):
+        """The denoise loop, started after its embeddings were encoded again: it goes on from
+        ``rec``'s snapshot (restored on a healthy denoiser) with the new embeddings."""
+        from fastvideo3.loop import LOOPS, STATES, LoopDriver
+        denoisers = self.executors.get("denoiser") or []
+        want = run.placement.get("denoiser")
+        order = sorted((i for i in range(len(denoisers)) if _healthy(denoisers[i])), key=lambda i: i != want)
+        target = self._restore_somewhere(run.request_id, rec, denoisers, order)
+        if target is None:
+            self._release_role(run.request_id, "denoiser")
+            run.placement.pop("denoiser", None)
+            return fresh
+        run.placement["denoiser"] = target
+        state = STATES[DENOISE].from_json(rec.loop_state).model_copy(update={"embeds": fresh.state.embeds})
+        return LoopDriver(LOOPS[DENOISE](), state)
+
+    def _release_role(self, rid: str, role: str) -> None:
+        for ex in self.executors.get(role) or []:
+            try:
+                ex.release(rid)
+            except FastVideoError:
+                pass
+
     def _restore_somewhere(self, rid: str, rec: RunRecord, replicas: list, order: list[int]) -> int | None:
         for i in order:
             ex = replicas[i]
@@ -231,19 +342,25 @@ class Checkpointer:
             return  # the id was already reused by a newer request: that one owns the store record
         with self._lock:
             self.latest.pop(rid, None)
+            self.before_final.pop(rid, None)
             self.recoveries.pop(rid, None)
         if status == "SUCCEEDED" and not self._store_down():
             fmt = run.ctx.get("encode") or "mp4"
             for loop_id, data in (run.artifacts or {}).items():
                 meta = {"name": f"video.{fmt}", "loop": loop_id, "bytes": len(data),
                         "checksum": "sha256:" + hashlib.sha256(data).hexdigest()}
-                try:
+                try:  # the video itself first: the store says SUCCEEDED only once it holds the video
+                    if len(data) <= self.media_max_bytes and self.store.put_media(rid, meta["name"], data):
+                        meta["stored"] = True
+                        self.counters["media_stored"] += 1
                     self.store.put_artifact(rid, meta["name"], meta)
                 except Unavailable as e:
                     self._store_failed(e)
                     break
                 except FastVideoError:
                     break
+        with self._lock:
+            self._end_infos[rid] = end_info(run)
         self._end(rid, status)
 
     def _end(self, rid: str, status: str) -> bool:
@@ -252,9 +369,10 @@ class Checkpointer:
                 if status in ("CANCELLED", "REFUSED"):  # nothing of it remains; its id is free
                     self.store.delete_request(rid)
                 else:
-                    self.store.end_request(rid, status)
+                    self.store.end_request(rid, status, self._end_infos.get(rid))
                 with self._lock:
                     self.pending_ends.pop(rid, None)
+                    self._end_infos.pop(rid, None)
                 return True
             except Unavailable as e:
                 self._store_failed(e)
@@ -280,6 +398,56 @@ class Checkpointer:
             self.store.delete_request(run.request_id)
         except FastVideoError:
             pass
+
+    # -- ended requests, read back ------------------------------------------------------------
+    def ended(self, rid: str) -> dict | None:
+        """An ended request as the store keeps it (within its TTL): ``meta`` (as registered),
+        ``status``, ``info`` (error, progress, timings) and ``media`` (name -> bytes); None if the
+        store does not know it as ended. Raises Unavailable when the store cannot be reached."""
+        status = self.store.status(rid)
+        if status is None or status == "INFLIGHT":
+            return None
+        meta = self.store.get_request(rid) or {}
+        media = {}
+        for name, art in self.store.artifacts(rid).items():
+            if art.get("stored"):
+                data = self.store.media(rid, name)
+                if data is not None:
+                    media[art.get("loop") or "vae_decode"] = data
+        return {"meta": meta, "status": status, "info": self.store.end_info(rid) or {}, "media": media}
+
+    def revive(self, request, card, program, ctx):
+        """Run a request that failed with a retryable error again, under its id: it is registered
+        anew and continues from the checkpoint it left (its ``resume_from_step``) or starts over.
+        Returns the adopted RequestRun (scheduler lock held by the caller)."""
+        from fastvideo3.runtime.scheduler import RequestRun
+        rid = request.request_id
+        ck = None
+        try:
+            ck = self.store.load_checkpoint(rid)
+        except Unavailable as e:
+            self._store_failed(e)
+        fresh = RequestRun(request=request, card=card, program=tuple(program), ctx=dict(ctx))
+        self.register(fresh)  # replaces the ended record (and its checkpoint): write it back below
+        run, rec = fresh, None
+        if ck is not None:
+            try:
+                rec = RunRecord.from_bytes(ck.loop_state)
+                run = rebuild_run(rec, card)
+                run.ctx.update(ctx)
+                self._resume_resident(run, rec)
+                self.latest[rid] = rec
+                self._write(rec)
+            except FastVideoError as e:
+                log.warning("checkpoint of %s not usable, starting over: %s", rid, e.one_line())
+                run, rec = fresh, None
+        if rec is None:
+            self.sched.release(rid)
+        run.resumed = True
+        self.sched.adopt(run)
+        self.counters["revived"] += 1
+        log.info("request %s runs again from %s", rid, f"step {rec.step}" if rec is not None else "the start")
+        return run
 
     # -- resume after a scheduler restart -----------------------------------------------------
     def resume(self, card) -> list[str]:
@@ -343,3 +511,27 @@ class Checkpointer:
             run.placement.pop(key, None)
         if mid_denoise:
             run.driver = None
+
+
+def end_info(run) -> dict:
+    """What the store records with a request's terminal status: its error, progress and timings
+    (read back by a scheduler that did not run it, for GetRequest and re-attach)."""
+    err = run.error
+    step, total = run.progress()
+    last = next((e for e in reversed(run.events) if e.kind == "progress"), None)
+    if last is not None:
+        step, total = int(last.data.get("step", 0)), int(last.data.get("total", 0))
+    out = {"step": step, "total": total, "phase_seconds": dict(run.phase_seconds), "started": run.started,
+           "ended": time.time()}
+    if err is not None:
+        import json
+        details = {}
+        for k, v in err.details.items():
+            try:
+                json.dumps(v)
+                details[k] = v
+            except (TypeError, ValueError):
+                details[k] = str(v)
+        out["error"] = {"code": err.code, "message": err.message, "field": err.field, "limit": err.limit,
+                        "step": err.step, "retry_after_s": err.retry_after_s, "details": details}
+    return out

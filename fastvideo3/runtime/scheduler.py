@@ -34,6 +34,9 @@ from fastvideo3.runtime.workunit import WorkUnit
 
 PROGRAM_T2V = ("text_encode", "diffusion_denoise", "vae_decode")
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+#: error codes after which the same request sent again (same id, same parameters) can succeed:
+#: something outside the request failed (a replica, the store, a transfer, the load)
+RETRYABLE_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "DATA_LOSS", "CANCELLED")
 
 
 @dataclass
@@ -71,6 +74,14 @@ class RequestRun:
     in_flight: bool = False
     #: pipelined dispatch: a planned unit held back because its replica was busy (sent next round)
     pending: Any = None
+    #: parked: its current loop waits for a healthy replica of this role (its last one was lost);
+    #: until ``parked_until`` (monotonic), then it fails with ``parked_error``
+    parked_role: str | None = None
+    parked_until: float = 0.0
+    parked_error: Any = None
+    #: (loop id, fn(run, fresh driver) -> driver): when that loop next starts, ``fn`` picks up where
+    #: it was (e.g. denoising continues from a snapshot after its lost inputs were encoded again)
+    continue_loop: Any = None
     _seq: Any = field(default_factory=lambda: itertools.count())
     done_event: threading.Event = field(default_factory=threading.Event)
 
@@ -105,6 +116,7 @@ class CoreScheduler:
         checkpoint: Callable[[RequestRun], None] | None = None,
         admit_hook: Callable[[RequestRun], None] | None = None,
         recover: Callable[[RequestRun, WorkUnit, StepResult], bool] | None = None,
+        checkpoint_step: Callable[[RequestRun], int | None] | None = None,
         parallel_dispatch: bool = False,
         dispatch_workers: int = 4,
         pipelined: bool = False,
@@ -134,6 +146,9 @@ class CoreScheduler:
         # lost to another replica instead of failing it (True = it continues)
         self.admit_hook = admit_hook
         self.recover = recover
+        # the denoise step a request's latest checkpoint was taken at (None: no checkpoint); it is
+        # what a retry continues from, reported on every terminal error (``resume_from_step``)
+        self.checkpoint_step = checkpoint_step
         self.pricer = pricer
         self.admission = admission
         if telemetry is None:
@@ -227,6 +242,9 @@ class CoreScheduler:
             units: list[tuple[WorkUnit, RequestRun]] = []
             for run in list(self.runs.values()):
                 if run.status != "RUNNING" or run.in_flight:
+                    continue
+                if run.parked_role is not None and not self._unpark(run):
+                    changed |= run.status in TERMINAL
                     continue
                 if run.pending is not None:  # planned last round, its replica was busy
                     units.append((run.pending, run))
@@ -335,6 +353,9 @@ class CoreScheduler:
                     return None
                 loop = LOOPS[loop_id]()
                 run.driver = LoopDriver(loop, loop.init(run.request, run.card, run.ctx))
+                if run.continue_loop is not None and run.continue_loop[0] == loop_id:
+                    fn, run.continue_loop = run.continue_loop[1], None
+                    run.driver = fn(run, run.driver)
                 run.phase_seconds.setdefault(loop_id, 0.0)
                 self.telemetry.loop_started(run.request_id, loop_id)
             plan = run.driver.plan()
@@ -510,6 +531,10 @@ class CoreScheduler:
             run.artifacts[loop_id] = res.inline
         if not res.ok and self.recover is not None and self.recover(run, unit, res):
             return  # moved to another replica; it continues from its last snapshot
+        if not res.ok and res.error is not None and (res.error.details.get("dispatch_failed")
+                                                     or res.error.details.get("lost_region")):
+            self._terminate(run, "FAILED", self._lost(run, unit, res.error))
+            return
         try:
             run.driver.apply(res)
         except FastVideoError as e:
@@ -525,6 +550,48 @@ class CoreScheduler:
             self._emit(run, "progress", {"phase": loop_id, "step": run.progress()[0], "total": run.progress()[1]})
         if self.checkpoint is not None:
             self.checkpoint(run)
+
+    def park(self, run: RequestRun, role: str, wait_s: float, error: FastVideoError) -> None:
+        """Hold ``run`` until a replica of ``role`` serves again (at most ``wait_s``, and never past
+        its deadline); its current loop then runs again there. Fails it with ``error`` after that."""
+        run.parked_role, run.parked_until, run.parked_error = role, time.monotonic() + wait_s, error
+        run.placement.pop(role, None)
+        run.driver = None  # the loop starts again (deterministic), on the replica that comes back
+
+    def _unpark(self, run: RequestRun) -> bool:
+        """True when a parked run may go on; fails it once its wait is over (lock held)."""
+        replicas = self.executors.get(run.parked_role) or []
+        if any(getattr(r, "healthy", True) is not False for r in replicas):
+            run.parked_role, run.parked_error = None, None
+            return True
+        if time.monotonic() > run.parked_until:
+            err, run.parked_role, run.parked_error = run.parked_error, None, None
+            self._terminate(run, "FAILED", err)
+        return False
+
+    def _lost(self, run: RequestRun, unit: WorkUnit, err: ErrorInfo) -> Unavailable:
+        """The terminal error of a request whose replica was lost with none to take over: it names
+        the role, the replica, the step reached and whether a checkpoint exists, and says what to
+        do (the transport's own text is kept in ``details["cause"]``)."""
+        idx = run.placement.get(unit.role)
+        replicas = self.executors.get(unit.role) or []
+        ex = replicas[idx] if idx is not None and idx < len(replicas) else None
+        replica = str(getattr(ex, "replica_id", "") or getattr(ex, "target", "") or (idx if idx is not None else "?"))
+        step, total = run.progress()
+        ck = self.checkpoint_step(run) if self.checkpoint_step is not None else None
+        healthy = sum(getattr(r, "healthy", True) is not False for r in replicas)
+        where = "no healthy replica of the role is left" if not healthy else "no other replica could take it over"
+        saved = (f"a checkpoint at step {ck} exists: sending the same request again (same id and parameters) "
+                 f"resumes from it" if ck is not None else
+                 "no checkpoint exists: sending the same request again (same id and parameters) starts it over")
+        lost = "lost its region" if err.details.get("lost_region") else "was lost"
+        from fastvideo3.errors import loss_report
+        return Unavailable(
+            f"{unit.role} replica {replica} {lost} at denoise step {step} of {total} and {where}; {saved}",
+            field="role", limit=unit.role, step=step, retry_after_s=err.retry_after_s or 1.0,
+            details={"cause": err.message, **loss_report(retryable=True, resume_from_step=ck or 0, role=unit.role,
+                                                         replica=replica, step_reached=step,
+                                                         checkpoint=ck is not None)})
 
     # -- terminal states -----------------------------------------------------------------
     def _finish(self, run: RequestRun) -> None:
@@ -544,6 +611,13 @@ class CoreScheduler:
             self.telemetry.dropped([unit], f"request {status.lower()} before dispatch")
         run.status = status
         run.error = ErrorInfo.of(exc)
+        if "retryable" not in run.error.details:  # every terminal error says whether a retry can succeed
+            from fastvideo3.errors import loss_report
+            ck = self.checkpoint_step(run) if self.checkpoint_step is not None else None
+            retry = run.error.code in RETRYABLE_CODES
+            run.error = dataclasses.replace(run.error, details={
+                **run.error.details, **loss_report(retryable=retry, resume_from_step=(ck or 0) if retry else None,
+                                                   checkpoint=ck is not None)})
         run.driver = None
         self.counters["cancelled" if status == "CANCELLED" else "failed"] += 1
         self.release(run.request_id)

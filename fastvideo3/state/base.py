@@ -130,12 +130,38 @@ class StateStore(Protocol):
         """Ids of the requests put and not yet ended or deleted, sorted."""
         ...
 
-    def end_request(self, request_id: str, status: str) -> bool:
-        """Mark the request terminal with ``status``; True if this call ended it.
+    def end_request(self, request_id: str, status: str, info: dict[str, Any] | None = None) -> bool:
+        """Mark the request terminal with ``status`` (and ``info``: e.g. its error, JSON); True if
+        this call ended it.
 
         Ending a request that is already ended, deleted or unknown changes nothing and returns
         False: a request has exactly one terminal status.
         """
+        ...
+
+    def end_info(self, request_id: str) -> dict[str, Any] | None:
+        """The ``info`` given to ``end_request`` (None if not ended, or none was given)."""
+        ...
+
+    def put_media(self, request_id: str, name: str, data: bytes) -> bool:
+        """Keep a finished output's bytes (it expires with the request). False if not in flight."""
+        ...
+
+    def media(self, request_id: str, name: str) -> bytes | None:
+        """The bytes given to ``put_media``, or None."""
+        ...
+
+    def acquire_lease(self, name: str, owner: str, ttl_s: float) -> str:
+        """Take the lease ``name`` for ``owner`` if it is free, or extend it if ``owner`` holds it
+        (one atomic step); returns the holder after the call ("" if none)."""
+        ...
+
+    def lease_holder(self, name: str) -> str:
+        """Who holds the lease ``name`` now ("" if nobody)."""
+        ...
+
+    def release_lease(self, name: str, owner: str) -> None:
+        """Give the lease up if ``owner`` holds it."""
         ...
 
     def delete_request(self, request_id: str) -> None:
@@ -162,6 +188,15 @@ def request_keys(namespace: str, request_id: str) -> tuple[str, str, str]:
     """The (meta, checkpoint, artifacts) keys of one request."""
     base = f"{namespace}:req:{request_id}"
     return f"{base}:meta", f"{base}:ckpt", f"{base}:artifacts"
+
+
+def media_key(namespace: str, request_id: str) -> str:
+    """The hash of a request's finished outputs (name -> bytes); it expires with the request."""
+    return f"{namespace}:req:{request_id}:media"
+
+
+def lease_key(namespace: str, name: str) -> str:
+    return f"{namespace}:lease:{name}"
 
 
 def inflight_key(namespace: str) -> str:

@@ -25,6 +25,8 @@ from fastvideo3.state.base import (
     decode_meta,
     encode_meta,
     inflight_key,
+    lease_key,
+    media_key,
     request_keys,
 )
 
@@ -110,7 +112,7 @@ class MemoryStateStore:
         text = encode_meta(meta)
         with self._data.lock:
             data = self._locked()
-            for key in (meta_key, ckpt_key, art_key):
+            for key in (meta_key, ckpt_key, art_key, media_key(self.config.namespace, request_id)):
                 data.values.pop(key, None)
                 data.expires_at.pop(key, None)
             data.values[meta_key] = {"meta": text, "status": INFLIGHT}
@@ -164,14 +166,17 @@ class MemoryStateStore:
         with self._data.lock:
             return sorted(self._locked().values.get(inflight_key(self.config.namespace), ()))
 
-    def end_request(self, request_id: str, status: str) -> bool:
-        keys = self._keys(request_id)
+    def end_request(self, request_id: str, status: str, info: dict[str, Any] | None = None) -> bool:
+        keys = (*self._keys(request_id), media_key(self.config.namespace, request_id))
         check_status(status)
+        end = encode_meta(info, "end_info") if info is not None else None
         with self._data.lock:
             data = self._locked()
             if not self._is_inflight(data, keys[0]):
                 return False
             data.values[keys[0]]["status"] = status
+            if end is not None:
+                data.values[keys[0]]["end"] = end
             deadline = self._clock() + self.config.ttl_after_end_s
             for key in keys:
                 if key in data.values:
@@ -180,8 +185,57 @@ class MemoryStateStore:
             self._drop_inflight(data, request_id)
             return True
 
+    def end_info(self, request_id: str) -> dict[str, Any] | None:
+        meta_key, _, _ = self._keys(request_id)
+        with self._data.lock:
+            record = self._locked().values.get(meta_key)
+            return None if record is None or "end" not in record else decode_meta(record["end"])
+
+    def put_media(self, request_id: str, name: str, data: bytes) -> bool:
+        meta_key, _, _ = self._keys(request_id)
+        check_name(name, "media")
+        blob = check_blob(data)
+        with self._data.lock:
+            values = self._locked()
+            if not self._is_inflight(values, meta_key):
+                return False
+            values.values.setdefault(media_key(self.config.namespace, request_id), {})[name] = blob
+            return True
+
+    def media(self, request_id: str, name: str) -> bytes | None:
+        check_name(request_id, "request_id")
+        with self._data.lock:
+            return self._locked().values.get(media_key(self.config.namespace, request_id), {}).get(name)
+
+    def acquire_lease(self, name: str, owner: str, ttl_s: float) -> str:
+        key = lease_key(self.config.namespace, check_name(name, "lease"))
+        check_name(owner, "owner")
+        with self._data.lock:
+            data = self._locked()
+            held = data.values.get(key)
+            if held is None or held == owner:
+                data.values[key] = owner
+                deadline = self._clock() + ttl_s
+                data.expires_at[key] = deadline
+                heapq.heappush(data.deadlines, (deadline, key))
+                return owner
+            return held
+
+    def lease_holder(self, name: str) -> str:
+        key = lease_key(self.config.namespace, check_name(name, "lease"))
+        with self._data.lock:
+            return self._locked().values.get(key) or ""
+
+    def release_lease(self, name: str, owner: str) -> None:
+        key = lease_key(self.config.namespace, check_name(name, "lease"))
+        with self._data.lock:
+            data = self._locked()
+            if data.values.get(key) == owner:
+                data.values.pop(key, None)
+                data.expires_at.pop(key, None)
+
     def delete_request(self, request_id: str) -> None:
-        keys = self._keys(request_id)
+        keys = (*self._keys(request_id), media_key(self.config.namespace, request_id))
         with self._data.lock:
             data = self._locked()
             for key in keys:
@@ -190,7 +244,7 @@ class MemoryStateStore:
             self._drop_inflight(data, request_id)
 
     def keys_for(self, request_id: str) -> list[str]:
-        keys = self._keys(request_id)
+        keys = (*self._keys(request_id), media_key(self.config.namespace, request_id))
         with self._data.lock:
             data = self._locked()
             return [key for key in keys if key in data.values]

@@ -5,7 +5,9 @@ Key layout, for namespace ``ns`` and request ``id``:
 * ``ns:req:id:meta``      hash: ``meta`` (JSON text), ``status`` (``INFLIGHT`` or terminal)
 * ``ns:req:id:ckpt``      hash: ``step``, ``blob`` (the LoopState bytes)
 * ``ns:req:id:artifacts`` hash: artifact name -> JSON text
+* ``ns:req:id:media``     hash: output name -> bytes (the finished video)
 * ``ns:inflight``         set of request ids not yet ended
+* ``ns:lease:name``       string: the holder of a lease (SET NX PX; the scheduler leader)
 
 Writes that depend on the request being in flight (``checkpoint``, ``put_artifact``,
 ``end_request``) WATCH the request's meta key, read its status and commit in MULTI/EXEC; a
@@ -46,6 +48,8 @@ from fastvideo3.state.base import (
     decode_meta,
     encode_meta,
     inflight_key,
+    lease_key,
+    media_key,
     request_keys,
 )
 
@@ -147,7 +151,7 @@ class RedisStateStore:
 
         def run() -> None:
             pipe = self._client.pipeline(transaction=True)
-            pipe.delete(meta_key, ckpt_key, art_key)  # also drops any expiry of a reused id
+            pipe.delete(meta_key, ckpt_key, art_key, media_key(self.config.namespace, request_id))  # any expiry too
             pipe.hset(meta_key, mapping={"meta": text, "status": INFLIGHT})
             pipe.sadd(inflight_key(self.config.namespace), request_id)
             pipe.execute()
@@ -196,21 +200,63 @@ class RedisStateStore:
         raw = self._call("list_inflight", lambda: self._client.smembers(inflight_key(self.config.namespace)))
         return sorted(member.decode() for member in raw)
 
-    def end_request(self, request_id: str, status: str) -> bool:
-        keys = self._keys(request_id)
+    def end_request(self, request_id: str, status: str, info: dict[str, Any] | None = None) -> bool:
+        keys = (*self._keys(request_id), media_key(self.config.namespace, request_id))
         check_status(status)
         ttl_ms = max(1, round(self.config.ttl_after_end_s * 1000))
+        end = encode_meta(info, "end_info") if info is not None else None
 
         def write(pipe: Any) -> None:
             pipe.hset(keys[0], "status", status)
+            if end is not None:
+                pipe.hset(keys[0], "end", end)
             for key in keys:
                 pipe.pexpire(key, ttl_ms)
             pipe.srem(inflight_key(self.config.namespace), request_id)
 
         return self._call("end_request", lambda: self._if_inflight(keys[0], write))
 
+    def end_info(self, request_id: str) -> dict[str, Any] | None:
+        meta_key, _, _ = self._keys(request_id)
+        raw = self._call("end_info", lambda: self._client.hget(meta_key, "end"))
+        return None if raw is None else decode_meta(raw)
+
+    def put_media(self, request_id: str, name: str, data: bytes) -> bool:
+        meta_key, _, _ = self._keys(request_id)
+        check_name(name, "media")
+        blob = check_blob(data)
+        key = media_key(self.config.namespace, request_id)
+        return self._call("put_media", lambda: self._if_inflight(meta_key, lambda p: p.hset(key, name, blob)))
+
+    def media(self, request_id: str, name: str) -> bytes | None:
+        check_name(request_id, "request_id")
+        raw = self._call("media", lambda: self._client.hget(media_key(self.config.namespace, request_id), name))
+        return None if raw is None else bytes(raw)
+
+    # One atomic step: take a free lease, or extend it when ``owner`` holds it; reply the holder.
+    _LEASE = ("local h = redis.call('GET', KEYS[1]) "
+              "if (not h) or h == ARGV[1] then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return ARGV[1] end "
+              "return h")
+    _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+
+    def acquire_lease(self, name: str, owner: str, ttl_s: float) -> str:
+        key = lease_key(self.config.namespace, check_name(name, "lease"))
+        check_name(owner, "owner")
+        ttl_ms = str(max(1, round(ttl_s * 1000)))
+        held = self._call("acquire_lease", lambda: self._client.eval(self._LEASE, 1, key, owner, ttl_ms))
+        return held.decode() if isinstance(held, bytes) else str(held or "")
+
+    def lease_holder(self, name: str) -> str:
+        key = lease_key(self.config.namespace, check_name(name, "lease"))
+        held = self._call("lease_holder", lambda: self._client.get(key))
+        return held.decode() if held else ""
+
+    def release_lease(self, name: str, owner: str) -> None:
+        key = lease_key(self.config.namespace, check_name(name, "lease"))
+        self._call("release_lease", lambda: self._client.eval(self._RELEASE, 1, key, owner))
+
     def delete_request(self, request_id: str) -> None:
-        keys = self._keys(request_id)
+        keys = (*self._keys(request_id), media_key(self.config.namespace, request_id))
 
         def run() -> None:
             pipe = self._client.pipeline(transaction=True)
@@ -221,7 +267,7 @@ class RedisStateStore:
         self._call("delete_request", run)
 
     def keys_for(self, request_id: str) -> list[str]:
-        keys = self._keys(request_id)
+        keys = (*self._keys(request_id), media_key(self.config.namespace, request_id))
 
         def run() -> list[Any]:
             pipe = self._client.pipeline(transaction=False)

@@ -94,7 +94,7 @@ class Resources(_message.Message):
     def __init__(self, gpu_seconds: _Optional[float] = ..., resident_bytes: _Optional[int] = ..., peak_bytes: _Optional[int] = ..., queue_slots: _Optional[int] = ...) -> None: ...
 
 class Error(_message.Message):
-    __slots__ = ("code", "message", "field", "limit", "step", "retry_after_s", "request_id", "details")
+    __slots__ = ("code", "message", "field", "limit", "step", "retry_after_s", "request_id", "details", "retryable", "resume_from_step", "loss")
     class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         UNSPECIFIED: _ClassVar[Error.Code]
@@ -109,6 +109,7 @@ class Error(_message.Message):
         ABORTED: _ClassVar[Error.Code]
         INTERNAL: _ClassVar[Error.Code]
         UNAUTHENTICATED: _ClassVar[Error.Code]
+        ALREADY_EXISTS: _ClassVar[Error.Code]
     UNSPECIFIED: Error.Code
     INVALID_ARGUMENT: Error.Code
     FAILED_PRECONDITION: Error.Code
@@ -121,6 +122,7 @@ class Error(_message.Message):
     ABORTED: Error.Code
     INTERNAL: Error.Code
     UNAUTHENTICATED: Error.Code
+    ALREADY_EXISTS: Error.Code
     class DetailsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +138,9 @@ class Error(_message.Message):
     RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DETAILS_FIELD_NUMBER: _ClassVar[int]
+    RETRYABLE_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FROM_STEP_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
     code: Error.Code
     message: str
     field: str
@@ -144,7 +149,22 @@ class Error(_message.Message):
     retry_after_s: float
     request_id: str
     details: _containers.ScalarMap[str, str]
-    def __init__(self, code: _Optional[_Union[Error.Code, str]] = ..., message: _Optional[str] = ..., field: _Optional[str] = ..., limit: _Optional[str] = ..., step: _Optional[int] = ..., retry_after_s: _Optional[float] = ..., request_id: _Optional[str] = ..., details: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    retryable: bool
+    resume_from_step: int
+    loss: Loss
+    def __init__(self, code: _Optional[_Union[Error.Code, str]] = ..., message: _Optional[str] = ..., field: _Optional[str] = ..., limit: _Optional[str] = ..., step: _Optional[int] = ..., retry_after_s: _Optional[float] = ..., request_id: _Optional[str] = ..., details: _Optional[_Mapping[str, str]] = ..., retryable: _Optional[bool] = ..., resume_from_step: _Optional[int] = ..., loss: _Optional[_Union[Loss, _Mapping]] = ...) -> None: ...
+
+class Loss(_message.Message):
+    __slots__ = ("role", "replica", "step_reached", "checkpoint")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    STEP_REACHED_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    replica: str
+    step_reached: int
+    checkpoint: bool
+    def __init__(self, role: _Optional[str] = ..., replica: _Optional[str] = ..., step_reached: _Optional[int] = ..., checkpoint: _Optional[bool] = ...) -> None: ...
 
 class TransferEndpoint(_message.Message):
     __slots__ = ("backend", "address", "replica_id")

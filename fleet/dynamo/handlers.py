@@ -53,6 +53,7 @@ DYNAMO_ERROR_BY_CODE: dict[str, type[Exception]] = {
     "INVALID_ARGUMENT": dx.InvalidArgument,       # 400
     "FAILED_PRECONDITION": dx.InvalidArgument,    # 400 (recipe / loop mismatch)
     "NOT_FOUND": dx.InvalidArgument,              # 400 (unknown model)
+    "ALREADY_EXISTS": dx.InvalidArgument,         # 400 (request id taken)
     "CANCELLED": dx.Cancelled,                    # 499
     "DEADLINE_EXCEEDED": dx.ConnectionTimeout,    # 504
     "UNAVAILABLE": dx.CannotConnect,              # 503
@@ -65,7 +66,16 @@ def to_dynamo_error(err: BaseException) -> Exception:
         return err
     if not isinstance(err, FastVideoError):
         return dx.Unknown(f"INTERNAL: {type(err).__name__}: {err}")  # 500
-    return DYNAMO_ERROR_BY_CODE.get(err.code, dx.Unknown)(err.one_line())
+    line = err.one_line()
+    d = err.details
+    if d.get("retryable") is not None:  # the fleet's loss report, kept in the message the client sees
+        line += f" [retryable={str(d['retryable'] in (True, 'true', 'True', 1, '1')).lower()}"
+        if d.get("resume_from_step") is not None:
+            line += f" resume_from_step={int(d['resume_from_step'])}"
+        if d.get("lost_role"):
+            line += f" lost={d['lost_role']}/{d.get('lost_replica', '')}"
+        line += "]"
+    return DYNAMO_ERROR_BY_CODE.get(err.code, dx.Unknown)(line)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ HTTP_BY_CODE: dict[str, tuple[int, str]] = {
     "UNAUTHENTICATED": (401, "authentication_error"),
     "PERMISSION_DENIED": (403, "permission_error"),
     "RESOURCE_EXHAUSTED": (429, "rate_limit_error"),
+    "ALREADY_EXISTS": (409, "invalid_request_error"),
     "CANCELLED": (499, "cancelled"),
     "DEADLINE_EXCEEDED": (504, "timeout_error"),
     "UNAVAILABLE": (503, "service_unavailable"),
@@ -91,9 +92,31 @@ def from_fleet(err: FastVideoError, *, frames_given: bool = False) -> ApiError:
 def job_error(err: FastVideoError | dict[str, Any], frames_given: bool = False) -> dict[str, Any]:
     """The ``error`` object of a failed job (OpenAI's VideoCreateError: code, message, param, type)."""
     if isinstance(err, dict):
+        from fastvideo3.client import loss_details
         code = str(err.get("code") or "INTERNAL")
-        e = FastVideoError(str(err.get("message") or code), field=err.get("field"), limit=err.get("limit"))
+        e = FastVideoError(str(err.get("message") or code), field=err.get("field"), limit=err.get("limit"),
+                           details=loss_details(err))
         e.code = code
         err = e
     api = from_fleet(err, frames_given=frames_given)
-    return {"code": api.code or "internal", "message": api.message, "param": api.param, "type": api.type}
+    out = {"code": api.code or "internal", "message": api.message, "param": api.param, "type": api.type}
+    out.update(loss_fields(err.details))
+    return out
+
+
+def loss_fields(details: dict[str, Any]) -> dict[str, Any]:
+    """The fleet's loss report as extra fields of an error object: ``retryable`` (the same request
+    sent again can succeed), ``resume_from_step`` and ``lost`` (role, replica, step reached,
+    whether a checkpoint exists)."""
+    def flag(v) -> bool:
+        return v in (True, "true", "True", 1, "1")
+    out: dict[str, Any] = {}
+    if details.get("retryable") is not None:
+        out["retryable"] = flag(details["retryable"])
+    if details.get("resume_from_step") is not None:
+        out["resume_from_step"] = int(details["resume_from_step"])
+    if details.get("lost_role"):
+        out["lost"] = {"role": details["lost_role"], "replica": details.get("lost_replica", ""),
+                       "step_reached": int(details.get("step_reached") or 0),
+                       "checkpoint": flag(details.get("checkpoint", False))}
+    return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fastvideo3.errors import ErrorInfo
+from fastvideo3.errors import LOSS_KEYS, ErrorInfo
 from fastvideo3.loop.protocol import Resources, StepResult
 from fastvideo3.runtime.workunit import WorkUnit
 from fastvideo3.v1 import common_pb2, work_pb2
@@ -62,24 +62,45 @@ def refs_from_wire(msgs) -> dict[str, dict]:
 # --------------------------------------------------------------------------- errors
 def error_to_wire(info: ErrorInfo, request_id: str = "") -> common_pb2.Error:
     codes = common_pb2.Error.Code
+    d = info.details
     msg = common_pb2.Error(
         code=codes.Value(info.code) if info.code in codes.keys() else codes.Value("INTERNAL"),
         message=info.message, field=info.field or "", limit=info.limit or "", request_id=request_id,
-        details={str(k): v if isinstance(v, str) else json.dumps(v) for k, v in info.details.items()},
+        details={str(k): v if isinstance(v, str) else json.dumps(v) for k, v in d.items() if k not in LOSS_KEYS},
     )
     if info.step is not None:
         msg.step = int(info.step)
     if info.retry_after_s is not None:
         msg.retry_after_s = float(info.retry_after_s)
+    if d.get("retryable") is not None:  # the loss report: typed fields (fastvideo3.errors.LOSS_KEYS)
+        msg.retryable = _flag(d["retryable"])
+    if d.get("resume_from_step") is not None:
+        msg.resume_from_step = int(d["resume_from_step"])
+    if d.get("lost_role") or d.get("lost_replica"):
+        msg.loss.CopyFrom(common_pb2.Loss(role=str(d.get("lost_role") or ""), replica=str(d.get("lost_replica") or ""),
+                                          step_reached=int(d.get("step_reached") or 0),
+                                          checkpoint=_flag(d.get("checkpoint", False))))
     return msg
+
+
+def _flag(value) -> bool:
+    return value in (True, "true", "True", "1", 1)
 
 
 def error_from_wire(msg: common_pb2.Error) -> ErrorInfo:
     code = common_pb2.Error.Code.Name(msg.code)
+    details: dict = dict(msg.details)
+    if msg.HasField("retryable"):
+        details["retryable"] = msg.retryable
+    if msg.HasField("resume_from_step"):
+        details["resume_from_step"] = msg.resume_from_step
+    if msg.HasField("loss"):
+        details.update(lost_role=msg.loss.role, lost_replica=msg.loss.replica, step_reached=msg.loss.step_reached,
+                       checkpoint=msg.loss.checkpoint)
     return ErrorInfo(
         code="INTERNAL" if code == "UNSPECIFIED" else code, message=msg.message, field=msg.field or None,
         limit=msg.limit or None, step=msg.step if msg.HasField("step") else None,
-        retry_after_s=msg.retry_after_s if msg.HasField("retry_after_s") else None, details=dict(msg.details),
+        retry_after_s=msg.retry_after_s if msg.HasField("retry_after_s") else None, details=details,
     )
 
 

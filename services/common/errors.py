@@ -20,6 +20,7 @@ STATUS_BY_CODE: dict[str, grpc.StatusCode] = {
     "FAILED_PRECONDITION": grpc.StatusCode.FAILED_PRECONDITION,  # recipe / loop / config mismatch
     "NOT_FOUND": grpc.StatusCode.NOT_FOUND,                      # unknown card, request or buffer
     "RESOURCE_EXHAUSTED": grpc.StatusCode.RESOURCE_EXHAUSTED,    # queue full / no budget (+ retry hint)
+    "ALREADY_EXISTS": grpc.StatusCode.ALREADY_EXISTS,            # request id taken (other parameters)
     "CANCELLED": grpc.StatusCode.CANCELLED,                      # cancelled by the client
     "UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,                  # pool lost, loading or draining
     "DATA_LOSS": grpc.StatusCode.DATA_LOSS,                      # transfer checksum mismatch
@@ -40,7 +41,8 @@ def status_of(exc: BaseException | ErrorInfo) -> grpc.StatusCode:
 def trailer_of(info: ErrorInfo) -> tuple[tuple[str, bytes], ...]:
     body = {"code": info.code, "message": info.message, "field": info.field, "limit": info.limit,
             "step": info.step, "retry_after_s": info.retry_after_s,
-            "details": {str(k): str(v) for k, v in info.details.items()}}
+            "details": {str(k): v if isinstance(v, (str, bool, int, float)) else str(v)
+                        for k, v in info.details.items()}}
     return ((ERROR_TRAILER, json.dumps(body).encode("utf-8")),)
 
 

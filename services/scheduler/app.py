@@ -21,6 +21,9 @@ class _Gate(scheduler_pb2_grpc.SchedulerServicer):
 
     def __init__(self) -> None:
         self.target = None
+        self.leadership = None  # services.scheduler.leader.Leadership when replicas elect a leader
+        self.security = None
+        self._channels: dict[str, object] = {}
 
     def _get(self, context):
         if self.target is None:
@@ -29,14 +32,59 @@ class _Gate(scheduler_pb2_grpc.SchedulerServicer):
             abort(context, Unavailable("the scheduler is still connecting to its pools", retry_after_s=1.0))
         return self.target
 
+    def _leader(self, context):
+        """A stub to the leader when this replica is a standby, else None (serve here)."""
+        lead = self.leadership
+        if lead is None or lead.is_leader:
+            return None
+        address = lead.leader_address
+        if not address:
+            from fastvideo3.errors import Unavailable
+            from services.common.errors import abort
+            abort(context, Unavailable("no scheduler leader right now (an election is under way)",
+                                       retry_after_s=lead.ttl_s))
+        channel = self._channels.get(address)
+        if channel is None:
+            import grpc
+            channel = (self.security.channel(address) if self.security is not None and self.security.enabled
+                       else grpc.insecure_channel(address))
+            self._channels[address] = channel
+        return scheduler_pb2_grpc.SchedulerStub(channel)
+
+    @staticmethod
+    def _forwarded(context) -> list:
+        return [(k, v) for k, v in context.invocation_metadata() if k in ("authorization", "traceparent")]
+
+    def _unary(self, name: str, request, context):
+        stub = self._leader(context)
+        if stub is None:
+            return getattr(self._get(context), name)(request, context)
+        import grpc
+        try:
+            return getattr(stub, name)(request, timeout=context.time_remaining(), metadata=self._forwarded(context))
+        except grpc.RpcError as err:
+            from services.common.errors import abort, error_from_rpc
+            abort(context, error_from_rpc(err))
+
     def Generate(self, request, context):  # noqa: N802 - gRPC naming
-        return self._get(context).Generate(request, context)
+        stub = self._leader(context)
+        if stub is None:
+            yield from self._get(context).Generate(request, context)
+            return
+        import grpc
+        call = stub.Generate(request, timeout=context.time_remaining(), metadata=self._forwarded(context))
+        context.add_callback(call.cancel)  # the client went away: so does the forwarded call
+        try:
+            yield from call
+        except grpc.RpcError as err:
+            from services.common.errors import abort, error_from_rpc
+            abort(context, error_from_rpc(err))
 
     def Cancel(self, request, context):  # noqa: N802
-        return self._get(context).Cancel(request, context)
+        return self._unary("Cancel", request, context)
 
     def GetRequest(self, request, context):  # noqa: N802
-        return self._get(context).GetRequest(request, context)
+        return self._unary("GetRequest", request, context)
 
     def Describe(self, request, context):  # noqa: N802
         return self._get(context).Describe(request, context)
@@ -132,6 +180,10 @@ def run_scheduler(argv: list[str] | None = None) -> int:
             return 0
         return 2 if isinstance(e, FastVideoError) and e.code in ("INVALID_ARGUMENT", "NOT_FOUND") else 1
     gate.target = servicer
+    leadership = None
+    if cfg.leader_lease_s:
+        leadership = _elect(cfg, port, runtime, servicer.card)
+        gate.leadership, gate.security = leadership, cfg.security()
     monitor_stop = threading.Event()
     _monitor(replicas, monitor_stop, cfg.health_interval_s, cfg.health_timeout_s)
     if cfg.metrics_port is not None:
@@ -145,9 +197,20 @@ def run_scheduler(argv: list[str] | None = None) -> int:
     host.set_serving(True)
     if not host.stop_event.is_set():
         print(f"scheduler serving on {cfg.host}:{port} (edges: {servicer.edges})", flush=True)
-    host.wait_and_drain(cfg.drain_timeout_s)
+    handed_over = threading.Event()
+
+    def hand_over() -> None:  # a leader leaving (e.g. a rolling update): the standby adopts its requests
+        if leadership is not None and leadership.is_leader:
+            left = runtime.hand_over()
+            leadership.stop()  # release the lease now: a standby takes it without waiting for it to expire
+            handed_over.set()
+            log.info("handed %d request(s) over to the next leader: %s", len(left), ", ".join(left) or "none")
+
+    host.wait_and_drain(cfg.drain_timeout_s, on_drain=hand_over)
+    if leadership is not None and not handed_over.is_set():
+        leadership.stop()
     monitor_stop.set()
-    runtime.stop(cancel_active=True)
+    runtime.stop(cancel_active=not handed_over.is_set())
     runtime.sched.telemetry.tracing.shutdown()  # flush the last spans: SIGTERM runs no exit hooks
     for reps in replicas.values():
         for rep in reps:
@@ -177,16 +240,37 @@ def _build(cfg: SchedulerConfig, host: ServiceHost):
     runtime = FleetRuntime(replicas, batching=cfg.batching, max_batch=max_batch, max_running=cfg.max_running,
                            max_queued=cfg.max_queued, retain_finished=cfg.retain_finished, pricer=pricer,
                            admission=admission, telemetry=telemetry, checkpointer=checkpointer)
-    resumed = checkpointer.resume(card)  # requests a previous scheduler left in flight
-    if resumed:
-        log.info("resumed %d in-flight request(s) from %s: %s", len(resumed), checkpointer.store.address,
-                 ", ".join(resumed))
+    runtime.card_of = lambda card_id: card if card_id == card.model_id else None
+    if not cfg.leader_lease_s:  # with an election, the elected replica resumes (see _elect)
+        _resume(checkpointer, card)
     deployment = build_card(cfg, card, replicas, edges, ["", SERVICE], cost_model=pricer.cost_model)
     config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()}
     servicer = SchedulerServicer(host, runtime, card, precision=precision, replicas=replicas, edges=edges,
                                  deployment_card=deployment, config=config)
     runtime.start()
     return servicer, runtime, replicas
+
+
+def _resume(checkpointer, card) -> None:
+    resumed = checkpointer.resume(card)  # requests a previous scheduler left in flight
+    if resumed:
+        log.info("resumed %d in-flight request(s) from %s: %s", len(resumed), checkpointer.store.address,
+                 ", ".join(resumed))
+
+
+def _elect(cfg: SchedulerConfig, port: int, runtime, card):
+    """Join the leader election (services/scheduler/leader.py); the elected replica adopts what
+    the store lists in flight."""
+    import os
+    import socket
+    from services.scheduler.leader import Leadership
+    address = cfg.advertise or f"{cfg.host if cfg.host not in ('0.0.0.0', '::', '') else socket.gethostname()}:{port}"
+    me = f"{socket.gethostname()}-{os.getpid()}"
+    lead = Leadership(runtime.checkpointer.store, me, address, cfg.leader_lease_s,
+                      on_elected=lambda: _resume(runtime.checkpointer, card))
+    lead.start()
+    log.info("leader election: %s (lease %.1fs); leader now %s", lead.owner, cfg.leader_lease_s, lead.holder or "none")
+    return lead
 
 
 def _checkpointer(cfg: SchedulerConfig):
@@ -197,7 +281,8 @@ def _checkpointer(cfg: SchedulerConfig):
     store = make_store(cfg.state_store, StoreConfig(namespace=cfg.state_namespace or cfg.engine_id,
                                                     ttl_after_end_s=cfg.state_ttl_s, timeout_s=cfg.state_timeout_s))
     store.ping()
-    return Checkpointer(store, every=cfg.checkpoint_every, retry_s=max(0.5, cfg.state_timeout_s))
+    return Checkpointer(store, every=cfg.checkpoint_every, retry_s=max(0.5, cfg.state_timeout_s),
+                        replica_wait_s=cfg.replica_wait_s)
 
 
 def _economy(cfg: SchedulerConfig):

@@ -67,6 +67,13 @@ class SchedulerConfig:
     # denoise steps between checkpoints (each carries a snapshot of the request's latent and
     # sampler history, copied to the host): a resume redoes at most this many steps; 0 = off
     checkpoint_every: int = 4
+    # high availability (services/scheduler/leader.py): with a lease, replicas over one store
+    # elect a leader (the only one that admits and steps); the others forward to it and take
+    # over its requests from their checkpoints when its lease expires. 0 = no election.
+    leader_lease_s: float = 0.0
+    # a decode (or encode) whose last replica was lost waits this long for one to serve again
+    replica_wait_s: float = 30.0
+    advertise: str | None = None         # host:port the other replicas forward to (default host:port)
     # pool health: checked every interval with a deadline; lost after N unanswered checks
     health_interval_s: float = 1.0
     health_timeout_s: float = 1.0
@@ -144,6 +151,11 @@ def parse_args(argv: list[str] | None = None) -> SchedulerConfig:
     p.add_argument("--state-timeout", type=float, default=None, dest="state_timeout_s")
     p.add_argument("--checkpoint-every", type=int, default=None,
                    help="checkpoint (and snapshot) each request every N denoise steps; 0 = off")
+    p.add_argument("--leader-lease", type=float, default=None, dest="leader_lease_s",
+                   help="seconds: elect one leader among scheduler replicas sharing the state store (needs redis)")
+    p.add_argument("--replica-wait", type=float, default=None, dest="replica_wait_s",
+                   help="seconds a decode/encode whose last replica died waits for one to come back (0 = fail)")
+    p.add_argument("--advertise", default=None, help="host:port other scheduler replicas reach this one at")
     p.add_argument("--health-interval", type=float, default=None, dest="health_interval_s")
     p.add_argument("--health-timeout", type=float, default=None, dest="health_timeout_s")
     p.add_argument("--unhealthy-after", type=int, default=None, help="unanswered health checks before a pool is lost")
@@ -225,6 +237,9 @@ def build_config(a: argparse.Namespace) -> SchedulerConfig:
         state_ttl_s=float(pick(a.state_ttl_s, "state_ttl_s", 3600.0, sched)),
         state_timeout_s=float(pick(a.state_timeout_s, "state_timeout_s", 2.0, sched)),
         checkpoint_every=int(pick(a.checkpoint_every, "checkpoint_every", 4, sched)),
+        leader_lease_s=float(pick(a.leader_lease_s, "leader_lease_s", 0.0, sched)),
+        advertise=pick(a.advertise, "advertise", None, sched),
+        replica_wait_s=float(pick(a.replica_wait_s, "replica_wait_s", 30.0, sched)),
         health_interval_s=float(pick(a.health_interval_s, "health_interval_s", 1.0, sched)),
         health_timeout_s=float(pick(a.health_timeout_s, "health_timeout_s", 1.0, sched)),
         unhealthy_after=int(pick(a.unhealthy_after, "unhealthy_after", 2, sched)),
@@ -240,6 +255,15 @@ def build_config(a: argparse.Namespace) -> SchedulerConfig:
     for name in ("state_ttl_s", "state_timeout_s", "health_interval_s", "health_timeout_s"):
         if getattr(cfg, name) <= 0:
             raise InvalidRequest(f"must be > 0, got {getattr(cfg, name)}", field=name, limit="> 0")
+    if cfg.leader_lease_s < 0 or (cfg.leader_lease_s and cfg.leader_lease_s < 0.5):
+        raise InvalidRequest(f"must be 0 (off) or >= 0.5 s, got {cfg.leader_lease_s}", field="leader_lease_s",
+                             limit="0 or >= 0.5")
+    if cfg.leader_lease_s and cfg.state_store.startswith("memory"):
+        raise InvalidRequest("a leader lease needs a shared state store (redis://...)", field="leader_lease_s",
+                             limit="--state-store redis://...")
+    if not 0 <= cfg.replica_wait_s <= 3600:
+        raise InvalidRequest(f"must be in [0, 3600] s, got {cfg.replica_wait_s}", field="replica_wait_s",
+                             limit="[0, 3600]")
     if cfg.checkpoint_every < 0:
         raise InvalidRequest(f"must be >= 0, got {cfg.checkpoint_every}", field="checkpoint_every", limit=">= 0")
     if cfg.unhealthy_after < 1 or cfg.max_request_bytes < 1024:

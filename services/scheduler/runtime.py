@@ -28,7 +28,7 @@ import time
 from collections import deque
 from typing import Any
 
-from fastvideo3.errors import InvalidRequest
+from fastvideo3.errors import AlreadyExists, ErrorInfo, FastVideoError, NotFound, Unavailable
 from fastvideo3.runtime.scheduler import TERMINAL, CoreScheduler, Event, RequestRun
 
 log = logging.getLogger("fastvideo3.scheduler")
@@ -54,7 +54,9 @@ class FleetRuntime:
                                    pipelined=True, wake=self._wake_up,
                                    dispatch_workers=max(4, replicas), pricer=pricer, admission=admission,
                                    telemetry=telemetry, checkpoint=cp.checkpoint if cp else None,
-                                   admit_hook=cp.register if cp else None, recover=cp.recover if cp else None)
+                                   admit_hook=cp.register if cp else None, recover=cp.recover if cp else None,
+                                   checkpoint_step=cp.checkpoint_step if cp else None)
+        self.card_of = None  # card id -> ModelCard, for requests read back from the store
         self.checkpointer = cp.attach(self.sched) if cp else None
         self.batching = batching
         self.retain_finished = retain_finished
@@ -75,9 +77,31 @@ class FleetRuntime:
 
     # -- requests ---------------------------------------------------------------------------
     def submit(self, request, card, *, program: tuple[str, ...], ctx: dict, trace_parent=None) -> Stream:
-        resumed = self.sched.get(request.request_id)
-        if resumed is not None and resumed.resumed:
-            return self._reattach(resumed, request, detached=bool(ctx.get("detached")))
+        """Queue a request, or — when its id is taken — apply the id rules (docs/reliability.md):
+        the same parameters re-attach to a live request, replay an ended one's result, or run a
+        request that failed with a retryable error again (from its checkpoint); other parameters
+        are refused with ALREADY_EXISTS naming ``request_id``."""
+        rid = request.request_id
+        existing = self.lookup(rid)
+        if existing is not None and not (existing.status == "CANCELLED"):
+            if existing.request != request:
+                what = "a live" if existing.status not in TERMINAL else f"a retained ({existing.status})"
+                raise AlreadyExists(f"request id {rid!r} is taken by {what} request with other parameters",
+                                    field="request_id", request_id=rid)
+            if existing.status not in TERMINAL:
+                if not existing.resumed:
+                    raise AlreadyExists(f"request {rid!r} is running and a client is attached to it",
+                                        field="request_id", request_id=rid)
+                return self._reattach(existing, request, detached=bool(ctx.get("detached")))
+            retry = existing.status == "FAILED" and existing.error is not None and \
+                existing.error.details.get("retryable") in (True, "true", "True")
+            if retry and self.checkpointer is not None:
+                return self._retry(request, card, program, ctx)
+            if not retry:  # its result, replayed to this client
+                if existing.status == "SUCCEEDED":
+                    self._load_media(existing)
+                return self._reattach(existing, request, detached=bool(ctx.get("detached")))
+            # retryable, no store to resume from: it runs again from the start (below)
         stream = Stream(request.request_id)
         with self._lock:
             previous = self.streams.get(request.request_id)
@@ -94,16 +118,74 @@ class FleetRuntime:
         self._wake.set()
         return stream
 
+    def _retry(self, request, card, program, ctx) -> Stream:
+        """Run a retained, retryably failed request again under its id (from its checkpoint)."""
+        stream = Stream(request.request_id)
+        with self.sched._lock:
+            run = self.checkpointer.revive(request, card, program, ctx)
+            with self._lock:
+                self.streams[request.request_id] = stream
+            run.resumed = False
+            run.ctx["detached"] = bool(ctx.get("detached"))
+            stream.events.put(Event(run.request_id, 0, "accepted", {"model": card.model_id, "resumed": True}))
+        self._wake.set()
+        return stream
+
+    def lookup(self, request_id: str) -> RequestRun | None:
+        """The request with this id: in memory, or — ended within the store's TTL, e.g. before a
+        restart — rebuilt read-only from the store (and retained like any ended request)."""
+        run = self.sched.get(request_id)
+        if run is not None or self.checkpointer is None:
+            return run
+        try:
+            kept = self.checkpointer.ended(request_id)
+        except FastVideoError as e:
+            log.warning("cannot read %s from the state store: %s", request_id, e.one_line())
+            return None
+        if kept is None:
+            return None
+        run = ended_run(request_id, kept, self.card_of)
+        if run is None:
+            return None
+        with self.sched._lock:
+            if self.sched.get(request_id) is not None:  # raced with a submit
+                return self.sched.get(request_id)
+            self.sched.runs[request_id] = run
+        with self._lock:
+            self._finished.append(request_id)
+        return run
+
+    def _load_media(self, run: RequestRun) -> None:
+        """Put a SUCCEEDED request's video back into its artifact event (bytes are not kept in
+        memory after delivery; the store keeps them for its TTL)."""
+        ev = next((e for e in run.events if e.kind == "artifact"), None)
+        if ev is None or (ev.data.get("artifacts") or {}).get("vae_decode"):
+            return
+        data = None
+        if self.checkpointer is not None:
+            fmt = run.ctx.get("encode") or "mp4"
+            try:
+                data = self.checkpointer.store.media(run.request_id, f"video.{fmt}")
+            except FastVideoError as e:
+                raise Unavailable(f"the video of {run.request_id!r} cannot be read back: {e.message}",
+                                  field="state_store", retry_after_s=1.0) from None
+        if data is None:
+            raise NotFound(f"request {run.request_id!r} succeeded but its video is no longer kept",
+                           field="request_id")
+        ev.data = {**ev.data, "artifacts": {"vae_decode": data}}
+
     def _reattach(self, run: RequestRun, request, detached: bool = False) -> Stream:
         """A client takes over a request the scheduler resumed after a restart (see module doc)."""
         if run.request != request:
-            raise InvalidRequest("a resumed request with this id has other parameters", field="request_id")
+            raise AlreadyExists("a request with this id has other parameters", field="request_id",
+                                request_id=run.request_id)
         stream = Stream(run.request_id)
         with self.sched._lock:  # no event of the run is emitted while the stream is wired in
             with self._lock:
                 old = self.streams.get(run.request_id)
                 if old is not None and not old.closed:
-                    raise InvalidRequest("a client is already attached to this request", field="request_id")
+                    raise AlreadyExists("a client is already attached to this request", field="request_id",
+                                        request_id=run.request_id)
                 self.streams[run.request_id] = stream
             run.resumed = False  # the client owns it now: a disconnect cancels it, as for any stream
             run.ctx["detached"] = detached  # ... unless this client detached it again
@@ -189,6 +271,29 @@ class FleetRuntime:
         while len(self._finished) > self.retain_finished:
             self.sched.forget(self._finished.popleft())
 
+    def hand_over(self, timeout_s: float = 30.0) -> list[str]:
+        """Stop stepping without ending anything (a leader leaving: another replica adopts the
+        requests from their checkpoints, still in flight in the store). Waits for the batches in
+        flight to come back, so no step of this replica lands after the adopter restored a
+        snapshot; then every open stream ends with a retryable UNAVAILABLE telling its client to
+        re-attach. Returns the ids left in flight."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout_s)
+        end = time.monotonic() + timeout_s
+        while any(r.in_flight for r in self.sched.runs.values()) and time.monotonic() < end:
+            time.sleep(0.05)  # the dispatch threads apply their results and clear the flag
+        self._after_tick()  # requests that ended meanwhile: their ends reach the store and clients
+        if self.checkpointer is not None:
+            self.checkpointer.flush()
+        left = [r.request_id for r in self.sched.active()]
+        with self._lock:
+            streams = list(self.streams.values())
+        for stream in streams:
+            stream.events.put(Event(stream.request_id, -1, "moved", {}))
+        return left
+
     def stop(self, cancel_active: bool = True, timeout_s: float = 10.0) -> None:
         if cancel_active:  # cancelled at their next step boundary by the still-running tick thread
             active = self.sched.active()
@@ -219,3 +324,34 @@ class FleetRuntime:
             c.update({f"state.{k}": v for k, v in self.checkpointer.counters.items()})
             c["state.pending_ends"] = len(self.checkpointer.pending_ends)
         return c
+
+
+def ended_run(request_id: str, kept: dict, card_of) -> RequestRun | None:
+    """A read-only RequestRun of a request that ended under another scheduler (or before a
+    restart), from what the store kept: its events are its result (artifact or error) and
+    ``finished``."""
+    from fastvideo3.request.schema import ResolvedRequest
+    meta, info = kept["meta"], kept["info"]
+    card = card_of(meta.get("card_id")) if card_of is not None else None
+    if card is None or "request" not in meta:
+        return None
+    run = RequestRun(request=ResolvedRequest.from_dict(meta["request"]), card=card,
+                     program=tuple(meta.get("program") or ()), ctx=dict(meta.get("ctx") or {}),
+                     created=float(meta.get("created") or time.time()))
+    run.status, run.started = kept["status"], info.get("started")
+    run.loop_index = len(run.program)
+    run.phase_seconds = dict(info.get("phase_seconds") or {})
+    run.events.append(Event(request_id, 0, "progress", {"phase": "done", "step": int(info.get("step", 0)),
+                                                        "total": int(info.get("total", 0))}))
+    if run.status == "SUCCEEDED":
+        run.artifacts = dict(kept["media"])
+        run.events.append(Event(request_id, 1, "artifact", {"outputs": {}, "phase_seconds": run.phase_seconds,
+                                                            "artifacts": dict(kept["media"])}))
+    elif info.get("error"):
+        e = info["error"]
+        run.error = ErrorInfo(e["code"], e["message"], e.get("field"), e.get("limit"), e.get("step"),
+                              e.get("retry_after_s"), dict(e.get("details") or {}))
+        run.events.append(Event(request_id, 1, "error", {"error": run.error}))
+    run.events.append(Event(request_id, 2, "finished", {"status": run.status}))
+    run.done_event.set()
+    return run

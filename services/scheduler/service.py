@@ -163,6 +163,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     continue
                 if ev.kind == "progress" and ev.data.get("phase") in ("denoise", "diffusion_denoise"):
                     self.ledger.progress(stream.request_id, int(ev.data.get("step", 0)), int(ev.data.get("total", 0)))
+                if ev.kind == "moved":  # this replica handed its requests over (services/scheduler/leader.py)
+                    from fastvideo3.errors import loss_report
+                    raise Unavailable(f"this scheduler replica stopped and handed request {stream.request_id!r} "
+                                      "over to another replica: send the same request again (same id and "
+                                      "parameters) to any replica to re-attach", retry_after_s=1.0,
+                                      request_id=stream.request_id,
+                                      details=loss_report(retryable=True, role="scheduler"))
                 yield from wire.convert(ev)
                 if ev.kind == "finished":
                     return
@@ -268,7 +275,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     # -- Cancel / GetRequest ------------------------------------------------------------------
     def Cancel(self, request, context):  # noqa: N802
-        run = self.runtime.get(request.request_id)
+        run = self.runtime.lookup(request.request_id)
         if run is None:
             abort(context, NotFound("no such request", field="request_id"))
         ok = self.runtime.cancel(request.request_id)
@@ -277,7 +284,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.CancelResponse(request_id=request.request_id, cancelled=ok, state=STATE.Value(run.status))
 
     def GetRequest(self, request, context):  # noqa: N802
-        run = self.runtime.get(request.request_id)
+        run = self.runtime.lookup(request.request_id)  # an ended request is read back from the store
         if run is None:
             abort(context, NotFound("no such request (or no longer retained)", field="request_id"))
         step, total = run.progress()

@@ -180,3 +180,13 @@ def test_canary_and_worker_config():
     assert cfg.endpoint_types == "videos" and cfg.model_input == ModelInput.Text
     assert (cfg.discovery_backend, cfg.request_plane, cfg.event_plane) == ("file", "tcp", "zmq")
     assert cfg.enable_kv_routing is False and cfg.served_model_name == "wan-tiny"
+
+
+def test_error_keeps_the_fleets_loss_report():
+    from fastvideo3.errors import AlreadyExists, Unavailable, loss_report
+    lost = Unavailable("denoiser replica denoiser-0 was lost", field="role", details=loss_report(
+        retryable=True, resume_from_step=6, role="denoiser", replica="denoiser-0", step_reached=7, checkpoint=True))
+    err = to_dynamo_error(lost)
+    assert isinstance(err, dx.CannotConnect)
+    assert "[retryable=true resume_from_step=6 lost=denoiser/denoiser-0]" in str(err)
+    assert isinstance(to_dynamo_error(AlreadyExists("taken", field="request_id")), dx.InvalidArgument)

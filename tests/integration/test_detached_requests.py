@@ -55,10 +55,10 @@ def test_reattach_mid_run_gets_the_remaining_events(fleet):
 
 
 def _try_stream(c: FleetClient, rid: str):
-    from fastvideo3.errors import InvalidRequest
+    from fastvideo3.errors import AlreadyExists
     try:
         return list(c.stream("goes away", request_id=rid, detached=True, **PARAMS))
-    except InvalidRequest:
+    except AlreadyExists:  # the old stream is still attached
         return None
 
 

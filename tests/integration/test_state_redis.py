@@ -203,6 +203,35 @@ def test_end_request_sets_expiry_on_every_key_once(backend: Backend, store: Stat
 
 
 @pytest.mark.timeout(60)
+def test_media_and_end_info_expire_with_the_request(backend: Backend, store: StateStore, ns: str) -> None:
+    store.put_request("m", {"p": 1})
+    assert store.put_media("m", "video.npy", b"\x00bytes")
+    assert store.media("m", "video.npy") == b"\x00bytes" and store.media("m", "other") is None
+    assert f"{ns}:req:m:media" in store.keys_for("m")
+    assert store.end_info("m") is None
+    assert store.end_request("m", "FAILED", {"error": {"code": "UNAVAILABLE", "details": {"retryable": True}}})
+    assert store.end_info("m") == {"error": {"code": "UNAVAILABLE", "details": {"retryable": True}}}
+    assert not store.put_media("m", "late", b"x")  # only while in flight
+    backend.assert_expires(store, store.keys_for("m"))
+    store.put_request("m", {"p": 2})  # a reused id starts clean: no old media, no old end
+    assert store.media("m", "video.npy") is None and store.end_info("m") is None
+    store.delete_request("m")
+    assert store.keys_for("m") == []
+
+
+@pytest.mark.timeout(60)
+def test_lease_has_one_holder(backend: Backend, store: StateStore) -> None:
+    assert store.lease_holder("scheduler") == ""
+    assert store.acquire_lease("scheduler", "a@h:1", 30.0) == "a@h:1"
+    assert store.acquire_lease("scheduler", "b@h:2", 30.0) == "a@h:1"  # held: b is told who holds it
+    assert store.acquire_lease("scheduler", "a@h:1", 30.0) == "a@h:1"  # renewed by its holder
+    store.release_lease("scheduler", "b@h:2")  # not b's: nothing happens
+    assert store.lease_holder("scheduler") == "a@h:1"
+    store.release_lease("scheduler", "a@h:1")
+    assert store.acquire_lease("scheduler", "b@h:2", 30.0) == "b@h:2"
+
+
+@pytest.mark.timeout(60)
 def test_writes_after_end_or_delete_are_refused(backend: Backend, store: StateStore) -> None:
     store.put_request("ended", {})
     store.checkpoint("ended", 1, b"one")

@@ -10,7 +10,9 @@ denoisers, decoder — and two schedulers:
   batches), state in memory.
 
 The pools carry test-only faults, each armed for one request id (services/common/faults.py):
-denoisers ``nan:nan-victim@2``, ``oom:oom-victim@1``, ``raise:raise-victim@2``; encoder
+denoisers ``nan:nan-victim@2``, ``oom:oom-victim@1``, ``raise:raise-victim@2``, and
+``stall:decode-victim@3`` / ``stall:latents-lost@3`` (the decoder's fetch of its final latents, over the gRPC edge
+denoiser->decoder, takes 3 s: a decode certainly in flight); encoder
 ``corrupt:xfer-corrupt``, ``drop:xfer-drop``, ``stall:xfer-stall@8``. Denoisers pull inputs
 with a 3 s deadline.
 """
@@ -25,7 +27,9 @@ REAL_CARD = "wan-tiny-seeded"
 REAL_NAMESPACE = "rel-real"
 FETCH_TIMEOUT_S = 3.0
 STALL_S = 8
-DENOISER_FAULTS = ["nan:nan-victim@2", "oom:oom-victim@1", "raise:raise-victim@2"]
+DECODE_STALL_S = 3
+DENOISER_FAULTS = ["nan:nan-victim@2", "oom:oom-victim@1", "raise:raise-victim@2",
+                   f"stall:decode-victim@{DECODE_STALL_S}", f"stall:latents-lost@{DECODE_STALL_S}"]
 ENCODER_FAULTS = ["corrupt:xfer-corrupt", "drop:xfer-drop", f"stall:xfer-stall@{STALL_S}"]
 
 
@@ -45,6 +49,7 @@ def real_fleet(real_redis, tmp_path_factory):
     encoder_args = [a for f in ENCODER_FAULTS for a in ("--inject-fault", f)]
     sched_args = ["--state-store", real_redis.url, "--state-namespace", REAL_NAMESPACE, "--state-ttl", "120",
                   "--checkpoint-every", "1", "--no-batching", "--edge-transport", "encoder->denoiser=grpc",
+                  "--edge-transport", "denoiser->decoder=grpc",
                   "--health-interval", "0.5",
                   "--health-timeout", "0.5", *BUDGETS]
     fleet = LocalFleet(REAL_CARD, roles=("encoder", "denoiser", "decoder"), replicas={"denoiser": 2},

@@ -131,6 +131,15 @@ def test_denoiser_sigkill_requests_resume_on_the_other_replica(balanced):
     lost = lone["out"]
     assert lost.state == "FAILED" and lost.error_event["code"] == "UNAVAILABLE", (lost.error, lost.error_event)
     assert lost.t_end - t_kill < 10.0  # failed fast: never hangs on a dead replica
+    # the error says what was lost and what to do (not the transport's "Stream removed" text)
+    ev = lost.error_event
+    assert ev["retryable"] is True and ev["loss"]["role"] == "denoiser", ev
+    assert ev["loss"]["replica"] == "denoiser-0" and ev["loss"]["step_reached"] >= 4, ev
+    assert "Stream removed" not in ev["message"] and "denoiser replica denoiser-0" in ev["message"], ev
+    assert 0 <= ev["resume_from_step"] <= ev["loss"]["step_reached"]
+    with FleetClient(fleet.one) as c:
+        status = c.get("crash-lone")  # GetRequest carries the same report
+    assert status["error"]["retryable"] is True and status["error"]["loss"]["replica"] == "denoiser-0"
     # the other pools kept serving, and the replaced replica is used again once it is back
     fleet.restart(victim)
     for target in (fleet.target, fleet.one):

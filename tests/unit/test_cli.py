@@ -75,3 +75,10 @@ def test_cli_surface_is_frozen():
     gen = p._subparsers._group_actions[0].choices["generate"]
     flags = {s for a in gen._actions for s in a.option_strings}
     assert {"-o", "--model", "--steps", "--frames", "--size", "--seed", "--guidance", "--negative-prompt"} <= flags
+
+
+def test_serve_scheduler_replicas_need_a_shared_store(capsys):
+    assert main(["serve", "--schedulers", "2", "--fake"]) != 0  # refused before anything starts
+    assert "schedulers" in capsys.readouterr().err
+    assert main(["serve", "--schedulers", "0", "--fake"]) != 0
+    assert "schedulers: 0 is out of range" in capsys.readouterr().err

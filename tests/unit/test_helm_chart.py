@@ -546,3 +546,15 @@ def test_cards_named_in_values_are_built_in_or_defined(value_set: str) -> None:
     known = set(registry.builtin_cards()) | set(values["cards"])
     named = {values["card"]} | {p["card"] for p in values["pools"].values() if p.get("card")}
     assert named <= known, f"unknown cards {sorted(named - known)}; known {sorted(known)}"
+
+
+def test_scheduler_replicas_elect_a_leader_through_the_state_store(helm: str) -> None:
+    objs = render(helm, set_values=["scheduler.replicas=2", "scheduler.leaderLeaseSeconds=3"])
+    dep = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("scheduler"))
+    assert dep["spec"]["replicas"] == 2
+    c = container(dep, "scheduler")
+    assert "--leader-lease=3" in c["args"] and any(a.startswith("--advertise=$(POD_IP):") for a in c["args"])
+    assert "POD_IP" in env_of(c) and any(a.startswith("--state-store=") for a in c["args"])
+    with pytest.raises(HelmError) as err:  # two replicas without a shared store would admit twice
+        render(helm, set_values=["scheduler.replicas=2", "redis.enabled=false"])
+    assert "scheduler.replicas > 1 needs a shared state store" in str(err.value)

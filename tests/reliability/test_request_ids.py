@@ -1,0 +1,86 @@
+"""RELIABILITY (request ids) on a fleet of no-op pools and a real redis-server.
+
+* An ended request stays readable for ``--state-ttl`` across a scheduler restart: GetRequest
+  answers from the store, and a re-attach (same id, same parameters) gets its video back,
+  byte-identical (the video is stored before the request is marked SUCCEEDED).
+* Reusing the id of a live or retained request with other parameters is refused with
+  ALREADY_EXISTS naming ``request_id``; a cancelled request's id is free again.
+"""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from fastvideo3.client import FleetClient
+from fastvideo3.errors import AlreadyExists
+from tests.fleet_fixture import START_TIMEOUT_S, dump_logs
+from tests.reliability.helpers import stream
+
+NS = "rel-ids"
+PARAMS = {"output_format": "npy", "num_inference_steps": 6, "seed": 5, "num_frames": 9, "height": 32, "width": 32}
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def fake_fleet(real_redis, tmp_path_factory):
+    from fleet.launcher import LocalFleet
+    fleet = LocalFleet("wan-tiny", fake=True, roles=("encoder", "denoiser", "decoder"),
+                       scheduler_args=["--state-store", real_redis.url, "--state-namespace", NS, "--state-ttl", "120",
+                                       "--checkpoint-every", "1"],
+                       pool_args={"denoiser": ["--fake-step-seconds", "0.05"]},
+                       log_dir=tmp_path_factory.mktemp("ids-logs"))
+    try:
+        fleet.start(timeout_s=START_TIMEOUT_S)
+        yield fleet
+    except BaseException:
+        dump_logs(fleet)
+        raise
+    finally:
+        fleet.stop()
+
+
+def test_an_ended_request_stays_readable_across_a_restart(fake_fleet):
+    fleet = fake_fleet
+    first = stream(fleet.target, "kept", request_id="kept-1", **PARAMS)
+    assert first.state == "SUCCEEDED", (first.error, first.error_event)
+    sched = fleet.process("scheduler")
+    fleet.kill(sched)
+    fleet.restart(sched)
+    with FleetClient(fleet.target) as c:
+        status = c.get("kept-1")  # read back from the store
+    assert status["state"] == "SUCCEEDED" and status["step"] == PARAMS["num_inference_steps"], status
+    again = stream(fleet.target, "kept", request_id="kept-1", **PARAMS)  # re-attach: its result, replayed
+    assert again.state == "SUCCEEDED" and again.events[0].kind == "accepted"
+    assert again.artifact() == first.artifact() and again.artifact()
+    assert not any(e.kind == "progress" for e in again.events)  # nothing ran again
+    with pytest.raises(AlreadyExists) as err:
+        list(FleetClient(fleet.target).stream("kept", request_id="kept-1", **{**PARAMS, "seed": 6}))
+    assert err.value.field == "request_id" and "kept-1" in err.value.message
+
+
+def test_reusing_a_live_id_with_other_parameters_is_refused(fake_fleet):
+    fleet = fake_fleet
+    started = threading.Event()
+    outs = {}
+
+    def run():
+        outs["live"] = stream(fleet.target, "live", request_id="live-1",
+                              on_event=lambda o, e: e.kind == "progress" and started.set(),
+                              **{**PARAMS, "num_inference_steps": 60})
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert started.wait(60)
+    with FleetClient(fleet.target) as c:
+        with pytest.raises(AlreadyExists) as err:
+            list(c.stream("other prompt", request_id="live-1", **{**PARAMS, "num_inference_steps": 60}))
+        assert err.value.field == "request_id"
+        with pytest.raises(AlreadyExists):  # same parameters, but its client is still attached
+            list(c.stream("live", request_id="live-1", **{**PARAMS, "num_inference_steps": 60}))
+        assert c.cancel("live-1")
+    t.join(60)
+    assert outs["live"].state == "CANCELLED"
+    # a cancelled id is free again, with any parameters
+    again = stream(fleet.target, "something else", request_id="live-1", **PARAMS)
+    assert again.state == "SUCCEEDED", (again.error, again.error_event)
