@@ -44,7 +44,7 @@ from fleet.launcher import REPO_ROOT, FleetProcess, LocalFleet
 
 WEIGHTS_DIR = REPO_ROOT / "fastvideo3" / "weights"
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
-MODULES = ("services.", "fleet.dynamo", "dynamo.frontend")
+MODULES = ("services.", "fleet.dynamo", "fleet.gateway", "dynamo.frontend")
 _taken: set[int] = set()
 
 
