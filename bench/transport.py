@@ -7,7 +7,14 @@ plain in-process ``dst.copy_(src)`` of the same size on the reader's device.
 
   python bench/transport.py                       # host memory, writes bench/results/transport_cpu.json
   python bench/transport.py --device cuda         # VRAM -> VRAM, two processes on one GPU
+                                                  # (writes bench/results/transport_h200.json)
   python bench/transport.py --devices 0,1 --out bench/results/transport_2gpu.json
+
+On a GPU it also times the device checksum and runs the fault checks of the ``cuda_ipc``
+backend against a real owner process (stale buffer, reused slab, checksum mismatch, deadline,
+hung and dead owner). ``--nixl-from-probe`` applies the best UCX configuration found by
+``bench/nixl_probe.py`` (environment and NIXL's UCX error-handling mode) before any NIXL agent
+exists. The JSON is rewritten after every size, so a run cut short keeps what it measured.
 
 GB/s here is 1e9 bytes per second; sizes are MiB.
 """
@@ -45,14 +52,26 @@ VARIANTS = [
     ("nixl", "nixl", {}, {}),
     ("nixl-slab", "nixl", {}, {"recv": "slab"}),
     ("nixl-into", "nixl", {"out": True}, {}),
+    # cuda_ipc: a private verified copy (fresh tensor), into a warm out=, and a zero-copy view
+    # of the owner's slab (valid only while the owner holds the request: not safe against reuse).
+    ("cuda_ipc", "cuda_ipc", {"copy": True}, {}),
+    ("cuda_ipc-into", "cuda_ipc", {"out": True}, {}),
+    ("cuda_ipc-view", "cuda_ipc", {"copy": False}, {}),
 ]
-OWNER_CFG = {"shm": {}, "grpc": {"listen": "127.0.0.1:0"}, "nixl": {}}
+OWNER_CFG = {"shm": {}, "grpc": {"listen": "127.0.0.1:0"}, "nixl": {}, "cuda_ipc": {}}
+SUMMARY_KEYS = ("memcpy_GBps_64MiB", "cuda_ipc_GBps_64MiB", "nixl_GBps_64MiB", "grpc_GBps_64MiB",
+                "checksum_GBps", "nixl_ucx_transports")
 
 
-def _owner_main(backends: list[str], device: str, threads: int, conn) -> None:
+def _owner_main(backends: list[str], device: str, threads: int, owner_cfg: dict, conn) -> None:
     torch.set_num_threads(threads)
-    transports = {b: make_transport(b, owner=f"bench-{b}", **OWNER_CFG[b]) for b in backends}
-    conn.send("ready")
+    transports, failed = {}, {}
+    for b in backends:
+        try:
+            transports[b] = make_transport(b, owner=f"bench-{b}", **owner_cfg.get(b, {}))
+        except Exception as exc:  # reported; the other backends are still measured
+            failed[b] = f"{type(exc).__name__}: {exc}"
+    conn.send(("ready", failed))
     while True:
         msg = conn.recv()
         if msg[0] == "stop":
@@ -100,11 +119,33 @@ def memcpy_ceiling(nbytes: int, src_dev: torch.device, dst_dev: torch.device, re
     return _median_time(lambda: dst.copy_(src), repeats, dst_dev)
 
 
-def checksum_rate(nbytes: int, device: torch.device, repeats: int) -> dict[str, float]:
+def checksum_rate(nbytes: int, device: torch.device, repeats: int) -> dict:
+    """Throughput of the checksum a fetch on ``device`` verifies with, digest on the host."""
     data = torch.randn(nbytes // 4, device=device)
     algo = _checksum.pick_algorithm("auto", device)
     secs = _median_time(lambda: _checksum.compute(data, algo), repeats, device)
-    return {"algorithm": algo, "GBps": nbytes / secs / 1e9}
+    row = {"algorithm": algo, "size_mib": nbytes // MiB, "GBps": nbytes / secs / 1e9}
+    if algo == "fsum64":
+        from fastvideo3.transport import device_checksum
+        row["kernel"] = "triton" if device_checksum.available(device) else "torch"
+        flat = data.view(torch.uint8)
+        row["matches_torch_reference"] = _checksum.fsum64_torch(flat) == _checksum.compute(flat, "fsum64")[7:]
+        if device.type == "cuda":
+            torch_secs = _median_time(lambda: _checksum.fsum64_torch(flat), max(2, repeats // 2), device)
+            row["torch_reference_GBps"] = nbytes / torch_secs / 1e9
+    return row
+
+
+def apply_nixl_probe(path: str) -> dict | None:
+    """Set the environment and error-handling mode of the probe's best NIXL configuration."""
+    best = json.loads(Path(path).read_text()).get("best")
+    if not best:
+        return None
+    os.environ.update(best.get("env") or {})
+    err = best.get("ucx_error_handling", "")
+    if err in ("none", "peer"):
+        OWNER_CFG["nixl"] = {"ucx_error_handling": err}
+    return best
 
 
 def machine() -> dict:
@@ -122,6 +163,23 @@ def machine() -> dict:
     return info
 
 
+def summarize(results: list[dict], ceilings: dict, checksum: dict | None, ucx_transports: list[str]) -> dict:
+    """The top-level summary: exactly SUMMARY_KEYS (None where a figure was not measured)."""
+    def best(backend, labels=None):
+        rates = [r["fetch_GBps"] for r in results if r["backend"] == backend and r["size_mib"] == 64
+                 and (labels is None or r["variant"] in labels)]
+        return max(rates) if rates else None
+    return {
+        "memcpy_GBps_64MiB": ceilings.get(64),
+        # a private, verified copy (the view is reported in results, not counted here)
+        "cuda_ipc_GBps_64MiB": best("cuda_ipc", ("cuda_ipc", "cuda_ipc-into")),
+        "nixl_GBps_64MiB": best("nixl"),
+        "grpc_GBps_64MiB": best("grpc"),
+        "checksum_GBps": checksum["GBps"] if checksum else None,
+        "nixl_ucx_transports": ucx_transports,
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes-mib", default="1,8,64,256")
@@ -131,9 +189,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--devices", default=None, help="owner,reader GPU indices, e.g. 0,1")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads per process (two processes share the host)")
+    parser.add_argument("--checksum-mib", type=int, default=1024,
+                        help="size for the headline checksum rate on a GPU (64 MiB is also reported)")
+    parser.add_argument("--nixl-from-probe", default=None, help="nixl_probe.py JSON whose best config to use")
+    parser.add_argument("--ucx-log-dir", default=None, help="where UCX reports the protocols it selects")
+    parser.add_argument("--no-faults", action="store_true", help="skip the cuda_ipc fault checks")
+    parser.add_argument("--time-limit", type=float, default=0, help="seconds; stop measuring after (0: none)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    t_end = time.monotonic() + args.time_limit if args.time_limit > 0 else float("inf")
 
     if args.devices:
         owner_idx, reader_idx = (int(x) for x in args.devices.split(","))
@@ -142,31 +207,92 @@ def main(argv: list[str] | None = None) -> dict:
         owner_dev = reader_dev = torch.device("cuda", 0) if args.device == "cuda" else torch.device(args.device)
     out_path = Path(args.out or ROOT / "bench" / "results" / (
         "transport_cpu.json" if owner_dev.type == "cpu" else
-        "transport_2gpu.json" if args.devices else "transport_gpu.json"))
+        "transport_2gpu.json" if args.devices else "transport_h200.json"))
     sizes = [int(s) for s in args.sizes_mib.split(",")]
     wanted = args.variants.split(",")
     have = set(available_backends())
     variants = [v for v in VARIANTS if v[0] in wanted and v[1] in have]
     if owner_dev.type == "cuda":
         variants = [v for v in variants if v[0] != "shm-view"]  # host mappings only
+    else:
+        variants = [v for v in variants if v[1] != "cuda_ipc"]  # VRAM only
     backends = sorted({v[1] for v in variants})
+    probe = apply_nixl_probe(args.nixl_from_probe) if args.nixl_from_probe and "nixl" in backends else None
+    ucx_log = None
+    if args.ucx_log_dir and "nixl" in backends:
+        from fastvideo3.transport.nixl_backend import ucx_transport_log
+        ucx_log = ucx_transport_log(args.ucx_log_dir)  # before any agent, in both processes
+
+    report = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": machine(),
+        "owner_device": str(owner_dev), "reader_device": str(reader_dev),
+        "repeats": args.repeats, "torch_threads_per_process": args.threads, "statistic": "median",
+        "units": "GB/s = 1e9 bytes/s; sizes in MiB",
+        "notes": "fetch = transfer + checksum verification + tensor returned; shm-view returns a "
+                 "copy-on-write mapping of the owner's segment, shm-copy a fresh private copy; nixl "
+                 "reads into a fresh tensor (host: registered per fetch; VRAM: through a registered "
+                 "slab plus a device copy), nixl-slab always through the slab; cuda_ipc copies the "
+                 "owner's slab into a fresh tensor and verifies it in one kernel, cuda_ipc-view "
+                 "verifies and returns a view of the owner's slab (zero-copy, valid only while the "
+                 "owner holds the request, so not counted in the summary); '-into' variants fill a "
+                 "warm preallocated out= tensor (as the memcpy ceiling does); fresh host "
+                 "allocations pay first-touch page faults",
+        "nixl_config": {"probe_best": probe, "owner_cfg": OWNER_CFG.get("nixl"),
+                        "UCX_TLS": os.environ.get("UCX_TLS", "")},
+    }
+    results: list[dict] = []
+    ceilings: dict[int, float] = {}
+
+    def write(checksum=None, ucx_transports=None, stage="measuring"):
+        report.update({"stage": stage, "memcpy_GBps": {str(k): v for k, v in ceilings.items()},
+                       "results": results})
+        report["summary"] = summarize(results, ceilings, checksum, ucx_transports or [])
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(report, indent=2) + "\n")
+
+    # The checksum first: it is one of the goals and needs no second process.
+    checksum = None
+    if owner_dev.type == "cuda":
+        checksum = checksum_rate(args.checksum_mib * MiB, reader_dev, args.repeats)
+        report["checksum_64MiB"] = checksum_rate(64 * MiB, reader_dev, args.repeats)
+    else:
+        checksum = checksum_rate(64 * MiB, reader_dev, args.repeats)
+    report["checksum"] = checksum
+    print(f"checksum {checksum['algorithm']} {checksum['GBps']:.1f} GB/s at {checksum['size_mib']} MiB", flush=True)
+    write(checksum)
 
     ctx = mp.get_context("spawn")
     conn, child = ctx.Pipe()
-    proc = ctx.Process(target=_owner_main, args=(backends, str(owner_dev), args.threads, child), daemon=True)
+    proc = ctx.Process(target=_owner_main, args=(backends, str(owner_dev), args.threads, dict(OWNER_CFG), child),
+                       daemon=True)
     proc.start()
-    if not conn.poll(120) or conn.recv() != "ready":
+    if not conn.poll(180):
         raise SystemExit("owner process did not start")
+    _, failed = conn.recv()
     readers = {}
     for label, backend, _kw, cfg in variants:
-        readers[label] = make_transport(backend, owner=f"reader-{label}", device=reader_dev, **cfg)
+        if backend in failed:
+            continue
+        reader_cfg = {**OWNER_CFG.get(backend, {}), **cfg} if backend == "nixl" else dict(cfg)
+        try:
+            readers[label] = make_transport(backend, owner=f"reader-{label}", device=reader_dev, **reader_cfg)
+        except Exception as exc:
+            failed[label] = f"{type(exc).__name__}: {exc}"
+    variants = [v for v in variants if v[0] in readers]
+    report["unavailable"] = failed
+    for name, why in failed.items():
+        print(f"unavailable: {name}: {why}", flush=True)
 
-    results, ceilings = [], {}
+    stopped = None
     for size in sizes:
         nbytes = size * MiB
         ceilings[size] = nbytes / memcpy_ceiling(nbytes, owner_dev, reader_dev, args.repeats) / 1e9
         print(f"{size:>4} MiB  memcpy {ceilings[size]:7.2f} GB/s", flush=True)
         for label, backend, kw, _cfg in variants:
+            if time.monotonic() > t_end:
+                stopped = f"time limit reached before {label} at {size} MiB"
+                break
             conn.send(("publish", backend, nbytes, args.repeats))
             if not conn.poll(600):
                 raise SystemExit("owner process stalled")
@@ -176,56 +302,60 @@ def main(argv: list[str] | None = None) -> dict:
             kwargs = dict(kw)
             if kwargs.pop("out", False):
                 kwargs["out"] = torch.zeros(ref.shape, dtype=ref.torch_dtype, device=reader_dev)
-            fetch_s = _median_time(lambda: reader.fetch(ref, deadline_s=120, **kwargs), args.repeats, reader_dev)
+            try:
+                fetch_s = _median_time(lambda: reader.fetch(ref, deadline_s=120, **kwargs), args.repeats, reader_dev)
+                error = None
+            except Exception as exc:  # recorded; the other variants still run
+                fetch_s, error = float("nan"), f"{type(exc).__name__}: {exc}"
             kwargs.clear()
             conn.send("done")
             conn.recv()
-            gbps = nbytes / fetch_s / 1e9
+            gbps = nbytes / fetch_s / 1e9 if error is None else None
             row = {"variant": label, "backend": backend, "size_mib": size, "fetch_median_s": fetch_s,
                    "fetch_GBps": gbps, "publish_median_s": publish_s,
-                   "publish_GBps": nbytes / publish_s / 1e9, "fraction_of_memcpy": gbps / ceilings[size]}
+                   "publish_GBps": nbytes / publish_s / 1e9,
+                   "fraction_of_memcpy": gbps / ceilings[size] if gbps else None}
+            if error:
+                row["error"] = error
+                results.append(row)
+                print(f"{size:>4} MiB  {label:<14} ERROR {error}", flush=True)
+                continue
             results.append(row)
-            print(f"{size:>4} MiB  {label:<10} fetch {gbps:7.2f} GB/s ({row['fraction_of_memcpy']:.0%} of memcpy)"
-                  f"  publish {row['publish_GBps']:6.2f} GB/s", flush=True)
+            print(f"{size:>4} MiB  {label:<14} fetch {gbps:8.2f} GB/s ({row['fraction_of_memcpy']:.0%} of memcpy)"
+                  f"  publish {row['publish_GBps']:7.2f} GB/s", flush=True)
+        write(checksum)
+        if stopped:
+            break
     conn.send(("stop",))
     conn.poll(60) and conn.recv()
     proc.join(30)
-    for reader in readers.values():
+    ucx_transports: list[str] = []
+    for label, reader in readers.items():
+        stats = reader.stats()
+        if "ucx_transports" in stats:
+            ucx_transports = sorted(set(ucx_transports) | set(stats["ucx_transports"]))
+        if "ucx" in stats:
+            report.setdefault("nixl_reader_ucx", stats["ucx"])
         reader.close()
+    if not ucx_transports and probe:
+        ucx_transports = list(probe.get("ucx_transports") or [])
+        report["nixl_ucx_transports_source"] = "nixl_probe best configuration"
+    elif ucx_log:
+        report["nixl_ucx_transports_source"] = "UCX protocol report of this run"
+    report["stopped"] = stopped
+    write(checksum, ucx_transports, stage="faults")
 
-    def rate(label, size):
-        return next((r["fetch_GBps"] for r in results if r["variant"] == label and r["size_mib"] == size), None)
-
-    goals = {}
-    if 64 in sizes:
-        if rate("nixl", 64) and rate("grpc", 64):
-            goals["nixl_over_grpc_at_64MiB"] = rate("nixl", 64) / rate("grpc", 64)
-        if rate("shm-copy", 64):
-            goals["shm_copy_fraction_of_memcpy_at_64MiB"] = rate("shm-copy", 64) / ceilings[64]
-        for label in ("shm-view", "shm-into"):
-            if rate(label, 64):
-                goals[f"{label.replace('-', '_')}_fraction_of_memcpy_at_64MiB"] = rate(label, 64) / ceilings[64]
-        if rate("nixl-into", 64) and rate("grpc-into", 64):
-            goals["nixl_into_over_grpc_into_at_64MiB"] = rate("nixl-into", 64) / rate("grpc-into", 64)
-    report = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": machine(),
-        "owner_device": str(owner_dev), "reader_device": str(reader_dev),
-        "repeats": args.repeats, "torch_threads_per_process": args.threads, "statistic": "median", "units": "GB/s = 1e9 bytes/s; sizes in MiB",
-        "notes": "fetch = transfer + checksum verification + tensor returned; shm-view returns a "
-                 "copy-on-write mapping of the owner's segment, shm-copy a fresh private copy; nixl "
-                 "reads into a fresh tensor registered per fetch (recv=direct), nixl-slab into a "
-                 "registered reusable buffer plus a copy-out; '-into' variants fill a warm "
-                 "preallocated out= tensor (as the memcpy ceiling does); fresh allocations pay "
-                 "first-touch page faults",
-        "memcpy_GBps": {str(k): v for k, v in ceilings.items()},
-        "checksum": checksum_rate(64 * MiB, reader_dev, args.repeats),
-        "results": results,
-        "goals": goals,
-    }
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(goals, indent=2))
+    if "cuda_ipc" in backends and not args.no_faults and time.monotonic() < t_end:
+        from fastvideo3.transport.testing import fault_suite
+        reader = make_transport("cuda_ipc", owner="fault-reader", device=reader_dev)
+        try:
+            report["cuda_ipc_faults"] = fault_suite("cuda_ipc", {}, reader, device=str(owner_dev))
+        finally:
+            reader.close()
+        for name, res in report["cuda_ipc_faults"].items():
+            print(f"fault check {name:<18} {'ok' if res['ok'] else 'FAIL'}  {res['detail'][:100]}", flush=True)
+    write(checksum, ucx_transports, stage="done")
+    print(json.dumps(report["summary"], indent=2))
     print(f"wrote {out_path}")
     return report
 

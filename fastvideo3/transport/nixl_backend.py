@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -56,6 +57,42 @@ def _load_nixl():
     if "NIXL_LOG_LEVEL" not in os.environ:  # its INFO lines on stdout would drown pool logs
         logging.getLogger("nixl").setLevel(logging.WARNING)
     return nixl_agent, nixl_agent_config, nixl_thread_sync_t
+
+
+# UCX transport names as they appear in UCX's protocol-selection report (UCX_PROTO_INFO=y).
+UCX_TRANSPORTS = ("cuda_ipc", "cuda_copy", "gdr_copy", "rc_mlx5", "dc_mlx5", "ud_mlx5", "rc_verbs",
+                  "ud_verbs", "rc_gda", "tcp", "posix", "sysv", "cma", "knem", "xpmem", "self")
+_TL_RE = re.compile(r"(?<![\w])(" + "|".join(UCX_TRANSPORTS) + r")/[\w:.\-]+")
+
+
+def parse_ucx_transports(text: str) -> list[str]:
+    """UCX transport names found in UCX log text (``tl/device`` pairs of its protocol report)."""
+    return sorted({m.group(1) for m in _TL_RE.finditer(text)})
+
+
+def ucx_transport_log(log_dir: str) -> str:
+    """Ask UCX (read once, when this process creates its first UCX context) to report the
+    protocols it selects into ``log_dir``; returns the log path prefix. An operator's own
+    ``UCX_LOG_FILE`` / ``UCX_PROTO_INFO`` are left alone."""
+    os.makedirs(log_dir, exist_ok=True)
+    os.environ.setdefault("UCX_PROTO_INFO", "y")
+    os.environ.setdefault("UCX_LOG_LEVEL", "info")  # the report is logged at info level
+    prefix = os.path.join(log_dir, "ucx")
+    os.environ.setdefault("UCX_LOG_FILE", prefix + ".%p.log")
+    return os.environ["UCX_LOG_FILE"].split("%p")[0]
+
+
+def _read_logs(prefix: str) -> str:
+    folder, stem = os.path.split(prefix)
+    text = []
+    try:
+        for name in sorted(os.listdir(folder or ".")):
+            if name.startswith(stem):
+                with open(os.path.join(folder, name), errors="replace") as fh:
+                    text.append(fh.read(1 << 20))
+    except OSError:
+        return ""
+    return "\n".join(text)
 
 
 def _mem_type(device: torch.device) -> str:
@@ -91,16 +128,29 @@ class NixlTransport(TransportBase):
     def __init__(self, owner: str, *, device: str | torch.device | None = "cpu",
                  checksum: str = "auto", max_cached_bytes: int = 1 << 30,
                  inline_metadata: bool = True, recv: str = "auto",
-                 agent_name: str | None = None, backends: tuple[str, ...] = ("UCX",)) -> None:
+                 agent_name: str | None = None, backends: tuple[str, ...] = ("UCX",),
+                 ucx_error_handling: str | None = None, ucx_log_dir: str | None = None) -> None:
         super().__init__(owner, device=device, checksum=checksum)
         if recv not in ("auto", "direct", "slab"):
             raise InvalidRequest(f"recv must be auto, direct or slab, not {recv!r}", field="transport.recv")
+        if ucx_error_handling not in (None, "none", "peer"):
+            raise InvalidRequest(f"ucx_error_handling must be none or peer, not {ucx_error_handling!r}",
+                                 field="transport.ucx_error_handling", limit="none, peer")
         nixl_agent, nixl_agent_config, sync_t = _load_nixl()
         self.agent_name = agent_name or f"{owner}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._ucx_log = ucx_transport_log(ucx_log_dir) if ucx_log_dir else None
+        self.ucx_params: dict[str, str] = {}
         try:
-            config = nixl_agent_config(backends=list(backends),
-                                       sync_mode=sync_t.NIXL_THREAD_SYNC_STRICT)
+            config = nixl_agent_config(backends=[], sync_mode=sync_t.NIXL_THREAD_SYNC_STRICT)
             self._agent = nixl_agent(self.agent_name, config)
+            for name in backends:
+                params = {}
+                if name == "UCX" and ucx_error_handling is not None:
+                    params["ucx_error_handling_mode"] = ucx_error_handling
+                if name in self._agent.plugin_list:
+                    self._agent.create_backend(name, params)
+                if name == "UCX" and "UCX" in self._agent.backend_options:
+                    self.ucx_params = dict(self._agent.backend_options["UCX"])
         except Exception as exc:
             raise Unavailable(f"cannot create NIXL agent {self.agent_name!r}: {exc}",
                               field="transport.backend") from None
@@ -361,6 +411,9 @@ class NixlTransport(TransportBase):
                 totals[key] += value
         totals["quarantined"] = len(self._quarantine)
         totals["peers"] = len(self._peers)
+        totals["ucx"] = {"UCX_TLS": os.environ.get("UCX_TLS", ""), **self.ucx_params}
+        if self._ucx_log is not None:
+            totals["ucx_transports"] = parse_ucx_transports(_read_logs(self._ucx_log))
         return totals
 
     def _close_backend(self) -> None:

@@ -1,0 +1,123 @@
+"""``fsum64`` on the device in one pass: a Triton kernel, optionally fused with the copy.
+
+The digest is the one :mod:`fastvideo3.transport.checksum` defines (two 64-bit wrap-around sums
+over the little-endian 32-bit words, ``s1 = sum(w_i)``, ``s2 = sum(i * w_i)``, i from 1, a
+trailing partial word zero-padded). Integer sums are exact and order-free, so each program sums
+one block of words and a second tiny reduction adds the per-block partials: the same digest as
+the host code for the same bytes.
+
+:func:`copy_and_fsum64` reads the source once, writes the destination and sums what it read: a
+fetch that must copy and verify moves the bytes through memory once instead of twice (copy,
+then checksum the copy). The sum is over the bytes as loaded, so a mismatch still means the
+source bytes were not the published ones.
+
+Used when Triton is importable and the tensor is on a CUDA device, or anywhere with
+``TRITON_INTERPRET=1`` (how the CPU tests prove the digests equal). Returns ``None`` when it
+cannot run (no Triton, misaligned data); callers fall back to the torch implementation.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+_MASK64 = (1 << 64) - 1
+BLOCK_WORDS = 8192  # 32 KiB per program: enough bytes in flight per SM to reach HBM speed
+_KERNEL: list = []  # [kernel] once Triton has been imported, [None] if it cannot be
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
+def _kernel():
+    """The compiled-on-first-launch kernel; imported lazily (Triton's import is not free)."""
+    if not _KERNEL:
+        try:
+            import triton
+            import triton.language as tl
+        except Exception:  # Triton is optional: GPU images have it, CPU hosts may not
+            _KERNEL.append(None)
+            return None
+
+        @triton.jit
+        def fsum64_kernel(src, dst, partials, n_words, BLOCK: tl.constexpr, COPY: tl.constexpr):
+            pid = tl.program_id(0)
+            offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < n_words
+            w = tl.load(src + offs, mask=mask, other=0)
+            if COPY:
+                tl.store(dst + offs, w, mask=mask)
+            # uint32 word -> int64 without sign extension; products and sums wrap mod 2**64
+            w64 = w.to(tl.int64) & 0xFFFFFFFF
+            tl.store(partials + pid * 2, tl.sum(w64, axis=0))
+            tl.store(partials + pid * 2 + 1, tl.sum(w64 * (offs + 1), axis=0))
+
+        _KERNEL.append(fsum64_kernel)
+    return _KERNEL[0]
+
+
+def available(device: torch.device) -> bool:
+    """Whether the kernels can run for tensors on ``device``."""
+    if device.type not in ("cuda", "cpu") or (device.type == "cpu" and not _interpreting()):
+        return False
+    return _kernel() is not None
+
+
+def _digest(partials: torch.Tensor, tail: bytes, n4_words: int) -> str:
+    # int64 sums wrap on overflow (two's complement), which is the mod 2**64 the digest wants.
+    sums = partials.view(-1, 2).sum(dim=0).tolist() if partials.numel() else [0, 0]
+    s1, s2 = sums[0] & _MASK64, sums[1] & _MASK64
+    if tail:
+        w = int.from_bytes(tail.ljust(4, b"\0"), "little")
+        s1 = (s1 + w) & _MASK64
+        s2 = (s2 + w * (n4_words + 1)) & _MASK64
+    return f"{s1:016x}{s2:016x}"
+
+
+def _launch(src_u8: torch.Tensor, dst_u8: torch.Tensor | None) -> str | None:
+    n = src_u8.numel()
+    n4 = n - n % 4
+    if n4 and (src_u8.data_ptr() % 4 or (dst_u8 is not None and dst_u8.data_ptr() % 4)):
+        return None
+    n_words = n4 // 4
+    grid = -(-n_words // BLOCK_WORDS)
+    partials = torch.empty(grid * 2, dtype=torch.int64, device=src_u8.device)
+    if grid:
+        src_w = src_u8[:n4].view(torch.int32)
+        dst_w = dst_u8[:n4].view(torch.int32) if dst_u8 is not None else src_w
+        with torch.cuda.device(src_u8.device) if src_u8.device.type == "cuda" else _nullctx():
+            _kernel()[(grid,)](src_w, dst_w, partials, n_words, BLOCK=BLOCK_WORDS,
+                                    COPY=dst_u8 is not None, num_warps=8)
+    tail = b""
+    if n != n4:
+        if dst_u8 is not None:
+            dst_u8[n4:].copy_(src_u8[n4:])
+        tail = bytes(src_u8[n4:].cpu().tolist())
+    return _digest(partials, tail, n_words)
+
+
+class _nullctx:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def fsum64(data_u8: torch.Tensor) -> str | None:
+    """The fsum64 hex digest of a flat uint8 tensor, or ``None`` if the kernel cannot run."""
+    if not available(data_u8.device):
+        return None
+    return _launch(data_u8, None)
+
+
+def copy_and_fsum64(dst_u8: torch.Tensor, src_u8: torch.Tensor) -> str | None:
+    """Copy ``src_u8`` into ``dst_u8`` (flat uint8, same length, same device) and return the
+    fsum64 digest of the bytes copied, in one pass; ``None`` if the kernel cannot run (nothing
+    is copied then)."""
+    if dst_u8.numel() != src_u8.numel():
+        raise ValueError("copy_and_fsum64: sizes differ")
+    if dst_u8.device != src_u8.device or not available(src_u8.device):
+        return None
+    return _launch(src_u8, dst_u8)
