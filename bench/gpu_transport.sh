@@ -6,8 +6,9 @@
 #
 #   BUDGET_S=450 bash bench/gpu_transport.sh        # from the repository root; results in $OUT
 #
-# Wheels missing from the machine's image come from .wheels/ (git-ignored; carry it): grpcio,
-# protobuf, pydantic and helpers, nixl + nixl-cu13. Each part has its own time limit carved out
+# Wheels missing from the machine's image come from .wheels/ (git-ignored; carry it; made by the
+# device-wheels tool) or .wheels_nixl/: grpcio, protobuf, pydantic and helpers, nixl + nixl-cu13.
+# A wheel found in both is installed once (the first folder wins). Each part has its own time limit carved out
 # of BUDGET_S and writes its JSON as it goes. Files written to $OUT (at most 8): gpu.txt,
 # nixl_probe.json, probe.log, transport_h200.json, transport.log, ucx_log.txt and, with two
 # GPUs, transport_2gpu.json.
@@ -20,10 +21,14 @@ left() { echo $((BUDGET_S - SECONDS)); }
 min() { if (($1 < $2)); then echo "$1"; else echo "$2"; fi; }
 
 shopt -s nullglob
-wheels=()
+wheels=(); declare -A seen=()
 for pat in grpcio-1 protobuf- pydantic- pydantic_core- annotated_types- typing_extensions- typing_inspection- \
            importlib_metadata- nixl-1 nixl_cu13-; do
-  wheels+=(.wheels/${pat}*.whl .wheels/fleet/${pat}*.whl)
+  for w in .wheels/${pat}*.whl .wheels/fleet/${pat}*.whl .wheels_nixl/${pat}*.whl; do
+    name=$(basename "$w"); name=${name%%-*}
+    [[ -n ${seen[$name]:-} ]] && continue
+    seen[$name]=1; wheels+=("$w")
+  done
 done
 shopt -u nullglob
 if ((${#wheels[@]})) && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
