@@ -149,8 +149,10 @@ class NixlTransport(TransportBase):
                     params["ucx_error_handling_mode"] = ucx_error_handling
                 if name in self._agent.plugin_list:
                     self._agent.create_backend(name, params)
-                if name == "UCX" and "UCX" in self._agent.backend_options:
-                    self.ucx_params = dict(self._agent.backend_options["UCX"])
+                if name == "UCX" and "UCX" in self._agent.backends:
+                    # effective settings: the plugin's defaults, overridden by what we passed
+                    self.ucx_params = {**self._agent.get_plugin_params("UCX"),
+                                       **self._agent.backend_options.get("UCX", {})}
         except Exception as exc:
             raise Unavailable(f"cannot create NIXL agent {self.agent_name!r}: {exc}",
                               field="transport.backend") from None
