@@ -4,7 +4,7 @@
 # processes: memcpy ceiling, cuda_ipc, NIXL, shm, gRPC; the device checksum; the cuda_ipc fault
 # checks), and on a machine with two or more GPUs the same across GPUs 0 and 1.
 #
-#   BUDGET_S=450 bash bench/gpu_transport.sh        # from the repository root; results in $OUT
+#   BUDGET_S=240 bash bench/gpu_transport.sh        # from the repository root; results in $OUT
 #
 # Wheels missing from the machine's image come from .wheels/ (git-ignored; carry it; made by the
 # device-wheels tool) or .wheels_nixl/: grpcio, protobuf, pydantic and helpers, nixl + nixl-cu13.
@@ -14,7 +14,7 @@
 # GPUs, transport_2gpu.json.
 set -uo pipefail
 OUT=${OUT:-out/gpu_transport}
-BUDGET_S=${BUDGET_S:-450}
+BUDGET_S=${BUDGET_S:-240}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 left() { echo $((BUDGET_S - SECONDS)); }
@@ -45,8 +45,8 @@ fi
   env | grep -E '^(UCX_|NIXL_)' || true
 } 2>&1 | tee "$OUT/gpu.txt"
 
-# 1. NIXL/UCX sweep: at most 210 s, leaving the main benchmark at least 200 s
-limit=$(min 210 $(($(left) - 200)))
+# 1. NIXL/UCX sweep: about a third of the budget (at most 150 s); the main benchmark needs ~120 s
+limit=$(min 150 $(( $(left) / 3 )))
 timeout $((limit + 15)) python3 bench/nixl_probe.py --device cuda --time-limit "$limit" \
   --out "$OUT/nixl_probe.json" >"$OUT/probe.log" 2>&1
 echo "probe rc=$? at ${SECONDS}s"; tail -n 15 "$OUT/probe.log"

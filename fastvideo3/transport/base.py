@@ -124,7 +124,7 @@ def available_backends() -> tuple[str, ...]:
         found.insert(1, "cuda_ipc")
     if importlib.util.find_spec("grpc") is not None:
         found.append("grpc")
-    if importlib.util.find_spec("nixl") is not None:
+    if any(importlib.util.find_spec(m) is not None for m in ("nixl", "nixl_cu13", "nixl_cu12")):
         found.append("nixl")
     return tuple(found)
 

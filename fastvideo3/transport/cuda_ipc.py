@@ -16,7 +16,13 @@ succeeds only when the owner is gone -> ``Unavailable``), checks the slot still 
 cached per ``(table, epoch)``; dropped when the slot shows the slab was destroyed), copies the
 region and verifies the checksum in the same pass (one Triton kernel for ``fsum64`` refs), then
 re-reads the slot: a release that raced the copy is a ``NotFound``, never stale data.
-``copy=False`` returns a view of the owner's slab: valid only while the owner holds the request.
+
+``copy=False`` returns a zero-copy view of the owner's slab, verified, and *pinned*: the reader
+holds a shared lock on the slab's byte of the generation table (an open-file-description lock,
+dropped by the kernel if the reader dies) until the last tensor sharing the view's memory is
+freed; the owner never reuses or frees a slab whose byte is locked (a new slab is taken instead).
+So a view never sees another buffer's bytes. Its contents are what was published; after the
+owner releases the request, new fetches of the ref fail, while an existing view stays valid.
 
 Both ends must share the host's POSIX shared memory (``/dev/shm``) and the GPU(s): in a
 cluster, pods on one node with ``hostIPC`` (or a shared ``/dev/shm``) and the devices visible.
@@ -31,12 +37,14 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import functools
 import json
 import mmap
 import os
 import struct
 import threading
 import uuid
+import weakref
 from multiprocessing import resource_tracker
 
 import _posixshmem
@@ -51,6 +59,7 @@ from fastvideo3.transport.slab import SlabPool
 
 TABLE_SLOTS = 4096
 _HEADER = struct.Struct("<8sQ")
+_FLOCK = struct.Struct("hhqqi4x")  # struct flock on Linux x86_64/aarch64 (l_pid must be 0 for OFD locks)
 _TABLE_MAGIC = b"FV3IPCT1"
 _TABLE_BYTES = _HEADER.size + 16 * TABLE_SLOTS
 
@@ -80,6 +89,13 @@ class CudaLayer:
     def free(self, buf: torch.Tensor) -> None:
         del buf  # back to PyTorch's allocator (held until readers drop their mappings)
 
+    def view(self, slab: torch.Tensor, nbytes: int, on_free) -> torch.Tensor:
+        """A tensor over ``slab[:nbytes]`` with its own storage; ``on_free`` runs when the last
+        tensor sharing that storage is gone."""
+        region = _CudaRegion(slab, nbytes)
+        weakref.finalize(region, on_free)
+        return torch.as_tensor(region)
+
 
 class HostLayer:
     """Slabs in host shared memory: a stand-in for VRAM so the CPU tests exercise this backend's
@@ -107,6 +123,20 @@ class HostLayer:
         seg = getattr(buf, "_fv3_segment", None)
         if seg is not None:
             seg.destroy()
+
+    def view(self, slab: torch.Tensor, nbytes: int, on_free) -> torch.Tensor:
+        array = slab.numpy()[:nbytes]  # a new array object; torch keeps it alive
+        weakref.finalize(array, on_free)
+        return torch.from_numpy(array)
+
+
+class _CudaRegion:
+    """``__cuda_array_interface__`` over part of a mapped slab (keeps the mapping alive)."""
+
+    def __init__(self, slab: torch.Tensor, nbytes: int) -> None:
+        self.slab = slab
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "strides": None,
+                                         "data": (slab.data_ptr(), False), "version": 2}
 
 
 def _b64(raw) -> str:
@@ -163,6 +193,27 @@ class _Table:
             self.slots[2 * slot] = epoch
         if generation is not None:
             self.slots[2 * slot + 1] = generation
+
+    def _lock_byte(self, kind: int, slot: int) -> bool:
+        try:
+            fcntl.fcntl(self.fd, fcntl.F_OFD_SETLK, _FLOCK.pack(kind, os.SEEK_SET, slot, 1, 0))
+            return True
+        except (BlockingIOError, PermissionError):
+            return False
+
+    def pin(self, slot: int) -> bool:
+        """Reader: a shared lock on the slot's byte (the owner will not reuse that slab)."""
+        return self._lock_byte(fcntl.F_RDLCK, slot)
+
+    def unpin(self, slot: int) -> None:
+        self._lock_byte(fcntl.F_UNLCK, slot)
+
+    def pinned(self, slot: int) -> bool:
+        """Owner: whether some reader pins the slot (probe with an exclusive lock, then drop it)."""
+        if not self._lock_byte(fcntl.F_WRLCK, slot):
+            return True
+        self._lock_byte(fcntl.F_UNLCK, slot)
+        return False
 
     def owner_alive(self) -> bool:
         """True while the owner holds its exclusive lock (a reader's shared lock then fails)."""
@@ -222,8 +273,10 @@ class CudaIpcTransport(TransportBase):
         self._gen = 0
         self._tables: dict[str, _Table] = {}  # reader side, by name
         self._maps: dict[tuple[str, int], torch.Tensor] = {}  # (table, epoch) -> mapped slab
+        self._pins: dict[tuple[str, int], int] = {}  # (table, slot) -> live views pinning it
         self.maps_opened = 0
         self.maps_dropped = 0
+        self.views_pinned = 0
 
     # ------------------------------------------------------------------ owner
     def _owner_table(self) -> _Table:
@@ -250,7 +303,7 @@ class CudaIpcTransport(TransportBase):
             pool = self._pools.get(key)
             if pool is None:
                 pool = self._pools[key] = SlabPool(lambda cap: self._create_slab(cap, device), self._destroy_slab,
-                                                   max_cached_bytes=self._max_cached)
+                                                   max_cached_bytes=self._max_cached, can_reuse=self._reusable)
             return pool
 
     def _create_slab(self, capacity: int, device: torch.device) -> _IpcSlab:
@@ -270,6 +323,9 @@ class CudaIpcTransport(TransportBase):
             raise
         table.write(slot, epoch=epoch, generation=0)
         return _IpcSlab(buf, export, slot, epoch)
+
+    def _reusable(self, slab: _IpcSlab) -> bool:
+        return self._table is None or not self._table.pinned(slab.slot)
 
     def _destroy_slab(self, slab: _IpcSlab) -> None:
         if self._table is not None:
@@ -347,6 +403,26 @@ class CudaIpcTransport(TransportBase):
         if epoch is None and stale is not None:
             stale.close(unlink=False)
 
+    def _pin(self, table: _Table, slot: int) -> bool:
+        key = (table.name, slot)
+        with self._lock2:
+            count = self._pins.get(key, 0)
+            if count == 0 and not table.pin(slot):
+                return False
+            self._pins[key] = count + 1
+            return True
+
+    def _unpin(self, table: _Table, slot: int) -> None:
+        key = (table.name, slot)
+        with self._lock2:
+            count = self._pins.get(key, 0) - 1
+            if count > 0:
+                self._pins[key] = count
+                return
+            self._pins.pop(key, None)
+            if count == 0 and self._tables.get(table.name) is table:
+                table.unpin(slot)
+
     def _check_slot(self, table: _Table, ref: TensorRef, slot: int, epoch: int, gen: int) -> None:
         now_epoch, now_gen = table.read(slot)
         if now_epoch != epoch:
@@ -393,31 +469,51 @@ class CudaIpcTransport(TransportBase):
         src = slab[:nbytes]
         algo = ref.checksum.split(":", 1)[0]
         if out is None and not copy:
-            got = _checksum.compute(src, algo) if algo != "none" else ref.checksum
-            result = src
+            return self._pinned_view(table, ref, slot, epoch, gen, slab, algo)
+        device = out.device if out is not None else (self.device or src.device)
+        result = out if out is not None else torch.empty(ref.shape, dtype=ref.torch_dtype, device=device)
+        dst = self._bytes_of(result)
+        digest = None
+        if algo == "fsum64" and nbytes:
+            digest = _device_checksum.copy_and_fsum64(dst, src)  # one pass; returns after the copy
+        if digest is not None:
+            got = "fsum64:" + digest
         else:
-            device = out.device if out is not None else (self.device or src.device)
-            result = out if out is not None else torch.empty(ref.shape, dtype=ref.torch_dtype, device=device)
-            dst = self._bytes_of(result)
-            digest = None
-            if algo == "fsum64" and nbytes:
-                digest = _device_checksum.copy_and_fsum64(dst, src)
-            if digest is None:
-                if nbytes:
-                    dst.copy_(src)
-                got = _checksum.compute(dst, algo) if algo != "none" else ref.checksum
+            if nbytes:
+                dst.copy_(src)
+            if algo != "none":
+                got = _checksum.compute(dst, algo)  # reads the digest back: the copy is done
             else:
-                got = "fsum64:" + digest  # the digest came back to the host: the copy is done
-        if result.device.type == "cuda":
-            torch.cuda.current_stream(result.device).synchronize()
+                got = ref.checksum
+                if result.device.type == "cuda":
+                    torch.cuda.current_stream(result.device).synchronize()
         # The owner may have released (and reused) the slab while we copied: check again.
         self._check_slot(table, ref, slot, epoch, gen)
         if got != ref.checksum:
-            raise DataLoss(f"checksum mismatch for {ref.owner}:{ref.buffer_id}: expected {ref.checksum}, got {got}",
-                           field="checksum", details={"expected": ref.checksum, "got": got})
-        if result is src:
-            return src.view(ref.torch_dtype).reshape(ref.shape)
+            raise _mismatch(ref, got)
         return result
+
+    def _pinned_view(self, table: _Table, ref: TensorRef, slot: int, epoch: int, gen: int,
+                     slab: torch.Tensor, algo: str) -> torch.Tensor:
+        """Zero-copy: pin the slab, check it still holds the ref, verify, hand out a view whose
+        last reference unpins it (see the module docstring)."""
+        if not self._pin(table, slot):
+            raise NotFound(f"{ref.owner} is reusing the slab of {ref.buffer_id}", field="buffer_id")
+        pinned = True
+        try:
+            self._check_slot(table, ref, slot, epoch, gen)
+            src = slab[:ref.nbytes]
+            got = _checksum.compute(src, algo) if algo != "none" else ref.checksum
+            if got != ref.checksum:
+                raise _mismatch(ref, got)
+            view = self.layer.view(slab, ref.nbytes, functools.partial(self._unpin, table, slot))
+            pinned = False  # the view's finalizer owns the pin now
+            with self._lock2:
+                self.views_pinned += 1
+            return view.view(ref.torch_dtype).reshape(ref.shape)
+        finally:
+            if pinned:
+                self._unpin(table, slot)
 
     # ------------------------------------------------------------------ both
     def _backend_stats(self):
@@ -428,8 +524,10 @@ class CudaIpcTransport(TransportBase):
         for pool in pools:
             for key, value in pool.stats().items():
                 totals[key] += value
+        with self._lock2:
+            pins = sum(self._pins.values())
         totals.update({"layer": self.layer.name, "mapped_slabs": mapped, "maps_opened": self.maps_opened,
-                       "maps_dropped": self.maps_dropped})
+                       "maps_dropped": self.maps_dropped, "views_pinned": self.views_pinned, "live_pins": pins})
         return totals
 
     def _close_backend(self) -> None:
@@ -438,6 +536,7 @@ class CudaIpcTransport(TransportBase):
             tables = list(self._tables.values())
             self._tables.clear()
             self._maps.clear()
+            self._pins.clear()  # closing a table's descriptor drops its locks
         for pool in pools:
             pool.clear()
         for table in tables:
@@ -446,3 +545,8 @@ class CudaIpcTransport(TransportBase):
             self._table.close(unlink=True)
             self._table = None
 
+
+
+def _mismatch(ref: TensorRef, got: str) -> DataLoss:
+    return DataLoss(f"checksum mismatch for {ref.owner}:{ref.buffer_id}: expected {ref.checksum}, got {got}",
+                    field="checksum", details={"expected": ref.checksum, "got": got})

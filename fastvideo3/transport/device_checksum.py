@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 
 _MASK64 = (1 << 64) - 1
@@ -59,15 +60,27 @@ def _kernel():
 
 def available(device: torch.device) -> bool:
     """Whether the kernels can run for tensors on ``device``."""
-    if device.type not in ("cuda", "cpu") or (device.type == "cpu" and not _interpreting()):
-        return False
-    return _kernel() is not None
+    if device.type == "cuda":
+        return (_KERNEL[0] if _KERNEL else _kernel()) is not None
+    return device.type == "cpu" and _interpreting() and _kernel() is not None
+
+
+# Up to this many programs, their partial sums come to the host in one small copy and are added
+# there (numpy, wrapping mod 2**64): one device->host transfer instead of a reduction kernel plus
+# a transfer, which matters for the per-fetch latency. Beyond it, the device adds them first.
+_HOST_REDUCE_MAX_PROGRAMS = 4096
 
 
 def _digest(partials: torch.Tensor, tail: bytes, n4_words: int) -> str:
-    # int64 sums wrap on overflow (two's complement), which is the mod 2**64 the digest wants.
-    sums = partials.view(-1, 2).sum(dim=0).tolist() if partials.numel() else [0, 0]
-    s1, s2 = sums[0] & _MASK64, sums[1] & _MASK64
+    if not partials.numel():
+        s1 = s2 = 0
+    elif partials.numel() <= 2 * _HOST_REDUCE_MAX_PROGRAMS:
+        # the copy waits for the kernel; uint64 sums wrap, which is the mod 2**64 the digest wants
+        sums = partials.cpu().numpy().view(np.uint64).reshape(-1, 2).sum(axis=0, dtype=np.uint64)
+        s1, s2 = int(sums[0]), int(sums[1])
+    else:  # int64 sums wrap on overflow (two's complement): the same residues
+        sums = partials.view(-1, 2).sum(dim=0).tolist()
+        s1, s2 = sums[0] & _MASK64, sums[1] & _MASK64
     if tail:
         w = int.from_bytes(tail.ljust(4, b"\0"), "little")
         s1 = (s1 + w) & _MASK64
@@ -82,13 +95,16 @@ def _launch(src_u8: torch.Tensor, dst_u8: torch.Tensor | None) -> str | None:
         return None
     n_words = n4 // 4
     grid = -(-n_words // BLOCK_WORDS)
-    partials = torch.empty(grid * 2, dtype=torch.int64, device=src_u8.device)
+    device = src_u8.device
+    partials = torch.empty(grid * 2, dtype=torch.int64, device=device)
     if grid:
         src_w = src_u8[:n4].view(torch.int32)
         dst_w = dst_u8[:n4].view(torch.int32) if dst_u8 is not None else src_w
-        with torch.cuda.device(src_u8.device) if src_u8.device.type == "cuda" else _nullctx():
+        # Triton launches on the current device: switch only when the data lives elsewhere.
+        switch = device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device()
+        with torch.cuda.device(device) if switch else _nullctx():
             _kernel()[(grid,)](src_w, dst_w, partials, n_words, BLOCK=BLOCK_WORDS,
-                                    COPY=dst_u8 is not None, num_warps=8)
+                               COPY=dst_u8 is not None, num_warps=8)
     tail = b""
     if n != n4:
         if dst_u8 is not None:

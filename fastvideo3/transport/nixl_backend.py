@@ -25,6 +25,7 @@ On hosts without a GPU, UCX moves host memory between processes with CMA or TCP 
 from __future__ import annotations
 
 import base64
+import importlib
 import logging
 import os
 import re
@@ -43,17 +44,26 @@ from fastvideo3.transport.ledger import (
 from fastvideo3.transport.ref import TensorRef
 from fastvideo3.transport.slab import SlabPool
 
+NIXL_MODULES = ("nixl", "nixl_cu13", "nixl_cu12")
 _POLL_MIN_S = 20e-6
 _POLL_MAX_S = 1e-3
 
 
 def _load_nixl():
-    try:
-        from nixl._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
-    except Exception as exc:  # ImportError, or a broken native library
-        raise Unavailable(f"the nixl package cannot be loaded ({type(exc).__name__}: {exc}); "
-                          "install nixl==1.5.1 or choose another transport",
-                          field="transport.backend") from None
+    api, errors = None, []
+    # The `nixl` meta package picks the build for the CUDA it finds; a build alone (what the
+    # `transport` extra installs: nixl-cu13) is importable under its own name.
+    for module in NIXL_MODULES:
+        try:
+            api = importlib.import_module(f"{module}._api")
+            break
+        except Exception as exc:  # ImportError, or a broken native library
+            errors.append(f"{module}: {type(exc).__name__}: {exc}")
+    if api is None:
+        raise Unavailable(f"the nixl package cannot be loaded ({'; '.join(errors)}); "
+                          "install the transport extra (nixl-cu13==1.5.1) or choose another transport",
+                          field="transport.backend")
+    nixl_agent, nixl_agent_config, nixl_thread_sync_t = api.nixl_agent, api.nixl_agent_config, api.nixl_thread_sync_t
     if "NIXL_LOG_LEVEL" not in os.environ:  # its INFO lines on stdout would drown pool logs
         logging.getLogger("nixl").setLevel(logging.WARNING)
     return nixl_agent, nixl_agent_config, nixl_thread_sync_t
@@ -68,6 +78,35 @@ _TL_RE = re.compile(r"(?<![\w])(" + "|".join(UCX_TRANSPORTS) + r")/[\w:.\-]+")
 def parse_ucx_transports(text: str) -> list[str]:
     """UCX transport names found in UCX log text (``tl/device`` pairs of its protocol report)."""
     return sorted({m.group(1) for m in _TL_RE.finditer(text)})
+
+
+_OP_RE = re.compile(r"\|\s*(remote memory (?:read|write) by ucp_(?:get|put)\S*) (.*?)\s*\|\s*$")
+_ROW_RE = re.compile(r"\|\s*[0-9.]+(?:\.\.|\s)[^|]*\|\s*([^|]*?)\s*\|\s*([^|]*?)\s*\|\s*$")
+
+
+def parse_ucx_data_protocols(text: str) -> list[dict]:
+    """The protocols UCX chose for one-sided reads/writes, from its report (``UCX_PROTO_INFO=y``):
+    ``[{"op": "read ... into cuda/GPU0 from cuda", "how": "zero-copy", "via": ["cuda_ipc"]}]``,
+    one entry per distinct (operation, description, transports)."""
+    found, op = [], None
+    for line in text.splitlines():
+        m = _OP_RE.search(line)
+        if m:
+            op = (m.group(1).replace("remote memory ", "") + " " + m.group(2)).strip()
+            continue
+        m = _ROW_RE.search(line) if op else None
+        if m and m.group(1) not in ("Description", ""):
+            entry = {"op": op, "how": m.group(1), "via": parse_ucx_transports(m.group(2))}
+            if entry["via"] and entry not in found:
+                found.append(entry)
+    return found
+
+
+def vram_data_transports(text: str) -> list[str]:
+    """Transports that carry one-sided reads/writes of GPU memory (``cuda`` on either side);
+    what the NIXL VRAM path actually runs on."""
+    names = {tl for p in parse_ucx_data_protocols(text) if "cuda" in p["op"] for tl in p["via"]}
+    return sorted(names)
 
 
 def ucx_transport_log(log_dir: str) -> str:
@@ -415,7 +454,11 @@ class NixlTransport(TransportBase):
         totals["peers"] = len(self._peers)
         totals["ucx"] = {"UCX_TLS": os.environ.get("UCX_TLS", ""), **self.ucx_params}
         if self._ucx_log is not None:
-            totals["ucx_transports"] = parse_ucx_transports(_read_logs(self._ucx_log))
+            text = _read_logs(self._ucx_log)
+            totals["ucx_transports"] = parse_ucx_transports(text)  # every lane of every endpoint
+            totals["ucx_data_transports"] = sorted({tl for p in parse_ucx_data_protocols(text) for tl in p["via"]})
+            totals["ucx_vram_transports"] = vram_data_transports(text)  # what moves GPU memory
+            totals["ucx_protocols"] = parse_ucx_data_protocols(text)[:16]
         return totals
 
     def _close_backend(self) -> None:

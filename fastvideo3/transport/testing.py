@@ -201,3 +201,34 @@ def fault_suite(backend: str, owner_cfg: dict, reader, *, device: str = "cpu") -
     finally:
         owner.stop()
     return results
+
+
+def pinned_view_check(owner_cfg: dict, reader, *, device: str = "cpu") -> dict:
+    """cuda_ipc only: a zero-copy view pins its slab (the owner takes a new slab instead of
+    reusing it) until the last tensor sharing it is freed. ``{"ok": bool, "detail": str}``."""
+    import gc
+
+    owner = OwnerProcess("cuda_ipc", owner_cfg)
+    try:
+        a = torch.randn(4096)
+        ref_a = owner.publish("a", "x", a, device)
+        part = reader.fetch(ref_a, deadline_s=30)[10:20]  # a derived view of the zero-copy view
+        gc.collect()
+        owner.call("release", "a")
+        ref_b = owner.publish("b", "x", torch.randn(4096), device)
+        if ref_b.descriptor["epoch"] == ref_a.descriptor["epoch"]:
+            return {"ok": False, "detail": "the owner reused a pinned slab"}
+        if not torch.equal(part.cpu(), a[10:20]):
+            return {"ok": False, "detail": "the pinned view changed"}
+        del part
+        gc.collect()
+        owner.call("release", "b")
+        owner.publish("c", "x", torch.randn(4096), device)
+        ref_d = owner.publish("d", "x", torch.randn(4096), device)
+        if owner.call("stats")["slabs_created"] != 2 or reader.stats().get("live_pins") != 0:
+            return {"ok": False, "detail": f"slab not released after the view died: {owner.call('stats')}"}
+        return {"ok": True, "detail": f"pinned slab skipped, then reused (epoch {ref_d.descriptor['epoch']})"}
+    except Exception as exc:
+        return {"ok": False, "detail": f"{type(exc).__name__}: {exc}"}
+    finally:
+        owner.stop()

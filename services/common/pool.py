@@ -34,6 +34,8 @@ class PoolConfig:
     precision: str | None = None
     transport: str = "auto"
     ucx_report_dir: str | None = None
+    nixl_error_handling: str | None = None
+    host_id: str | None = None
     replica_id: str = ""
     metrics_port: int | None = None
     trace_file: str | None = None
@@ -72,6 +74,11 @@ def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
                         "e.g. shm,grpc,nixl")
     p.add_argument("--ucx-report-dir", default=None,
                    help="folder where UCX reports the transports NIXL selects (shown in Describe)")
+    p.add_argument("--nixl-error-handling", default=None, choices=("none", "peer"),
+                   help="error-handling mode of NIXL's UCX backend (default: NIXL's, peer)")
+    p.add_argument("--host-id", default=None,
+                   help="name of the host for same-host transports (cuda_ipc, shm): pods of one node that "
+                        "share /dev/shm pass the node name (default: this hostname)")
     p.add_argument("--replica-id", default="", help="replica name (default ROLE@HOST:PORT)")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus text on this port")
     p.add_argument("--trace-file", default=None, help="append spans as JSON lines to this file")
@@ -354,7 +361,8 @@ def _load(cfg: PoolConfig, build: BuildFn, replica_id: str, host: ServiceHost, p
     card = resolve_card(cfg.card)
     device = _transport_device(cfg)
     transport = TransportSet(replica_id, parse_backends(cfg.transport, device), advertise=f"{cfg.host}:{port}",
-                             handler_sink=host.late_handlers, device=device, ucx_report_dir=cfg.ucx_report_dir)
+                             handler_sink=host.late_handlers, device=device, host_id=cfg.host_id,
+                             ucx_report_dir=cfg.ucx_report_dir, nixl_error_handling=cfg.nixl_error_handling)
     try:
         if cfg.fake:
             if cfg.fake_load_seconds > 0:  # simulated weight loading (health stays NOT_SERVING)

@@ -65,12 +65,13 @@ class TransportSet:
 
     def __init__(self, owner: str, offered: tuple[str, ...], *, advertise: str | None = None,
                  handler_sink: list | None = None, device: str = "cpu", host_id: str | None = None,
-                 ucx_report_dir: str | None = None):
+                 ucx_report_dir: str | None = None, nixl_error_handling: str | None = None):
         self.owner = owner
         self.offered = tuple(offered)
         self.device = device
         self._host_id = host_id
         self._ucx_report_dir = ucx_report_dir
+        self._nixl_error_handling = nixl_error_handling
         self._backends: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -153,6 +154,8 @@ class TransportSet:
             cfg["device"] = self.device if on_gpu else None
         if backend == "nixl" and self._ucx_report_dir:
             cfg["ucx_log_dir"] = self._ucx_report_dir
+        if backend == "nixl" and self._nixl_error_handling:
+            cfg["ucx_error_handling"] = self._nixl_error_handling
         return cfg
 
     def _reader(self, backend: str):

@@ -59,3 +59,42 @@ def test_mapping_is_opened_once_per_slab_and_dropped_with_it(layer):
     finally:
         reader.close()
         owner.stop()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("layer", LAYERS)
+def test_a_view_pins_its_slab_until_the_last_tensor_sharing_it_is_gone(layer):
+    import gc
+
+    device = _device(layer)
+    owner = OwnerProcess("cuda_ipc", {"layer": layer})
+    reader = make_transport("cuda_ipc", owner="reader", layer=layer)
+    try:
+        a = torch.randn(4096)
+        ref_a = owner.publish("a", "x", a, device)
+        view = reader.fetch(ref_a, deadline_s=20)  # zero-copy, pinned
+        part = view[10:20]  # a derived view keeps the pin too
+        del view
+        gc.collect()
+        assert reader.stats()["live_pins"] == 1
+        owner.call("release", "a")
+        ref_b = owner.publish("b", "x", torch.randn(4096), device)  # same size class
+        assert ref_b.descriptor["epoch"] != ref_a.descriptor["epoch"]  # the pinned slab was not reused
+        assert owner.call("stats")["slabs_created"] == 2
+        assert torch.equal(part.cpu(), a[10:20])  # the view still shows what was published
+        with pytest.raises(NotFound):  # but the released ref can no longer be fetched
+            reader.fetch(ref_a, deadline_s=20)
+        owner.call("release", "b")
+        ref_c = owner.publish("c", "x", torch.randn(4096), device)
+        assert ref_c.descriptor["epoch"] == ref_b.descriptor["epoch"]  # b's slab was free to reuse
+        del part
+        gc.collect()
+        assert reader.stats()["live_pins"] == 0
+        ref_d = owner.publish("d", "x", torch.randn(4096), device)  # the unpinned slab serves again
+        assert ref_d.descriptor["epoch"] == ref_a.descriptor["epoch"]
+        assert owner.call("stats")["slabs_created"] == 2
+        owner.call("release", "c")
+        owner.call("release", "d")
+    finally:
+        reader.close()
+        owner.stop()

@@ -67,3 +67,11 @@ def test_misaligned_views_fall_back_without_copying():
     assert device_checksum.fsum64(view) is None
     assert device_checksum.copy_and_fsum64(torch.zeros_like(view), view) is None
     assert checksum.compute(view, "fsum64") == "fsum64:" + checksum.fsum64_torch(view.cpu())
+
+
+@pytest.mark.timeout(120)
+def test_large_grids_reduce_on_the_device_to_the_same_digest(monkeypatch):
+    data = _bytes(device_checksum.BLOCK_WORDS * 4 * 5 + 2, 11)
+    host = checksum.fsum64_torch(data)
+    monkeypatch.setattr(device_checksum, "_HOST_REDUCE_MAX_PROGRAMS", 1)  # 6 programs: device path
+    assert device_checksum.fsum64(data.to(DEVICE)) == host
