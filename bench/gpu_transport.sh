@@ -55,7 +55,7 @@ echo "probe rc=$? at ${SECONDS}s"; tail -n 15 "$OUT/probe.log"
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 limit=$(( $(left) - (ngpu >= 2 ? 90 : 15) ))
 probe_arg=(); [[ -s "$OUT/nixl_probe.json" ]] && probe_arg=(--nixl-from-probe "$OUT/nixl_probe.json")
-timeout $((limit + 15)) python3 bench/transport.py --device cuda --sizes-mib 1,64,256 --repeats 5 \
+timeout $((limit + 15)) python3 bench/transport.py --device cuda --sizes-mib 1,64,256 --repeats 9 \
   "${probe_arg[@]}" --ucx-log-dir /tmp/ucxlog --time-limit $((limit - 40)) \
   --out "$OUT/transport_h200.json" >"$OUT/transport.log" 2>&1
 echo "transport rc=$? at ${SECONDS}s"; tail -n 45 "$OUT/transport.log"
@@ -64,7 +64,7 @@ cat /tmp/ucxlog/* 2>/dev/null | grep -E '\|.*/|rror|unreachable|proto' | head -c
 # 3. two GPUs (peer copies), when the machine has them
 if ((ngpu >= 2)); then
   limit=$(( $(left) - 10 ))
-  timeout $((limit + 10)) python3 bench/transport.py --devices 0,1 --sizes-mib 64,256 --repeats 5 \
+  timeout $((limit + 10)) python3 bench/transport.py --devices 0,1 --sizes-mib 64,256 --repeats 9 \
     "${probe_arg[@]}" --time-limit $((limit - 30)) --out "$OUT/transport_2gpu.json" >>"$OUT/transport.log" 2>&1
   echo "2gpu rc=$? at ${SECONDS}s"
 fi

@@ -266,7 +266,7 @@ class CudaIpcTransport(TransportBase):
         self.layer = CudaLayer() if layer == "cuda" else HostLayer()
         self._max_cached = max_cached_bytes
         self._pools: dict[str, SlabPool] = {}
-        self._lock2 = threading.Lock()
+        self._lock2 = threading.RLock()  # view finalizers may run (via GC) while it is held
         self._table: _Table | None = None  # owner side, made on first publish
         self._free_slots = list(range(TABLE_SLOTS - 1, -1, -1))
         self._epoch = 0

@@ -75,3 +75,57 @@ def test_large_grids_reduce_on_the_device_to_the_same_digest(monkeypatch):
     host = checksum.fsum64_torch(data)
     monkeypatch.setattr(device_checksum, "_HOST_REDUCE_MAX_PROGRAMS", 1)  # 6 programs: device path
     assert device_checksum.fsum64(data.to(DEVICE)) == host
+
+
+class _FakeGraph:
+    """Stands in for torch.cuda.CUDAGraph on a CPU: capture records the launch, replay runs it."""
+
+    def __init__(self):
+        self.launch = None
+
+    def replay(self):
+        self.launch()
+
+
+@pytest.mark.timeout(120)
+def test_repeated_keys_run_from_a_captured_graph_and_failures_fall_back(monkeypatch):
+    import contextlib
+
+    real_run = device_checksum._run_kernel
+    captures = []
+
+    @contextlib.contextmanager
+    def fake_graph(graph):
+        def record(*args):
+            graph.launch = lambda: real_run(*args)
+        monkeypatch.setattr(device_checksum, "_run_kernel", record)
+        try:
+            yield
+        finally:
+            monkeypatch.setattr(device_checksum, "_run_kernel", real_run)
+            captures.append(graph)
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", fake_graph)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: type("S", (), {"synchronize": lambda s: None})())
+    cache = device_checksum._GraphCache()
+    src = _bytes(device_checksum.BLOCK_WORDS * 4 * 3, 5)
+    dst = torch.zeros_like(src)
+    want = checksum.fsum64_torch(src)
+    n4, grid = src.numel(), 3
+    assert cache.run(src, dst, n4, grid, b"") is None  # first sighting: plain launch
+    for _ in range(3):  # then captured once (and checked against a plain launch), replayed after
+        dst.zero_()
+        assert cache.run(src, dst, n4, grid, b"") == want and torch.equal(dst, src)
+    assert (cache.captures, cache.replays, len(captures), cache.checked) == (1, 3, 1, True)
+    other = _bytes(4096, 6)  # another key: its own entry
+    assert cache.run(other, None, 4096, 1, b"") is None
+    assert cache.run(other, None, 4096, 1, b"") == checksum.fsum64_torch(other)
+
+    def broken(self):
+        raise RuntimeError("graph launch failed")
+
+    monkeypatch.setattr(_FakeGraph, "replay", broken)
+    assert cache.run(src, dst, n4, grid, b"") is None and not cache.enabled  # off for good
+    assert device_checksum.copy_and_fsum64(torch.zeros_like(src), src) == want  # plain path still answers
