@@ -1,6 +1,6 @@
 """Fleet-side commands of the ``fastvideo3`` CLI.
 
-    fastvideo3 serve [--card wan-tiny] [--port P] [--replicas denoiser=2] [--transport auto|shm|grpc|nixl]
+    fastvideo3 serve [--card wan-tiny] [--port P] [--replicas denoiser=2] [--transport auto|cuda_ipc|shm|grpc|nixl]
                      [--no-reward] [--no-batching] [--fake] [--device D] [--precision P] [--log-dir DIR]
     fastvideo3 client generate --target HOST:PORT "PROMPT" -o out.mp4 [generate's options] [--rewards a,b]
     fastvideo3 client describe --target HOST:PORT
@@ -38,8 +38,9 @@ def add_commands(sub) -> None:
     s.add_argument("--card", default="wan-tiny", help="a card name, card file or diffusers-format directory")
     s.add_argument("--port", type=int, default=None, help="the scheduler's port (default: a free port)")
     s.add_argument("--replicas", type=_replicas, action="append", default=[], help="ROLE=N, e.g. denoiser=2")
-    s.add_argument("--transport", default="auto", choices=("auto", "shm", "grpc", "nixl"),
-                   help="tensor transport between pools (auto: shm on one host, else grpc)")
+    s.add_argument("--transport", default="auto", choices=("auto", "cuda_ipc", "shm", "grpc", "nixl"),
+                   help="tensor transport between pools (auto: cuda_ipc between GPU pools, else shm on one "
+                        "host, nixl across hosts, grpc)")
     s.add_argument("--no-reward", action="store_true", help="do not start a reward pool")
     s.add_argument("--no-batching", action="store_true", help="scheduler sends one WorkUnit per pool call")
     s.add_argument("--max-running", type=int, default=None, help="requests stepping at once")
