@@ -20,6 +20,13 @@ is costly, a device copy is not); ``"auto"`` picks direct for host memory and sl
 A transfer that cannot be cancelled after a deadline keeps its buffers quarantined (never
 reused or deregistered) until ``close``.
 
+UCX settings that matter for VRAM (:data:`UCX_DEFAULTS`, applied unless the environment sets
+them): UCX's CUDA IPC transport turns one-sided GETs off on GPUs without NVLink (a single GPU
+included), and a READ of GPU memory then falls back to "software emulation" through host
+memory at host-copy speed; ``CUDA_IPC_ENABLE_GET_ZCOPY=y`` keeps the zero-copy GET. NIXL's UCX
+backend also defaults to ``peer`` error handling, which admits only transports that detect a
+dead peer; ``ucx_error_handling="none"`` admits shared memory as well.
+
 On hosts without a GPU, UCX moves host memory between processes with CMA or TCP on loopback.
 """
 from __future__ import annotations
@@ -45,6 +52,9 @@ from fastvideo3.transport.ref import TensorRef
 from fastvideo3.transport.slab import SlabPool
 
 NIXL_MODULES = ("nixl", "nixl_cu13", "nixl_cu12")
+#: UCX settings this transport asks for (see the module docstring); ``UCX_<name>`` in the
+#: environment wins. UCX reads them when an agent creates its UCX context.
+UCX_DEFAULTS = {"CUDA_IPC_ENABLE_GET_ZCOPY": "y"}
 _POLL_MIN_S = 20e-6
 _POLL_MAX_S = 1e-3
 
@@ -176,6 +186,8 @@ class NixlTransport(TransportBase):
             raise InvalidRequest(f"ucx_error_handling must be none or peer, not {ucx_error_handling!r}",
                                  field="transport.ucx_error_handling", limit="none, peer")
         nixl_agent, nixl_agent_config, sync_t = _load_nixl()
+        for key, value in UCX_DEFAULTS.items():
+            os.environ.setdefault(f"UCX_{key}", value)
         self.agent_name = agent_name or f"{owner}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._ucx_log = ucx_transport_log(ucx_log_dir) if ucx_log_dir else None
         self.ucx_params: dict[str, str] = {}
@@ -452,7 +464,8 @@ class NixlTransport(TransportBase):
                 totals[key] += value
         totals["quarantined"] = len(self._quarantine)
         totals["peers"] = len(self._peers)
-        totals["ucx"] = {"UCX_TLS": os.environ.get("UCX_TLS", ""), **self.ucx_params}
+        totals["ucx"] = {"UCX_TLS": os.environ.get("UCX_TLS", ""), **self.ucx_params,
+                         **{f"UCX_{k}": os.environ.get(f"UCX_{k}", "") for k in UCX_DEFAULTS}}
         if self._ucx_log is not None:
             text = _read_logs(self._ucx_log)
             totals["ucx_transports"] = parse_ucx_transports(text)  # every lane of every endpoint
