@@ -22,7 +22,9 @@ holds a shared lock on the slab's byte of the generation table (an open-file-des
 dropped by the kernel if the reader dies) until the last tensor sharing the view's memory is
 freed; the owner never reuses or frees a slab whose byte is locked (a new slab is taken instead).
 So a view never sees another buffer's bytes. Its contents are what was published; after the
-owner releases the request, new fetches of the ref fail, while an existing view stays valid.
+owner releases the request, new fetches of the ref fail, while an existing view stays valid
+(until the reader transport closes, which drops its pins). Views are read-only by contract:
+they are the owner's memory.
 
 Both ends must share the host's POSIX shared memory (``/dev/shm``) and the GPU(s): in a
 cluster, pods on one node with ``hostIPC`` (or a shared ``/dev/shm``) and the devices visible.
