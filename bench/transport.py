@@ -81,14 +81,18 @@ def _owner_main(backends: list[str], device: str, threads: int, owner_cfg: dict,
             return
         _, backend, nbytes, repeats = msg
         t = transports[backend]
-        src = torch.randn(nbytes // 4, device=device)
-        times = []
-        for i in range(repeats + 1):
-            start = time.perf_counter()
-            ref = t.publish(f"bench-{i}", "x", src)
-            times.append(time.perf_counter() - start)
-            if i < repeats:
-                t.release(f"bench-{i}")
+        try:
+            src = torch.randn(nbytes // 4, device=device)
+            times = []
+            for i in range(repeats + 1):
+                start = time.perf_counter()
+                ref = t.publish(f"bench-{i}", "x", src)
+                times.append(time.perf_counter() - start)
+                if i < repeats:
+                    t.release(f"bench-{i}")
+        except Exception as exc:  # reported as this row's error; the owner keeps serving
+            conn.send(("error", f"publish: {type(exc).__name__}: {exc}"))
+            continue
         conn.send((ref.to_dict(), statistics.median(times[1:])))
         conn.recv()  # reader done
         t.release(f"bench-{repeats}")
@@ -334,6 +338,11 @@ def main(argv: list[str] | None = None) -> dict:
             if not conn.poll(600):
                 raise SystemExit("owner process stalled")
             ref_dict, publish_s = conn.recv()
+            if ref_dict == "error":
+                results.append({"variant": label, "backend": backend, "size_mib": size, "fetch_GBps": None,
+                                "fraction_of_memcpy": None, "error": publish_s})
+                print(f"{size:>4} MiB  {label:<14} ERROR {publish_s}", flush=True)
+                continue
             ref = TensorRef.from_dict(ref_dict)
             reader = readers[label]
             kwargs = dict(kw)
