@@ -187,7 +187,8 @@ class _GraphCache:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.device(device):
             torch.cuda.current_stream(device).synchronize()
-            with torch.cuda.graph(graph):
+            # thread_local: other threads (e.g. a NIXL/UCX progress thread) may keep calling CUDA
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 _run_kernel(src_u8, dst_u8, n4, grid, partials)
             self.captures += 1
             if not self.checked:  # the first capture must agree with a plain launch

@@ -95,7 +95,8 @@ def test_repeated_keys_run_from_a_captured_graph_and_failures_fall_back(monkeypa
     captures = []
 
     @contextlib.contextmanager
-    def fake_graph(graph):
+    def fake_graph(graph, capture_error_mode="global"):
+        assert capture_error_mode == "thread_local"
         def record(*args):
             graph.launch = lambda: real_run(*args)
         monkeypatch.setattr(device_checksum, "_run_kernel", record)
