@@ -5,6 +5,8 @@
 # checks), and on a machine with two or more GPUs the same across GPUs 0 and 1.
 #
 #   BUDGET_S=240 bash bench/gpu_transport.sh        # from the repository root; results in $OUT
+#   PROBE_CONFIGS=project_default,err_none ...      # only these NIXL/UCX configurations
+#   SIZES=1,64 ...                                  # transfer sizes in MiB (default 1,64,256)
 #
 # Wheels missing from the machine's image come from .wheels/ (git-ignored; carry it; made by the
 # device-wheels tool) or .wheels_nixl/: grpcio, protobuf, pydantic and helpers, nixl + nixl-cu13.
@@ -47,7 +49,7 @@ fi
 
 # 1. NIXL/UCX sweep: about a third of the budget (at most 150 s); the main benchmark needs ~120 s
 limit=$(min 150 $(( $(left) / 3 )))
-timeout $((limit + 15)) python3 bench/nixl_probe.py --device cuda --time-limit "$limit" \
+timeout $((limit + 15)) python3 bench/nixl_probe.py --device cuda --time-limit "$limit" --configs "${PROBE_CONFIGS:-}" \
   --out "$OUT/nixl_probe.json" >"$OUT/probe.log" 2>&1
 echo "probe rc=$? at ${SECONDS}s"; tail -n 15 "$OUT/probe.log"
 
@@ -55,7 +57,7 @@ echo "probe rc=$? at ${SECONDS}s"; tail -n 15 "$OUT/probe.log"
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 limit=$(( $(left) - (ngpu >= 2 ? 90 : 15) ))
 probe_arg=(); [[ -s "$OUT/nixl_probe.json" ]] && probe_arg=(--nixl-from-probe "$OUT/nixl_probe.json")
-timeout $((limit + 15)) python3 bench/transport.py --device cuda --sizes-mib 1,64,256 --repeats 9 \
+timeout $((limit + 15)) python3 bench/transport.py --device cuda --sizes-mib "${SIZES:-1,64,256}" --repeats 9 \
   "${probe_arg[@]}" --ucx-log-dir /tmp/ucxlog --time-limit $((limit - 40)) \
   --out "$OUT/transport_h200.json" >"$OUT/transport.log" 2>&1
 echo "transport rc=$? at ${SECONDS}s"; tail -n 45 "$OUT/transport.log"

@@ -140,7 +140,8 @@ def sweep(args) -> dict:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     end = time.monotonic() + args.time_limit
-    for name, env_extra, err in CONFIGS:
+    wanted = [c for c in args.configs.split(",") if c]
+    for name, env_extra, err in [c for c in CONFIGS if not wanted or c[0] in wanted]:
         left = end - time.monotonic()
         if left < 20:
             report["configs"].append({"name": name, "skipped": "time limit"})
@@ -190,6 +191,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--per-config-s", type=float, default=45)
     p.add_argument("--time-limit", type=float, default=300)
+    p.add_argument("--configs", default="", help="comma list of configuration names (default: all, in order)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "nixl_probe.json"))
     args = p.parse_args(argv)
     if args.one:

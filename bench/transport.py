@@ -64,14 +64,10 @@ SUMMARY_KEYS = ("memcpy_GBps_64MiB", "cuda_ipc_GBps_64MiB", "nixl_GBps_64MiB", "
 
 
 def _owner_main(backends: list[str], device: str, threads: int, owner_cfg: dict, conn) -> None:
+    """The owner process: builds a backend's transport on its first publish, closes it on request."""
     torch.set_num_threads(threads)
-    transports, failed = {}, {}
-    for b in backends:
-        try:
-            transports[b] = make_transport(b, owner=f"bench-{b}", **owner_cfg.get(b, {}))
-        except Exception as exc:  # reported; the other backends are still measured
-            failed[b] = f"{type(exc).__name__}: {exc}"
-    conn.send(("ready", failed))
+    transports: dict = {}
+    conn.send(("ready", {}))
     while True:
         msg = conn.recv()
         if msg[0] == "stop":
@@ -79,9 +75,20 @@ def _owner_main(backends: list[str], device: str, threads: int, owner_cfg: dict,
                 t.close()
             conn.send("bye")
             return
+        if msg[0] == "close":
+            t = transports.pop(msg[1], None)
+            if t is not None:
+                t.close()
+            conn.send("closed")
+            continue
         _, backend, nbytes, repeats = msg
-        t = transports[backend]
         try:
+            if backend not in transports:
+                cfg = dict(owner_cfg.get(backend, {}))
+                if backend in ("nixl", "cuda_ipc") and device.startswith("cuda"):
+                    cfg["device"] = device
+                transports[backend] = make_transport(backend, owner=f"bench-{backend}", **cfg)
+            t = transports[backend]
             src = torch.randn(nbytes // 4, device=device)
             times = []
             for i in range(repeats + 1):
@@ -305,6 +312,14 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"fault check {name:<18} {'ok' if res['ok'] else 'FAIL'}  {res['detail'][:100]}", flush=True)
         write(checksum)
 
+    # Memcpy ceilings first, then one backend at a time (the GPU paths first): each backend's readers
+    # (and the owner's transport) exist only while it is measured, as in a pool that moves an
+    # edge over one backend. A NIXL agent's progress thread polls CUDA all the time; it is not
+    # left running under the other backends' figures.
+    for size in sizes:
+        nbytes = size * MiB
+        ceilings[size] = nbytes / memcpy_ceiling(nbytes, owner_dev, reader_dev, args.repeats) / 1e9
+        print(f"{size:>4} MiB  memcpy {ceilings[size]:7.2f} GB/s", flush=True)
     ctx = mp.get_context("spawn")
     conn, child = ctx.Pipe()
     proc = ctx.Process(target=_owner_main, args=(backends, str(owner_dev), args.threads, dict(OWNER_CFG), child),
@@ -312,84 +327,88 @@ def main(argv: list[str] | None = None) -> dict:
     proc.start()
     if not conn.poll(180):
         raise SystemExit("owner process did not start")
-    _, failed = conn.recv()
-    readers = {}
-    for label, backend, _kw, cfg in variants:
-        if backend in failed:
-            continue
-        reader_cfg = dict(cfg)
-        if backend == "nixl":
-            reader_cfg = {**OWNER_CFG.get(backend, {}), **cfg, "ucx_log_dir": args.ucx_log_dir}
-        try:
-            readers[label] = make_transport(backend, owner=f"reader-{label}", device=reader_dev, **reader_cfg)
-        except Exception as exc:
-            failed[label] = f"{type(exc).__name__}: {exc}"
-    variants = [v for v in variants if v[0] in readers]
+    conn.recv()
+    failed: dict[str, str] = {}
     report["unavailable"] = failed
-    for name, why in failed.items():
-        print(f"unavailable: {name}: {why}", flush=True)
-
+    ucx_transports: list[str] = []
     stopped = None
-    for size in sizes:
-        nbytes = size * MiB
-        ceilings[size] = nbytes / memcpy_ceiling(nbytes, owner_dev, reader_dev, args.repeats) / 1e9
-        print(f"{size:>4} MiB  memcpy {ceilings[size]:7.2f} GB/s", flush=True)
-        for label, backend, kw, _cfg in variants:
-            if time.monotonic() > t_end:
-                stopped = f"time limit reached before {label} at {size} MiB"
-                break
-            conn.send(("publish", backend, nbytes, args.repeats))
-            if not conn.poll(600):
-                raise SystemExit("owner process stalled")
-            ref_dict, publish_s = conn.recv()
-            if ref_dict == "error":
-                results.append({"variant": label, "backend": backend, "size_mib": size, "fetch_GBps": None,
-                                "fraction_of_memcpy": None, "error": publish_s})
-                print(f"{size:>4} MiB  {label:<14} ERROR {publish_s}", flush=True)
+    order = [b for b in ("cuda_ipc", "nixl", "grpc", "shm") if b in backends]
+    for backend in order:
+        readers = {}
+        for label, b, _kw, cfg in variants:
+            if b != backend:
                 continue
-            ref = TensorRef.from_dict(ref_dict)
-            reader = readers[label]
-            kwargs = dict(kw)
-            if kwargs.pop("out", False):
-                kwargs["out"] = torch.zeros(ref.shape, dtype=ref.torch_dtype, device=reader_dev)
+            reader_cfg = dict(cfg)
+            if backend == "nixl":
+                reader_cfg = {**OWNER_CFG.get(backend, {}), **cfg, "ucx_log_dir": args.ucx_log_dir}
             try:
-                fetch_s = _median_time(lambda: reader.fetch(ref, deadline_s=120, **kwargs), args.repeats, reader_dev)
-                error = None
-            except Exception as exc:  # recorded; the other variants still run
-                fetch_s, error = float("nan"), f"{type(exc).__name__}: {exc}"
-            kwargs.clear()
-            conn.send("done")
-            conn.recv()
-            gbps = nbytes / fetch_s / 1e9 if error is None else None
-            row = {"variant": label, "backend": backend, "size_mib": size, "fetch_median_s": fetch_s,
-                   "fetch_GBps": gbps, "publish_median_s": publish_s,
-                   "publish_GBps": nbytes / publish_s / 1e9,
-                   "fraction_of_memcpy": gbps / ceilings[size] if gbps else None}
-            if error:
-                row["error"] = error
+                readers[label] = make_transport(backend, owner=f"reader-{label}", device=reader_dev, **reader_cfg)
+            except Exception as exc:
+                failed[label] = f"{type(exc).__name__}: {exc}"
+                print(f"unavailable: {label}: {failed[label]}", flush=True)
+        for size in sizes:
+            nbytes = size * MiB
+            for label, b, kw, _cfg in variants:
+                if b != backend or label not in readers:
+                    continue
+                if time.monotonic() > t_end:
+                    stopped = f"time limit reached before {label} at {size} MiB"
+                    break
+                conn.send(("publish", backend, nbytes, args.repeats))
+                if not conn.poll(600):
+                    raise SystemExit("owner process stalled")
+                ref_dict, publish_s = conn.recv()
+                if ref_dict == "error":
+                    results.append({"variant": label, "backend": backend, "size_mib": size, "fetch_GBps": None,
+                                    "fraction_of_memcpy": None, "error": publish_s})
+                    print(f"{size:>4} MiB  {label:<14} ERROR {publish_s}", flush=True)
+                    continue
+                ref = TensorRef.from_dict(ref_dict)
+                reader = readers[label]
+                kwargs = dict(kw)
+                if kwargs.pop("out", False):
+                    kwargs["out"] = torch.zeros(ref.shape, dtype=ref.torch_dtype, device=reader_dev)
+                try:
+                    fetch_s = _median_time(lambda: reader.fetch(ref, deadline_s=120, **kwargs), args.repeats,
+                                           reader_dev)
+                    error = None
+                except Exception as exc:  # recorded; the other variants still run
+                    fetch_s, error = float("nan"), f"{type(exc).__name__}: {exc}"
+                kwargs.clear()
+                conn.send("done")
+                conn.recv()
+                gbps = nbytes / fetch_s / 1e9 if error is None else None
+                row = {"variant": label, "backend": backend, "size_mib": size, "fetch_median_s": fetch_s,
+                       "fetch_GBps": gbps, "publish_median_s": publish_s,
+                       "publish_GBps": nbytes / publish_s / 1e9,
+                       "fraction_of_memcpy": gbps / ceilings[size] if gbps else None}
                 results.append(row)
-                print(f"{size:>4} MiB  {label:<14} ERROR {error}", flush=True)
-                continue
-            results.append(row)
-            print(f"{size:>4} MiB  {label:<14} fetch {gbps:8.2f} GB/s ({row['fraction_of_memcpy']:.0%} of memcpy)"
-                  f"  publish {row['publish_GBps']:7.2f} GB/s", flush=True)
-        write(checksum)
+                if error:
+                    row["error"] = error
+                    print(f"{size:>4} MiB  {label:<14} ERROR {error}", flush=True)
+                    continue
+                print(f"{size:>4} MiB  {label:<14} fetch {gbps:8.2f} GB/s ({row['fraction_of_memcpy']:.0%} of "
+                      f"memcpy)  publish {row['publish_GBps']:7.2f} GB/s", flush=True)
+            write(checksum, ucx_transports)
+            if stopped:
+                break
+        for label, reader in readers.items():
+            stats = reader.stats()
+            if "ucx_vram_transports" in stats:  # the transports that carried the data (GPU memory on a GPU)
+                key = "ucx_vram_transports" if reader_dev.type == "cuda" else "ucx_data_transports"
+                ucx_transports = sorted(set(ucx_transports) | set(stats[key]))
+                report["nixl_ucx_all_lanes"] = stats.get("ucx_transports")
+                report["nixl_ucx_protocols"] = stats.get("ucx_protocols")
+            if "ucx" in stats:
+                report.setdefault("nixl_reader_ucx", stats["ucx"])
+            reader.close()
+        conn.send(("close", backend))
+        conn.poll(60) and conn.recv()
         if stopped:
             break
     conn.send(("stop",))
     conn.poll(60) and conn.recv()
     proc.join(30)
-    ucx_transports: list[str] = []
-    for label, reader in readers.items():
-        stats = reader.stats()
-        if "ucx_vram_transports" in stats:  # the transports that carried the data (GPU memory on a GPU)
-            key = "ucx_vram_transports" if reader_dev.type == "cuda" else "ucx_data_transports"
-            ucx_transports = sorted(set(ucx_transports) | set(stats[key]))
-            report["nixl_ucx_all_lanes"] = stats.get("ucx_transports")
-            report["nixl_ucx_protocols"] = stats.get("ucx_protocols")
-        if "ucx" in stats:
-            report.setdefault("nixl_reader_ucx", stats["ucx"])
-        reader.close()
     if not ucx_transports and probe:
         ucx_transports = list(probe.get("vram_transports") or [])
         report["nixl_ucx_transports_source"] = "nixl_probe best configuration"

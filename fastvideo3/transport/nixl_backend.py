@@ -25,7 +25,10 @@ them): UCX's CUDA IPC transport turns one-sided GETs off on GPUs without NVLink 
 included), and a READ of GPU memory then falls back to "software emulation" through host
 memory at host-copy speed; ``CUDA_IPC_ENABLE_GET_ZCOPY=y`` keeps the zero-copy GET. NIXL's UCX
 backend also defaults to ``peer`` error handling, which admits only transports that detect a
-dead peer; ``ucx_error_handling="none"`` admits shared memory as well.
+dead peer; ``ucx_error_handling="none"`` admits shared memory as well. UCX also sets up its CUDA
+transports only if the process has a CUDA context when the agent is created: a transport whose
+``device`` is a GPU makes sure it has one (on an H200, NIXL READs of VRAM went from 0.7 to over
+100 GB/s at 64 MiB with the zero-copy GET and a context present).
 
 On hosts without a GPU, UCX moves host memory between processes with CMA or TCP on loopback.
 """
@@ -188,6 +191,10 @@ class NixlTransport(TransportBase):
         nixl_agent, nixl_agent_config, sync_t = _load_nixl()
         for key, value in UCX_DEFAULTS.items():
             os.environ.setdefault(f"UCX_{key}", value)
+        if self.device is not None and self.device.type == "cuda":
+            # UCX sets up its CUDA transports when the agent creates its context; without a CUDA
+            # context in this process by then, reads of VRAM fall back to host-memory emulation.
+            torch.zeros(1, device=self.device)
         self.agent_name = agent_name or f"{owner}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._ucx_log = ucx_transport_log(ucx_log_dir) if ucx_log_dir else None
         self.ucx_params: dict[str, str] = {}
