@@ -1,6 +1,6 @@
 """Fleet-side commands of the ``fastvideo3`` CLI.
 
-    fastvideo3 serve [--card wan-tiny] [--port P] [--replicas denoiser=2] [--transport auto|shm|grpc|nixl]
+    fastvideo3 serve [--card wan-tiny] [--port P] [--replicas denoiser=2] [--transport auto|cuda_ipc|shm|grpc|nixl]
                      [--schedulers N] [--no-reward] [--no-batching] [--fake] [--device D] [--precision P]
                      [--log-dir DIR]
                      [--state-store redis://host:port/db] [--gateway-port P [--media-dir DIR] [--api-keys-file F]]
@@ -40,8 +40,9 @@ def add_commands(sub) -> None:
     s.add_argument("--card", default="wan-tiny", help="a card name, card file or diffusers-format directory")
     s.add_argument("--port", type=int, default=None, help="the scheduler's port (default: a free port)")
     s.add_argument("--replicas", type=_replicas, action="append", default=[], help="ROLE=N, e.g. denoiser=2")
-    s.add_argument("--transport", default="auto", choices=("auto", "shm", "grpc", "nixl"),
-                   help="tensor transport between pools (auto: shm on one host, else grpc)")
+    s.add_argument("--transport", default="auto", choices=("auto", "cuda_ipc", "shm", "grpc", "nixl"),
+                   help="tensor transport between pools (auto: cuda_ipc between GPU pools, else shm on one "
+                        "host, nixl across hosts, grpc)")
     s.add_argument("--no-reward", action="store_true", help="do not start a reward pool")
     s.add_argument("--expert-pools", action="store_true",
                    help="two-expert cards: one denoiser pool set per expert (the latent moves at the switch)")

@@ -110,7 +110,9 @@ class Engine:
             if run.status != "SUCCEEDED":
                 raise (run.error.to_exception() if run.error else Unavailable("request did not finish"))
             from fastvideo3.transport.ref import TensorRef
-            frames = self.transport.fetch(TensorRef.from_dict(run.ctx["frames"]), deadline_s=30.0).numpy().copy()
+            from fastvideo3.runtime.executors import frames_as_float
+            frames = frames_as_float(self.transport.fetch(TensorRef.from_dict(run.ctx["frames"]),
+                                                          deadline_s=30.0)).numpy().copy()
             latents = None
             if self.keep_latents:
                 latents = self.transport.fetch(TensorRef.from_dict(run.ctx["latents"]), deadline_s=30.0).clone()

@@ -526,14 +526,54 @@ class DenoiserExecutor(_Base):
         return out
 
 
+FRAME_DTYPES = ("uint8", "float32")
+
+
+def frames_for_transport(frames: torch.Tensor, dtype: str) -> torch.Tensor:
+    """Frames in ``[0, 1]`` as published: ``uint8`` (round(255 x), 4x fewer bytes, what a video
+    encoder keeps anyway) or ``float32`` (exact)."""
+    if dtype == "float32":
+        return frames.float().contiguous()
+    return frames.float().clamp(0.0, 1.0).mul(255.0).round_().to(torch.uint8).contiguous()
+
+
+def frames_as_float(frames: torch.Tensor) -> torch.Tensor:
+    """Fetched frames as float32 in ``[0, 1]``, whichever dtype crossed the wire."""
+    if frames.dtype == torch.uint8:
+        return frames.float().div_(255.0)
+    return frames.float()
+
+
 class DecoderExecutor(_Base):
+    """Decodes latents into frames ``[F, H, W, 3]`` in ``[0, 1]`` and publishes them.
+
+    Frames cross pools as ``uint8`` (``frames_dtype="auto"``: uint8 whenever the publishing
+    backend moves bytes, float32 over ``inproc``, where nothing is copied). A consumer that needs
+    the exact floats asks with the unit param ``frames_dtype="float32"``. The encoded file (the
+    ``encode`` param) is always made from the float frames. Latents and embeddings keep their
+    dtype everywhere.
+    """
+
     role = "decoder"
 
-    def __init__(self, card: ModelCard, transport, device=None, precision=None):
+    def __init__(self, card: ModelCard, transport, device=None, precision=None, frames_dtype: str = "auto"):
         # the VAE decodes in fp32 on CPU and keeps fp32 by default (as the reference pipeline's VAE does)
         super().__init__(card, transport, device, precision or "fp32")
+        if frames_dtype not in ("auto",) + FRAME_DTYPES:
+            raise InvalidRequest(f"unknown frames dtype {frames_dtype!r}", field="frames_dtype",
+                                 limit="auto, " + ", ".join(FRAME_DTYPES))
+        self.frames_dtype = frames_dtype
         self.vae = VideoDecoder(card, self.device, self.dtype)
         self.weights_digest = self.vae.digest
+
+    def _frames_dtype(self, unit) -> str:
+        asked = unit.params.get("frames_dtype") or self.frames_dtype
+        if asked not in ("auto",) + FRAME_DTYPES:
+            raise InvalidRequest(f"unknown frames dtype {asked!r}", field="frames_dtype",
+                                 limit=", ".join(FRAME_DTYPES))
+        if asked == "auto":
+            return "float32" if getattr(self.transport, "backend", "") == "inproc" else "uint8"
+        return asked
 
     def _execute(self, batch):
         out = []
@@ -541,9 +581,10 @@ class DecoderExecutor(_Base):
             try:
                 latent = self.transport.fetch(_ref(unit.inputs["latents"]), deadline_s=self.fetch_deadline_s)
                 frames = self.vae.decode(latent)[0].contiguous()  # [F, H, W, 3] float32 in [0, 1]
-                ref = self.transport.publish(unit.request_id, "frames", frames)
+                wire = frames_for_transport(frames, self._frames_dtype(unit))
+                ref = self.transport.publish(unit.request_id, "frames", wire)
                 res = StepResult(unit.unit_id, unit.request_id, outputs={"frames": ref.to_dict()},
-                                 payload={"frames_shape": list(frames.shape)})
+                                 payload={"frames_shape": list(frames.shape), "frames_dtype": ref.dtype})
                 fmt = unit.params.get("encode")
                 if fmt:  # the pool encodes the file itself; only its bytes travel back
                     res.inline = encode_media(frames.numpy(), fmt, int(unit.params.get("fps", self.card.limits.fps)))

@@ -10,7 +10,7 @@ import hashlib
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.models.reward.scorers import SCORERS, check_scorer_names, make_scorer
-from fastvideo3.runtime.executors import FETCH_DEADLINE_S, _Base, _fail, _ref
+from fastvideo3.runtime.executors import FETCH_DEADLINE_S, _Base, _fail, _ref, frames_as_float
 
 
 class RewardExecutor(_Base):
@@ -28,7 +28,8 @@ class RewardExecutor(_Base):
         for unit in batch:
             try:
                 names = check_scorer_names(unit.params.get("scorers") or [], available=self.scorers)
-                frames = self.transport.fetch(_ref(unit.inputs["frames"]), deadline_s=FETCH_DEADLINE_S)
+                frames = frames_as_float(self.transport.fetch(_ref(unit.inputs["frames"]),
+                                                              deadline_s=FETCH_DEADLINE_S))
                 scores = {n: float(self.scorers[n].score(frames)) for n in names}
                 out.append(StepResult(unit.unit_id, unit.request_id, payload={"scores": scores},
                                       metrics={f"reward.{n}": v for n, v in scores.items()}))

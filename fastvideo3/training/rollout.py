@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 
+from fastvideo3.runtime.executors import frames_as_float
 from fastvideo3.runtime.scheduler import PROGRAM_T2V
 from fastvideo3.transport.ref import TensorRef
 
@@ -172,7 +173,8 @@ class Rollout:
                 )
                 rec.final_latent = eng.transport.fetch(TensorRef.from_dict(run.ctx["latents"]), deadline_s=30.0).clone()
                 if decode:
-                    rec.frames = eng.transport.fetch(TensorRef.from_dict(run.ctx["frames"]), deadline_s=30.0).clone()
+                    rec.frames = frames_as_float(eng.transport.fetch(TensorRef.from_dict(run.ctx["frames"]),
+                                                                     deadline_s=30.0)).clone()
                     if scorer is not None:
                         rec.scores = scorer(rec.frames, r.prompt)
                 records.append(rec)

@@ -1,8 +1,9 @@
 """The transport plane: ``TensorRef`` plus the backends that move pool-resident tensors.
 
 Start at :mod:`fastvideo3.transport.base` (the ``Transport`` contract, ``choose_backend``,
-``make_transport``). Backends: ``inproc`` (one process, zero-copy), ``shm`` (one host),
-``grpc`` (anywhere gRPC reaches), ``nixl`` (UCX: RDMA / CUDA IPC / CMA / TCP).
+``make_transport``). Backends: ``inproc`` (one process, zero-copy), ``cuda_ipc`` (GPUs of one
+host, VRAM to VRAM), ``shm`` (one host), ``grpc`` (anywhere gRPC reaches), ``nixl`` (UCX: RDMA /
+CUDA IPC / CMA / TCP).
 """
 from fastvideo3.transport.base import (
     BACKENDS,

@@ -1,7 +1,7 @@
 """The transport seam: how pool-resident tensors move between pools.
 
-One protocol, :class:`Transport`, with four sibling backends (``inproc``, ``shm``, ``grpc``,
-``nixl``). A pool owns one transport object per backend it serves; the same object is both the
+One protocol, :class:`Transport`, with five sibling backends (``inproc``, ``cuda_ipc``, ``shm``,
+``grpc``, ``nixl``). A pool owns one transport object per backend it serves; the same object is both the
 *owner* side (publishes its tensors as :class:`~fastvideo3.transport.ref.TensorRef`) and the
 *reader* side (fetches refs other pools published). The scheduler only ever sees refs.
 
@@ -23,9 +23,13 @@ import torch
 from fastvideo3.errors import FailedPrecondition, InvalidRequest
 from fastvideo3.transport.ref import TensorRef
 
-BACKENDS = ("inproc", "shm", "grpc", "nixl")
-# Cross-process preference, best first. ``inproc`` is only ever chosen inside one process.
-DEFAULT_ORDER = ("inproc", "nixl", "shm", "grpc")
+BACKENDS = ("inproc", "cuda_ipc", "shm", "grpc", "nixl")
+# Preference, best first: one process (inproc), one host with GPUs at both ends (cuda_ipc),
+# one host (shm), across hosts (nixl), anywhere (grpc). A backend is only a candidate where
+# both ends offer it: a pool offers cuda_ipc only when it has a CUDA device.
+DEFAULT_ORDER = ("inproc", "cuda_ipc", "shm", "nixl", "grpc")
+# Backends that need both ends on one host (sharing /dev/shm; for cuda_ipc also the GPUs).
+SAME_HOST = ("shm", "cuda_ipc")
 
 
 @runtime_checkable
@@ -113,11 +117,14 @@ def _process_id() -> str:
 
 
 def available_backends() -> tuple[str, ...]:
-    """Backends this process can run (``nixl`` only when the package is importable)."""
+    """Backends this process can run (``nixl`` only when the package is importable,
+    ``cuda_ipc`` only with a CUDA device)."""
     found = ["inproc", "shm"]
+    if torch.cuda.is_available():
+        found.insert(1, "cuda_ipc")
     if importlib.util.find_spec("grpc") is not None:
         found.append("grpc")
-    if importlib.util.find_spec("nixl") is not None:
+    if any(importlib.util.find_spec(m) is not None for m in ("nixl", "nixl_cu13", "nixl_cu12")):
         found.append("nixl")
     return tuple(found)
 
@@ -126,8 +133,8 @@ def available_backends() -> tuple[str, ...]:
 class TransportCaps:
     """What one endpoint can do: backend names plus where it runs.
 
-    ``shm`` needs both ends on one host (same ``host_id``: containers that do not share
-    ``/dev/shm`` must advertise different ids); ``inproc`` needs the same ``process_id``.
+    ``shm`` and ``cuda_ipc`` need both ends on one host (same ``host_id``: containers that do
+    not share ``/dev/shm``, or for ``cuda_ipc`` the GPUs, must advertise different ids); ``inproc`` needs the same ``process_id``.
     """
 
     backends: tuple[str, ...]
@@ -164,7 +171,7 @@ def feasible_backends(local: TransportCaps, peer: TransportCaps) -> set[str]:
     if local.process_id != peer.process_id:
         common.discard("inproc")
     if local.host_id != peer.host_id:
-        common.discard("shm")
+        common.difference_update(SAME_HOST)
     return common
 
 
@@ -178,7 +185,8 @@ def choose_backend(
 
     ``preferred`` is an operator override: it is used if feasible, otherwise this raises
     ``FailedPrecondition`` (an explicit choice is never silently replaced). Without it, the
-    first feasible name in ``order`` wins: inproc (same process) > nixl > shm > grpc.
+    first feasible name in ``order`` wins: inproc (same process) > cuda_ipc (same host, GPUs at
+    both ends) > shm (same host) > nixl (across hosts) > grpc.
     """
     feasible = feasible_backends(local, peer)
     if preferred is not None:
@@ -205,6 +213,7 @@ _FACTORIES: dict[str, str | Callable[..., Transport]] = {
     "shm": "fastvideo3.transport.shm:ShmTransport",
     "grpc": "fastvideo3.transport.grpc_bytes:GrpcBytesTransport",
     "nixl": "fastvideo3.transport.nixl_backend:NixlTransport",
+    "cuda_ipc": "fastvideo3.transport.cuda_ipc:CudaIpcTransport",
 }
 
 

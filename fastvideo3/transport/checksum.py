@@ -9,7 +9,9 @@ named in the ref, so both ends never have to agree beforehand.
 - ``fsum64``   any device, computed where the tensor lives (no device->host copy of the data):
                two 64-bit wrap-around sums over the 32-bit little-endian words,
                ``s1 = sum(w_i)`` and ``s2 = sum(i * w_i)`` (i from 1). Integer sums are exact and
-               order-independent, so a GPU and a CPU compute the same digest.
+               order-independent, so a GPU and a CPU compute the same digest. On a CUDA device
+               one Triton kernel does it in one pass (``transport.device_checksum``); elsewhere
+               torch integer ops do.
 - ``none``     no check (an explicit opt-out; never the default).
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ import zlib
 import torch
 
 from fastvideo3.errors import DataLoss, FailedPrecondition
+from fastvideo3.transport import device_checksum as _device
 
 try:  # optional accelerator for host checksums
     import xxhash as _xxhash
@@ -60,6 +63,15 @@ def _host_bytes(data: torch.Tensor):
 
 
 def _fsum64(data: torch.Tensor) -> str:
+    if data.device.type == "cuda":
+        digest = _device.fsum64(data)
+        if digest is not None:
+            return digest
+    return fsum64_torch(data)
+
+
+def fsum64_torch(data: torch.Tensor) -> str:
+    """fsum64 of a flat uint8 tensor with plain torch integer ops (the reference form)."""
     n = data.numel()
     n4 = n - n % 4
     s1 = s2 = 0

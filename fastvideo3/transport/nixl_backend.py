@@ -20,13 +20,25 @@ is costly, a device copy is not); ``"auto"`` picks direct for host memory and sl
 A transfer that cannot be cancelled after a deadline keeps its buffers quarantined (never
 reused or deregistered) until ``close``.
 
+UCX settings that matter for VRAM (:data:`UCX_DEFAULTS`, applied unless the environment sets
+them): UCX's CUDA IPC transport turns one-sided GETs off on GPUs without NVLink (a single GPU
+included), and a READ of GPU memory then falls back to "software emulation" through host
+memory at host-copy speed; ``CUDA_IPC_ENABLE_GET_ZCOPY=y`` keeps the zero-copy GET. NIXL's UCX
+backend also defaults to ``peer`` error handling, which admits only transports that detect a
+dead peer; ``ucx_error_handling="none"`` admits shared memory as well. UCX also sets up its CUDA
+transports only if the process has a CUDA context when the agent is created: a transport whose
+``device`` is a GPU makes sure it has one (on an H200, NIXL READs of VRAM went from 0.7 to over
+100 GB/s at 64 MiB with the zero-copy GET and a context present).
+
 On hosts without a GPU, UCX moves host memory between processes with CMA or TCP on loopback.
 """
 from __future__ import annotations
 
 import base64
+import importlib
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -42,20 +54,97 @@ from fastvideo3.transport.ledger import (
 from fastvideo3.transport.ref import TensorRef
 from fastvideo3.transport.slab import SlabPool
 
+NIXL_MODULES = ("nixl", "nixl_cu13", "nixl_cu12")
+#: UCX settings this transport asks for (see the module docstring); ``UCX_<name>`` in the
+#: environment wins. UCX reads them when an agent creates its UCX context.
+UCX_DEFAULTS = {"CUDA_IPC_ENABLE_GET_ZCOPY": "y"}
 _POLL_MIN_S = 20e-6
 _POLL_MAX_S = 1e-3
 
 
 def _load_nixl():
-    try:
-        from nixl._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
-    except Exception as exc:  # ImportError, or a broken native library
-        raise Unavailable(f"the nixl package cannot be loaded ({type(exc).__name__}: {exc}); "
-                          "install nixl==1.5.1 or choose another transport",
-                          field="transport.backend") from None
+    api, errors = None, []
+    # The `nixl` meta package picks the build for the CUDA it finds; a build alone (what the
+    # `transport` extra installs: nixl-cu13) is importable under its own name.
+    for module in NIXL_MODULES:
+        try:
+            api = importlib.import_module(f"{module}._api")
+            break
+        except Exception as exc:  # ImportError, or a broken native library
+            errors.append(f"{module}: {type(exc).__name__}: {exc}")
+    if api is None:
+        raise Unavailable(f"the nixl package cannot be loaded ({'; '.join(errors)}); "
+                          "install the transport extra (nixl-cu13==1.5.1) or choose another transport",
+                          field="transport.backend")
+    nixl_agent, nixl_agent_config, nixl_thread_sync_t = api.nixl_agent, api.nixl_agent_config, api.nixl_thread_sync_t
     if "NIXL_LOG_LEVEL" not in os.environ:  # its INFO lines on stdout would drown pool logs
         logging.getLogger("nixl").setLevel(logging.WARNING)
     return nixl_agent, nixl_agent_config, nixl_thread_sync_t
+
+
+# UCX transport names as they appear in UCX's protocol-selection report (UCX_PROTO_INFO=y).
+UCX_TRANSPORTS = ("cuda_ipc", "cuda_copy", "gdr_copy", "rc_mlx5", "dc_mlx5", "ud_mlx5", "rc_verbs",
+                  "ud_verbs", "rc_gda", "tcp", "posix", "sysv", "cma", "knem", "xpmem", "self")
+_TL_RE = re.compile(r"(?<![\w])(" + "|".join(UCX_TRANSPORTS) + r")/[\w:.\-]+")
+
+
+def parse_ucx_transports(text: str) -> list[str]:
+    """UCX transport names found in UCX log text (``tl/device`` pairs of its protocol report)."""
+    return sorted({m.group(1) for m in _TL_RE.finditer(text)})
+
+
+_OP_RE = re.compile(r"\|\s*(remote memory (?:read|write) by ucp_(?:get|put)\S*) (.*?)\s*\|\s*$")
+_ROW_RE = re.compile(r"\|\s*[0-9.]+(?:\.\.|\s)[^|]*\|\s*([^|]*?)\s*\|\s*([^|]*?)\s*\|\s*$")
+
+
+def parse_ucx_data_protocols(text: str) -> list[dict]:
+    """The protocols UCX chose for one-sided reads/writes, from its report (``UCX_PROTO_INFO=y``):
+    ``[{"op": "read ... into cuda/GPU0 from cuda", "how": "zero-copy", "via": ["cuda_ipc"]}]``,
+    one entry per distinct (operation, description, transports)."""
+    found, op = [], None
+    for line in text.splitlines():
+        m = _OP_RE.search(line)
+        if m:
+            op = (m.group(1).replace("remote memory ", "") + " " + m.group(2)).strip()
+            continue
+        m = _ROW_RE.search(line) if op else None
+        if m and m.group(1) not in ("Description", ""):
+            entry = {"op": op, "how": m.group(1), "via": parse_ucx_transports(m.group(2))}
+            if entry["via"] and entry not in found:
+                found.append(entry)
+    return found
+
+
+def vram_data_transports(text: str) -> list[str]:
+    """Transports that carry one-sided reads/writes of GPU memory (``cuda`` on either side);
+    what the NIXL VRAM path actually runs on."""
+    names = {tl for p in parse_ucx_data_protocols(text) if "cuda" in p["op"] for tl in p["via"]}
+    return sorted(names)
+
+
+def ucx_transport_log(log_dir: str) -> str:
+    """Ask UCX (read once, when this process creates its first UCX context) to report the
+    protocols it selects into ``log_dir``; returns the log path prefix. An operator's own
+    ``UCX_LOG_FILE`` / ``UCX_PROTO_INFO`` are left alone."""
+    os.makedirs(log_dir, exist_ok=True)
+    os.environ.setdefault("UCX_PROTO_INFO", "y")
+    os.environ.setdefault("UCX_LOG_LEVEL", "info")  # the report is logged at info level
+    prefix = os.path.join(log_dir, "ucx")
+    os.environ.setdefault("UCX_LOG_FILE", prefix + ".%p.log")
+    return os.environ["UCX_LOG_FILE"].split("%p")[0]
+
+
+def _read_logs(prefix: str) -> str:
+    folder, stem = os.path.split(prefix)
+    text = []
+    try:
+        for name in sorted(os.listdir(folder or ".")):
+            if name.startswith(stem):
+                with open(os.path.join(folder, name), errors="replace") as fh:
+                    text.append(fh.read(1 << 20))
+    except OSError:
+        return ""
+    return "\n".join(text)
 
 
 def _mem_type(device: torch.device) -> str:
@@ -91,16 +180,37 @@ class NixlTransport(TransportBase):
     def __init__(self, owner: str, *, device: str | torch.device | None = "cpu",
                  checksum: str = "auto", max_cached_bytes: int = 1 << 30,
                  inline_metadata: bool = True, recv: str = "auto",
-                 agent_name: str | None = None, backends: tuple[str, ...] = ("UCX",)) -> None:
+                 agent_name: str | None = None, backends: tuple[str, ...] = ("UCX",),
+                 ucx_error_handling: str | None = None, ucx_log_dir: str | None = None) -> None:
         super().__init__(owner, device=device, checksum=checksum)
         if recv not in ("auto", "direct", "slab"):
             raise InvalidRequest(f"recv must be auto, direct or slab, not {recv!r}", field="transport.recv")
+        if ucx_error_handling not in (None, "none", "peer"):
+            raise InvalidRequest(f"ucx_error_handling must be none or peer, not {ucx_error_handling!r}",
+                                 field="transport.ucx_error_handling", limit="none, peer")
         nixl_agent, nixl_agent_config, sync_t = _load_nixl()
+        for key, value in UCX_DEFAULTS.items():
+            os.environ.setdefault(f"UCX_{key}", value)
+        if self.device is not None and self.device.type == "cuda":
+            # UCX sets up its CUDA transports when the agent creates its context; without a CUDA
+            # context in this process by then, reads of VRAM fall back to host-memory emulation.
+            torch.zeros(1, device=self.device)
         self.agent_name = agent_name or f"{owner}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._ucx_log = ucx_transport_log(ucx_log_dir) if ucx_log_dir else None
+        self.ucx_params: dict[str, str] = {}
         try:
-            config = nixl_agent_config(backends=list(backends),
-                                       sync_mode=sync_t.NIXL_THREAD_SYNC_STRICT)
+            config = nixl_agent_config(backends=[], sync_mode=sync_t.NIXL_THREAD_SYNC_STRICT)
             self._agent = nixl_agent(self.agent_name, config)
+            for name in backends:
+                params = {}
+                if name == "UCX" and ucx_error_handling is not None:
+                    params["ucx_error_handling_mode"] = ucx_error_handling
+                if name in self._agent.plugin_list:
+                    self._agent.create_backend(name, params)
+                if name == "UCX" and "UCX" in self._agent.backends:
+                    # effective settings: the plugin's defaults, overridden by what we passed
+                    self.ucx_params = {**self._agent.get_plugin_params("UCX"),
+                                       **self._agent.backend_options.get("UCX", {})}
         except Exception as exc:
             raise Unavailable(f"cannot create NIXL agent {self.agent_name!r}: {exc}",
                               field="transport.backend") from None
@@ -361,6 +471,14 @@ class NixlTransport(TransportBase):
                 totals[key] += value
         totals["quarantined"] = len(self._quarantine)
         totals["peers"] = len(self._peers)
+        totals["ucx"] = {"UCX_TLS": os.environ.get("UCX_TLS", ""), **self.ucx_params,
+                         **{f"UCX_{k}": os.environ.get(f"UCX_{k}", "") for k in UCX_DEFAULTS}}
+        if self._ucx_log is not None:
+            text = _read_logs(self._ucx_log)
+            totals["ucx_transports"] = parse_ucx_transports(text)  # every lane of every endpoint
+            totals["ucx_data_transports"] = sorted({tl for p in parse_ucx_data_protocols(text) for tl in p["via"]})
+            totals["ucx_vram_transports"] = vram_data_transports(text)  # what moves GPU memory
+            totals["ucx_protocols"] = parse_ucx_data_protocols(text)[:16]
         return totals
 
     def _close_backend(self) -> None:

@@ -49,9 +49,13 @@ class SlabPool:
         *,
         max_cached_bytes: int = 1 << 30,
         minimum: int = MIN_SLAB_BYTES,
+        can_reuse: Callable[[Any], bool] | None = None,
     ) -> None:
         self._create = create
         self._destroy = destroy
+        # A free slab whose handle fails this check (e.g. a reader still maps it) is neither
+        # handed out again nor evicted; it stays free until the check passes.
+        self._can_reuse = can_reuse
         self._max_cached = max_cached_bytes
         self._minimum = minimum
         self._free: OrderedDict[int, Slab] = OrderedDict()  # oldest first
@@ -69,7 +73,8 @@ class SlabPool:
             best = None
             for slab in self._free.values():
                 if want <= slab.capacity <= 2 * want and (best is None or slab.capacity < best.capacity):
-                    best = slab
+                    if self._can_reuse is None or self._can_reuse(slab.handle):
+                        best = slab
             if best is not None:
                 del self._free[best.slab_id]
                 self.bytes_free -= best.capacity
@@ -88,8 +93,12 @@ class SlabPool:
         with self._lock:
             self._free[slab.slab_id] = slab
             self.bytes_free += slab.capacity
-            while self.bytes_free > self._max_cached and self._free:
-                _, old = self._free.popitem(last=False)
+            for old in list(self._free.values()):  # oldest first
+                if self.bytes_free <= self._max_cached:
+                    break
+                if self._can_reuse is not None and not self._can_reuse(old.handle):
+                    continue  # still in use by a reader: evicted on a later give_back
+                del self._free[old.slab_id]
                 self.bytes_free -= old.capacity
                 evicted.append(old)
         for old in evicted:

@@ -16,9 +16,10 @@ from fastvideo3.loop.protocol import StepResult
 FAKE_TEXT_DIM = 32
 
 
-def fake_ref(owner: str, request_id: str, name: str, shape: list[int]) -> dict:
-    return {"owner": owner, "buffer_id": f"{request_id}/{name}#fake", "dtype": "float32", "shape": list(shape),
-            "nbytes": 4 * math.prod(shape), "checksum": "none:0", "backend": "fake", "descriptor": {}}
+def fake_ref(owner: str, request_id: str, name: str, shape: list[int], dtype: str = "float32") -> dict:
+    size = {"float32": 4, "uint8": 1}[dtype]
+    return {"owner": owner, "buffer_id": f"{request_id}/{name}#fake", "dtype": dtype, "shape": list(shape),
+            "nbytes": size * math.prod(shape), "checksum": "none:0", "backend": "fake", "descriptor": {}}
 
 
 def _tiny_npy() -> bytes:
@@ -74,7 +75,8 @@ class FakeExecutor:
                 res.outputs = {"latents": fake_ref(owner, rid, "latents", [1, *p["latent_shape"]])}
         elif unit.kind == "vae_tile":
             c, f, h, w = unit.inputs["latents"]["shape"][1:]
-            res.outputs = {"frames": fake_ref(owner, rid, "frames", [(f - 1) * 4 + 1, h * 8, w * 8, 3])}
+            dtype = "float32" if p.get("frames_dtype") == "float32" else "uint8"  # as the real decoder
+            res.outputs = {"frames": fake_ref(owner, rid, "frames", [(f - 1) * 4 + 1, h * 8, w * 8, 3], dtype)}
             if p.get("encode"):
                 res.inline = self._npy
                 res.payload = {"media_format": "npy", "media_bytes": len(self._npy)}

@@ -33,6 +33,9 @@ class PoolConfig:
     device: str | None = None
     precision: str | None = None
     transport: str = "auto"
+    ucx_report_dir: str | None = None
+    nixl_error_handling: str | None = None
+    host_id: str | None = None
     replica_id: str = ""
     metrics_port: int | None = None
     trace_file: str | None = None
@@ -90,7 +93,15 @@ def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (auto)")
     p.add_argument("--precision", default=None, help="fp32, bf16 (card default for the device)")
     p.add_argument("--transport", default="auto",
-                   help="backends offered: auto (shm,grpc) or a list, e.g. shm,grpc,nixl")
+                   help="backends offered: auto (GPU pools: cuda_ipc,nixl,shm,grpc; else shm,grpc) or a list, "
+                        "e.g. shm,grpc,nixl")
+    p.add_argument("--ucx-report-dir", default=None,
+                   help="folder where UCX reports the transports NIXL selects (shown in Describe)")
+    p.add_argument("--nixl-error-handling", default=None, choices=("none", "peer"),
+                   help="error-handling mode of NIXL's UCX backend (default: NIXL's, peer)")
+    p.add_argument("--host-id", default=None,
+                   help="name of the host for same-host transports (cuda_ipc, shm): pods of one node that "
+                        "share /dev/shm pass the node name (default: this hostname)")
     p.add_argument("--replica-id", default="", help="replica name (default ROLE@HOST:PORT)")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus text on this port")
     p.add_argument("--trace-file", default=None, help="append spans as JSON lines to this file")
@@ -336,6 +347,8 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
                     "inflight_rpcs": float(self.host.inflight)}
         info.update({"executor": d, "resident_regions": regions, "transport_caps": caps,
                      "transport_chosen": ts.get("published_by_backend", {}), "transport_default": ts.get("backend"),
+                     "nixl_ucx": {k: v for k, v in (ts.get("backends", {}).get("nixl") or {}).items()
+                                  if k in ("ucx", "ucx_transports")},
                      "weights_digest": d.get("weights_digest", "")})
         address = f"{cfg.public_host}:{self.host.port}"
         endpoints = [common_pb2.TransferEndpoint(backend=b, address=address if b == "grpc" else "",
@@ -419,6 +432,17 @@ def run_pool(role: str, build: BuildFn, argv: list[str] | None = None) -> int:
     return 0
 
 
+def _transport_device(cfg: PoolConfig) -> str:
+    """Where the pool's tensors live, as the transports see it (``--device``, else CUDA if present;
+    fake pools hold no tensors: host)."""
+    if cfg.device:
+        return cfg.device
+    if cfg.fake:
+        return "cpu"
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _load(cfg: PoolConfig, build: BuildFn, replica_id: str, host: ServiceHost, port: int):
     from fastvideo3.card.registry import resolve_card
     from services.common.fake import FakeExecutor
@@ -432,8 +456,10 @@ def _load(cfg: PoolConfig, build: BuildFn, replica_id: str, host: ServiceHost, p
         extra = load_digest_file(cfg.checkpoint_digests, card.model_id) if cfg.checkpoint_digests else None
         checked = verify_checkpoint(card, ROLE_KINDS.get(cfg.role, frozenset()), extra)
         log.info("checkpoint verified: %d file digest(s) match", len(checked))
-    transport = TransportSet(replica_id, parse_backends(cfg.transport), advertise=f"{cfg.public_host}:{port}",
-                             handler_sink=host.late_handlers)
+    device = _transport_device(cfg)
+    transport = TransportSet(replica_id, parse_backends(cfg.transport, device), advertise=f"{cfg.public_host}:{port}",
+                             handler_sink=host.late_handlers, device=device, host_id=cfg.host_id,
+                             ucx_report_dir=cfg.ucx_report_dir, nixl_error_handling=cfg.nixl_error_handling)
     try:
         if cfg.fake:
             if cfg.fake_load_seconds > 0:  # simulated weight loading (health stays NOT_SERVING)

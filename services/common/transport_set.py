@@ -1,6 +1,7 @@
 """One pool's transports behind the single Transport interface its executor uses.
 
-A pool offers one or more backends (``--transport shm,grpc`` or ``auto``). It *publishes* each
+A pool offers one or more backends (``--transport shm,grpc`` or ``auto``: see
+:func:`parse_backends`). It *publishes* each
 unit's outputs through the backend the scheduler chose for the edge to the consuming pool
 (``WorkUnit.output_transport``, applied with :meth:`TransportSet.use`), and *fetches* a ref
 through whichever backend the ref names (a reader for a backend it does not offer is built on
@@ -19,19 +20,29 @@ from fastvideo3.transport.ref import TensorRef
 
 log = logging.getLogger(__name__)
 
-#: what ``auto`` offers across processes: shared memory on one host, gRPC bytes anywhere.
-#: NIXL is offered only when named (it starts a UCX agent).
+#: what ``auto`` offers across processes on a host pool: shared memory on one host, gRPC bytes
+#: anywhere. A GPU pool (see :func:`parse_backends`) also offers cuda_ipc and, when installed, NIXL.
 AUTO_BACKENDS = ("shm", "grpc")
 #: the automatic per-edge choice, best first (see services/scheduler/topology.py)
-AUTO_ORDER = ("shm", "grpc")
+AUTO_ORDER = ("cuda_ipc", "shm", "nixl", "grpc")
+_NAMES = "auto, cuda_ipc, shm, grpc, nixl"
 
 
-def parse_backends(spec: str) -> tuple[str, ...]:
-    """``auto`` or a comma list of backend names -> the backends a pool offers."""
-    names = AUTO_BACKENDS if spec in ("", "auto") else tuple(s.strip() for s in spec.split(",") if s.strip())
+def parse_backends(spec: str, device: str | None = "cpu") -> tuple[str, ...]:
+    """``auto`` or a comma list of backend names -> the backends a pool offers.
+
+    ``auto`` on a pool whose ``device`` is a GPU offers cuda_ipc (VRAM to VRAM on one host) and,
+    when the package is installed, nixl (across hosts), then shm and grpc; on a host pool, shm
+    and grpc."""
+    if spec in ("", "auto"):
+        names = AUTO_BACKENDS
+        if device is not None and str(device).startswith("cuda"):
+            names = tuple(b for b in ("cuda_ipc", "nixl") if b in available_backends()) + AUTO_BACKENDS
+    else:
+        names = tuple(s.strip() for s in spec.split(",") if s.strip())
     for n in names:
         if n not in BACKENDS or n == "inproc":
-            raise InvalidRequest(f"unknown transport backend {n!r}", field="transport", limit="auto, shm, grpc, nixl")
+            raise InvalidRequest(f"unknown transport backend {n!r}", field="transport", limit=_NAMES)
     missing = [n for n in names if n not in available_backends()]
     if missing:
         raise FailedPrecondition(f"transport backend {missing[0]!r} is not installed here", field="transport",
@@ -53,16 +64,19 @@ class TransportSet:
     """The Transport protocol over several backends (see module docstring)."""
 
     def __init__(self, owner: str, offered: tuple[str, ...], *, advertise: str | None = None,
-                 handler_sink: list | None = None, device: str = "cpu", host_id: str | None = None):
+                 handler_sink: list | None = None, device: str = "cpu", host_id: str | None = None,
+                 ucx_report_dir: str | None = None, nixl_error_handling: str | None = None):
         self.owner = owner
         self.offered = tuple(offered)
         self.device = device
         self._host_id = host_id
+        self._ucx_report_dir = ucx_report_dir
+        self._nixl_error_handling = nixl_error_handling
         self._backends: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
         for name in self.offered:
-            cfg: dict[str, Any] = {"owner": owner}
+            cfg = self._cfg(name, owner)
             if name == "grpc":
                 cfg["advertise"] = advertise
             t = make_transport(name, **cfg)
@@ -131,6 +145,19 @@ class TransportSet:
                     total[k] = total.get(k, 0) + v
         return total
 
+    def _cfg(self, backend: str, owner: str) -> dict[str, Any]:
+        """Constructor arguments: GPU-capable backends land fetched tensors on the pool's device;
+        NIXL reports the UCX transports it selects when a report folder is configured."""
+        cfg: dict[str, Any] = {"owner": owner}
+        on_gpu = str(self.device).startswith("cuda")
+        if backend == "cuda_ipc" or (backend == "nixl" and on_gpu):
+            cfg["device"] = self.device if on_gpu else None
+        if backend == "nixl" and self._ucx_report_dir:
+            cfg["ucx_log_dir"] = self._ucx_report_dir
+        if backend == "nixl" and self._nixl_error_handling:
+            cfg["ucx_error_handling"] = self._nixl_error_handling
+        return cfg
+
     def _reader(self, backend: str):
         with self._lock:
             t = self._backends.get(backend)
@@ -139,5 +166,5 @@ class TransportSet:
                     raise InvalidRequest(f"cannot fetch a {backend!r} ref in this pool", field="backend",
                                          limit=", ".join(self.offered))
                 log.info("building a %s reader for refs from other pools", backend)
-                t = self._backends[backend] = make_transport(backend, owner=f"{self.owner}/reader-{backend}")
+                t = self._backends[backend] = make_transport(backend, **self._cfg(backend, f"{self.owner}/reader-{backend}"))
             return t

@@ -2,7 +2,7 @@
 
     python -m services.scheduler --port 50051 --card wan-tiny \\
         --pools encoder=127.0.0.1:50061 --pools denoiser=127.0.0.1:50062,127.0.0.1:50063 \\
-        --pools decoder=127.0.0.1:50064 [--pools reward=...] [--transport auto|shm|grpc|nixl] \\
+        --pools decoder=127.0.0.1:50064 [--pools reward=...] [--transport auto|cuda_ipc|shm|grpc|nixl] \\
         [--edge-transport denoiser->decoder=grpc] [--no-batching] [--max-running N]
     python -m services.scheduler --config fleet.yaml        # same keys; flags given also win
 
@@ -27,7 +27,7 @@ from fastvideo3.errors import InvalidRequest
 ROLES = ("encoder", "denoiser", "decoder", "reward")
 REQUIRED_ROLES = ("encoder", "denoiser", "decoder")
 EDGES = (("encoder", "denoiser"), ("denoiser", "decoder"), ("decoder", "reward"))
-TRANSPORTS = ("auto", "shm", "grpc", "nixl")
+TRANSPORTS = ("auto", "cuda_ipc", "shm", "grpc", "nixl")
 
 
 @dataclass(frozen=True)

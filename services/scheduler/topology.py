@@ -2,9 +2,10 @@
 
 Per edge the configured backend wins (``--transport`` / ``--edge-transport`` / fleet.yaml); it
 must be feasible between every producer replica and every consumer replica, else startup fails
-with FAILED_PRECONDITION naming the edge. ``auto`` picks the first backend in (shm, grpc) that
-every pair can use: shared memory when both ends are on one host, gRPC bytes otherwise. NIXL is
-used only when configured (and offered by both ends). An edge without a consumer pool is
+with FAILED_PRECONDITION naming the edge. ``auto`` picks the first backend in (cuda_ipc, shm,
+nixl, grpc) that every pair can use: CUDA IPC between GPU pools on one host, shared memory for
+host tensors on one host, NIXL across hosts (GPU pools offer it when it is installed), gRPC
+bytes otherwise. An edge without a consumer pool is
 ``inline`` (the decoder returns the encoded file in its StepResult).
 """
 from __future__ import annotations

@@ -160,3 +160,28 @@ def test_a_configured_backend_that_cannot_connect_fails_naming_the_edge():
                        "--transport", "nixl"])
     with pytest.raises(FailedPrecondition):
         choose_edges(nixl, {r: [_caps("a")] for r in ("encoder", "denoiser", "decoder")})
+
+
+def test_auto_picks_cuda_ipc_between_gpu_pools_on_one_host_and_nixl_across_hosts():
+    from services.scheduler.config import parse_args
+    from services.scheduler.topology import choose_edges
+    gpu = ("cuda_ipc", "nixl", "shm", "grpc")
+    cfg = parse_args(["--pools", "encoder=a:1", "--pools", "denoiser=a:2", "--pools", "decoder=b:3"])
+    caps = {"encoder": [_caps("a", gpu)], "denoiser": [_caps("a", gpu)], "decoder": [_caps("b", gpu)]}
+    edges = choose_edges(cfg, caps)
+    assert edges["encoder->denoiser"] == "cuda_ipc" and edges["denoiser->decoder"] == "nixl"
+    caps["decoder"] = [_caps("a")]  # a host decoder on the GPU pools' host: shared memory
+    assert choose_edges(cfg, caps)["denoiser->decoder"] == "shm"
+    caps["decoder"] = [_caps("b")]  # a host decoder elsewhere without NIXL: gRPC bytes
+    assert choose_edges(cfg, caps)["denoiser->decoder"] == "grpc"
+
+
+def test_pool_auto_backends_follow_the_device():
+    from fastvideo3.transport import available_backends
+    from services.common.transport_set import parse_backends
+    assert parse_backends("auto", "cpu") == ("shm", "grpc")
+    gpu = parse_backends("auto", "cuda:0")
+    assert gpu[-2:] == ("shm", "grpc")
+    assert ("cuda_ipc" in gpu) == ("cuda_ipc" in available_backends())
+    assert ("nixl" in gpu) == ("nixl" in available_backends())
+    assert parse_backends("shm,nixl", "cpu") == ("shm", "nixl")

@@ -114,7 +114,7 @@ def test_schema_rejects_bad_autoscaling_values(override: dict, path: list[str]) 
     (["autoscaling.pools.denoiser.maxReplicas=0"], "autoscaling.pools.denoiser.maxReplicas (0) must be >= minReplicas (1)"),
     (["autoscaling.pools.denoiser.minReplicas=0"], "autoscaling.pools.denoiser.minReplicas must be >= 1"),
     (["autoscaling.kind=vpa"], "autoscaling.kind must be hpa or keda"),
-    (["scheduler.enabled=false"], "autoscaling.enabled requires scheduler.enabled"),
+    (["scheduler.enabled=false", "gateway.enabled=false"], "autoscaling.enabled requires scheduler.enabled"),
     (["autoscaling.pools.upscaler.enabled=true"], "autoscaling.pools.upscaler: unknown role"),
 ])
 def test_template_fail_names_the_field(helm: str, sets: list[str], message: str) -> None:

@@ -132,4 +132,4 @@ def test_pool_install_line_resolves_from_scratch(tmp_path: Path) -> None:
     report = _dry_run(python, extras, tmp_path, "--ignore-installed", "-c", str(constraint), timeout_s=540)
     names = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in report["install"]}
     assert names["torch"].split("+")[0] == public, "the install line would replace torch"
-    assert "nixl" in names and "grpcio-health-checking" in names and "fastvideo3" in names
+    assert "nixl-cu13" in names and "grpcio-health-checking" in names and "fastvideo3" in names

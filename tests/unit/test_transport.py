@@ -145,10 +145,22 @@ def _caps(backends, host="h1", proc="p1"):
 def test_choose_backend_preference_order():
     everything = ("inproc", "shm", "grpc", "nixl")
     assert choose_backend(_caps(everything), _caps(everything)) == "inproc"
-    assert choose_backend(_caps(everything), _caps(everything, proc="p2")) == "nixl"
+    # one host, host tensors: shared memory; across hosts: NIXL; else gRPC
+    assert choose_backend(_caps(everything), _caps(everything, proc="p2")) == "shm"
+    assert choose_backend(_caps(everything), _caps(everything, host="h2", proc="p2")) == "nixl"
     assert choose_backend(_caps(("shm", "grpc")), _caps(everything, proc="p2")) == "shm"
     assert choose_backend(_caps(everything), _caps(("shm", "grpc"), host="h2", proc="p2")) == "grpc"
-    assert choose_backend(_caps(everything), _caps(everything, proc="p2"), order=("shm", "nixl")) == "shm"
+    assert choose_backend(_caps(everything), _caps(everything, proc="p2"), order=("nixl", "shm")) == "nixl"
+
+
+def test_choose_backend_cuda_ipc_needs_gpus_on_one_host():
+    gpu = ("inproc", "cuda_ipc", "shm", "grpc", "nixl")
+    cpu = ("inproc", "shm", "grpc", "nixl")
+    assert choose_backend(_caps(gpu), _caps(gpu, proc="p2")) == "cuda_ipc"
+    assert choose_backend(_caps(gpu), _caps(gpu, host="h2", proc="p2")) == "nixl"  # other host
+    assert choose_backend(_caps(gpu), _caps(cpu, proc="p2")) == "shm"  # a CPU peer offers no cuda_ipc
+    with pytest.raises(FailedPrecondition):
+        choose_backend(_caps(gpu), _caps(gpu, host="h2", proc="p2"), preferred="cuda_ipc")
 
 
 def test_choose_backend_override_and_failures():
