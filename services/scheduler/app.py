@@ -233,7 +233,8 @@ def _build(cfg: SchedulerConfig, host: ServiceHost):
     precision = (info.get("executor") or {}).get("precision") or card.precision.default_cpu
     pricer, admission, telemetry = _economy(cfg)
     from services.scheduler.plans import denoiser_plan
-    plan = denoiser_plan(card, replicas["denoiser"])  # a multi-rank replica prices by its plan
+    # a multi-rank replica prices by its plan (denoiser pools, one per expert where the card has two)
+    plan = denoiser_plan(card, [r for key, reps in replicas.items() if key.split(":")[0] == "denoiser" for r in reps])
     if plan is not None:
         pricer.plans["denoiser"] = plan
     checkpointer = _checkpointer(cfg)

@@ -99,7 +99,7 @@ def test_scaled_mm_matches_dequantized_product(m, k, n):
     assert float((fast - full).norm() / full.norm()) < 5e-2
 
 
-@pytest.mark.skipif(not fp8_attention_available(DEV, 128), reason="FP8 attention needs the fa3_fwd wheel")
+@pytest.mark.skipif(not fp8_attention_available(DEV, 128), reason="FP8 attention needs a GPU with the fa3_fwd wheel")
 def test_fp8_attention_close_to_bf16():
     from fastvideo3.kernels import attention
     heads, hd, grid = 4, 128, (4, 16, 16)

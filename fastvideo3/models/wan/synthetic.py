@@ -414,9 +414,13 @@ def build_wan_dir(
     dtype = dtype or chosen.dtype
     if transformer_only:
         text_encoder = vae = False
-    if vae and t_cfg.get("out_channels", 16) != v_cfg.get("z_dim", 16):
+    z_dim = v_cfg.get("z_dim", 16)
+    # the latent goes in and comes out; an image-to-video DiT (image_dim) also takes its conditioning channels
+    if vae and (t_cfg.get("out_channels", 16) != z_dim
+                or (t_cfg.get("in_channels", 16) != z_dim and not t_cfg.get("image_dim"))):
         raise ValueError(
-            f"transformer out_channels ({t_cfg.get('out_channels')}) must equal vae z_dim ({v_cfg.get('z_dim')})"
+            f"transformer in/out_channels ({t_cfg.get('in_channels')}/{t_cfg.get('out_channels')}) "
+            f"must equal vae z_dim ({z_dim})"
         )
     if text_encoder and t_cfg.get("text_dim", 4096) != e_cfg["d_model"]:
         raise ValueError(
