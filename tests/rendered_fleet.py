@@ -230,6 +230,10 @@ class LocalPlan:
             env = self._env(c, mounts_of(c), ports)
             module = c["command"][2]
             argv = [sys.executable, "-m", module] + self._map_args(c.get("args", []), env, mounts_of(c), ports)
+            if int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0) or 0) > 0:
+                # `auto` on a GPU pool offers NIXL (and CUDA IPC); on this CPU stand-in, offer what a
+                # CPU can run of that set, NIXL included, so the chart's edge choice is exercised
+                argv = [("--transport=shm,grpc,nixl" if a == "--transport=auto" else a) for a in argv]
             service = module.startswith("services.")
             out.append(ProcSpec(
                 comp if i == 0 else f"{comp}-{c['name']}", module.split(".", 1)[1] if service else module,
