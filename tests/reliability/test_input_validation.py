@@ -13,7 +13,7 @@ import math
 
 import grpc
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fastvideo3.client import FleetClient, error_from_rpc
@@ -122,6 +122,8 @@ def test_fuzzed_requests_get_only_validation_errors_or_success(fleet):
 
     @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
     @given(kw=requests())
+    @example(kw={"model": CARD, "prompt": "a cat"})  # the card's own request: accepted
+    @example(kw={"model": CARD, "prompt": "a cat", "num_frames": 32})  # not 4k+1: refused, naming the field
     def check(kw):
         model = kw.pop("model")
         base = {k: v for k, v in OK.items() if k not in kw}
