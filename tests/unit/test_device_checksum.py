@@ -1,7 +1,7 @@
 """The device fsum64 (one Triton kernel, optionally fused with the copy) gives the host digest.
 
-On a CPU the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, set before Triton is
-first imported in this process); on a GPU the same test runs the compiled kernel.
+On a CPU the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, in a child process
+started by test_device_checksum_interpreter.py); on a GPU the same test runs the compiled kernel.
 """
 from __future__ import annotations
 
@@ -10,8 +10,13 @@ import os
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernel is first built
+# Triton runs here on a GPU, or on a CPU under its interpreter; the interpreter is chosen by an
+# environment variable read when kernels are built, so on a CPU this file runs in a child process
+# with it set (test_device_checksum_interpreter.py) and the variable never leaks into other tests.
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+pytestmark = pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()),
+                                reason="needs a GPU, or the Triton interpreter: on a CPU "
+                                       "test_device_checksum_interpreter.py runs this file in a child process")
 
 pytest.importorskip("triton")
 
