@@ -23,18 +23,39 @@ PROMPTS = ["a red circle moving left", "a blue square", "waves at sunset"]
 REQUESTS = [dict(prompt=PROMPTS[i % 3], seed=100 + i, num_inference_steps=STEPS, **SHAPES[i % 2]) for i in range(8)]
 
 
-@pytest.fixture(scope="module")
-def embedded_frames():
-    """The embedded engine's frames for every request in REQUESTS (one at a time)."""
-    import fastvideo3
+_EMBEDDED = """
+import json, sys
+import numpy as np
+import fastvideo3
+out = {}
+with fastvideo3.Engine("wan-tiny") as engine:
+    for i, r in enumerate(json.loads(sys.argv[1])):
+        kw = {k: v for k, v in r.items() if k != "prompt"}
+        video = engine.generate(r["prompt"], **kw)
+        out[str(i)] = np.clip(video.frames, 0.0, 1.0).astype(np.float32)  # what save_video writes to npy
+np.savez(sys.argv[2], **out)
+"""
 
-    out = []
-    with fastvideo3.Engine("wan-tiny") as engine:
-        for r in REQUESTS:
-            kw = {k: v for k, v in r.items() if k != "prompt"}
-            video = engine.generate(r["prompt"], **kw)
-            out.append(np.clip(video.frames, 0.0, 1.0).astype(np.float32))  # what save_video writes to npy
-    return out
+
+@pytest.fixture(scope="module")
+def embedded_frames(tmp_path_factory):
+    """The embedded engine's frames for every request in REQUESTS (one at a time), computed in a
+    fresh process like the fleet's own, so nothing an earlier test did to this process's state
+    (threads, kernel choices, cached cards) can enter the reference."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = tmp_path_factory.mktemp("embedded") / "frames.npz"
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root)
+    proc = subprocess.run([sys.executable, "-c", _EMBEDDED, json.dumps(REQUESTS), str(path)], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with np.load(path) as data:
+        return [data[str(i)] for i in range(len(REQUESTS))]
 
 
 @pytest.fixture(scope="module")
