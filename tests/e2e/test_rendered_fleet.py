@@ -49,14 +49,14 @@ def helm() -> str:
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_rendered_fleet_serves_a_request(helm: str, case: str, tmp_path) -> None:
+def test_rendered_fleet_serves_a_request(helm: str, case: str, tmp_path, monkeypatch) -> None:
     # a Redis of its own: every rendered scheduler uses the same state namespace, and a case
     # must not resume another's requests
     with RedisServer(kind="process") as redis:
-        _run_case(helm, case, tmp_path, redis.url)
+        _run_case(helm, case, tmp_path, redis.url, monkeypatch)
 
 
-def _run_case(helm: str, case: str, tmp_path, redis_url: str) -> None:
+def _run_case(helm: str, case: str, tmp_path, redis_url: str, monkeypatch) -> None:
     values = VALUES_DIR / CASES[case]
     if case.endswith("-download"):
         data = yaml.safe_load(values.read_text())
@@ -88,10 +88,16 @@ def _run_case(helm: str, case: str, tmp_path, redis_url: str) -> None:
         root = next(a for a in den.argv if a.startswith("--checkpoint-root="))
         assert "--card=wan-tiny" in den.argv and root.split("=", 1)[1].startswith(str(tmp_path))
         assert bool(den.init) == case.endswith("download")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # one thread per process here (restored after the test: later fleets compare against
+    # references computed with the default thread count)
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
     fleet = RenderedFleet(plan, log_dir=tmp_path / "logs")
     try:
         fleet.start(timeout_s=400)
+        gateway = next((p for p in plan.procs if p.name == "gateway"), None)
+        if gateway is not None:  # ready, as its readiness probe would wait for, before the fleet is used
+            url = f"http://127.0.0.1:{gateway.ports['http']}/healthz"
+            wait_until(lambda: _http_ok(url), timeout_s=120, what="the rendered gateway's /healthz")
         for proc in fleet.pools.values():
             d = pool_describe(proc[0].target)
             assert list(d.card_ids) == ["wan-tiny"]
@@ -145,3 +151,11 @@ def _through_dynamo(fleet: RenderedFleet, plan) -> None:
     assert status == 200, reply
     assert reply["status"] == "completed" and reply["data"][0]["b64_json"], reply
     print(f"through the rendered Dynamo frontend in {time.monotonic() - t0:.1f}s")
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
