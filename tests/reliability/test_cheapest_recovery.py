@@ -19,7 +19,7 @@ import threading
 import numpy as np
 import pytest
 
-from tests.fleet_fixture import pool_describe
+from tests.fleet_fixture import health, pool_describe, wait_until
 from tests.reliability.helpers import SMALL, once_at_step, pool_units, sched_counters, stream
 from tests.reliability.test_recovery import _regions, reference
 
@@ -95,6 +95,9 @@ def test_denoiser_sigkill_after_the_last_step_redoes_one_step_and_decodes(balanc
 @pytest.mark.timeout(300)
 def test_encoder_and_denoiser_sigkill_mid_denoise_re_encodes_and_denoises_on(balanced):
     fleet = balanced
+    # a replica restarted by an earlier test may still be loading: the move needs a serving spare
+    for proc in fleet.pools["denoiser"] + fleet.pools["encoder"]:
+        wait_until(lambda p=proc: health(p.target) == "SERVING", timeout_s=120, what=f"{proc.name} serving")
     steps = 12
     ref = reference(fleet, "encoded twice", 53, steps=steps)
     encoder = fleet.pools["encoder"][0]
