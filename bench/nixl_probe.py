@@ -179,6 +179,10 @@ def sweep(args) -> dict:
     best = max(ok, key=lambda c: c["GBps"], default=None)
     report["best"] = {k: best[k] for k in ("name", "env", "ucx_error_handling", "GBps", "ucx_transports",
                                            "vram_transports")} if best else None
+    report = {"summary": {"best_config": best["name"] if best else None, "best_GBps": best["GBps"] if best else None,
+                          "GBps_by_config": {c["name"]: c.get("GBps") for c in report["configs"]},
+                          "vram_transports_by_config": {c["name"]: c.get("vram_transports")
+                                                        for c in report["configs"]}}, **report}
     out.write_text(json.dumps(report, indent=2) + "\n")
     return report
 
