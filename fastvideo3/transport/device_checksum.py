@@ -25,15 +25,50 @@ import torch
 
 _MASK64 = (1 << 64) - 1
 BLOCK_WORDS = 8192  # 32 KiB per program: enough bytes in flight per SM to reach HBM speed
-_KERNEL: list = []  # [kernel] once Triton has been imported, [None] if it cannot be
+_KERNEL: list = []  # [{name: kernel}] once Triton has been imported, [None] if it cannot be
 
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "") == "1"
 
 
-def _kernel():
-    """The compiled-on-first-launch kernel; imported lazily (Triton's import is not free)."""
+class KernelConfig:
+    """How the digest kernel is launched (benchmarks compare settings; the defaults are measured).
+
+    ``loop``: a persistent grid of at most ``programs_per_sm`` programs per multiprocessor, each
+    striding over ``block``-word tiles and keeping its sums in registers, so a 64 MiB digest
+    reduces a few hundred partials instead of thousands. ``block``: one program per tile.
+    ``pinned``: partial sums come back through pinned host memory (an asynchronous copy and a
+    stream wait instead of a pageable copy).
+    """
+
+    def __init__(self, variant: str = "loop", block: int = 2048, warps: int = 8, programs_per_sm: int = 4,
+                 pinned: bool = True) -> None:
+        if variant not in ("loop", "block"):
+            raise ValueError(f"device checksum variant must be loop or block, not {variant!r}")
+        self.variant, self.block, self.warps = variant, block, warps
+        self.programs_per_sm, self.pinned = programs_per_sm, pinned
+
+    def key(self) -> tuple:
+        return (self.variant, self.block, self.warps, self.programs_per_sm, self.pinned)
+
+    def as_dict(self) -> dict:
+        return dict(zip(("variant", "block", "warps", "programs_per_sm", "pinned"), self.key()))
+
+
+CONFIG = KernelConfig()
+_SM_COUNT: dict = {}
+
+
+def configure(**settings) -> KernelConfig:
+    """Replace the launch settings (see :class:`KernelConfig`); returns the new configuration."""
+    global CONFIG
+    CONFIG = KernelConfig(**{**CONFIG.as_dict(), **settings})
+    return CONFIG
+
+
+def _kernel(name: str = "block"):
+    """The compiled-on-first-launch kernels; imported lazily (Triton's import is not free)."""
     if not _KERNEL:
         try:
             import triton
@@ -55,14 +90,50 @@ def _kernel():
             tl.store(partials + pid * 2, tl.sum(w64, axis=0))
             tl.store(partials + pid * 2 + 1, tl.sum(w64 * (offs + 1), axis=0))
 
-        _KERNEL.append(fsum64_kernel)
-    return _KERNEL[0]
+        @triton.jit
+        def fsum64_loop_kernel(src, dst, partials, n_words, BLOCK: tl.constexpr, COPY: tl.constexpr):
+            pid = tl.program_id(0)
+            start = pid.to(tl.int64) * BLOCK
+            step = tl.num_programs(0).to(tl.int64) * BLOCK
+            lane = tl.arange(0, BLOCK)
+            acc1 = tl.zeros([BLOCK], dtype=tl.int64)
+            acc2 = tl.zeros([BLOCK], dtype=tl.int64)
+            for base in range(start, n_words, step):
+                offs = base + lane
+                mask = offs < n_words
+                w = tl.load(src + offs, mask=mask, other=0)
+                if COPY:
+                    tl.store(dst + offs, w, mask=mask)
+                w64 = w.to(tl.int64) & 0xFFFFFFFF
+                acc1 += w64
+                acc2 += w64 * (offs + 1)
+            tl.store(partials + pid * 2, tl.sum(acc1, axis=0))
+            tl.store(partials + pid * 2 + 1, tl.sum(acc2, axis=0))
+
+        _KERNEL.append({"block": fsum64_kernel, "loop": fsum64_loop_kernel})
+    return _KERNEL[0][name] if _KERNEL[0] is not None else None
+
+
+def _programs(n_words: int, device: torch.device) -> int:
+    """How many programs a digest of ``n_words`` words launches under the current settings."""
+    cfg = CONFIG
+    tiles = -(-n_words // (cfg.block if cfg.variant == "loop" else BLOCK_WORDS))
+    if cfg.variant == "block" or not tiles:
+        return tiles
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in _SM_COUNT:
+            _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+        cap = _SM_COUNT[index] * cfg.programs_per_sm
+    else:  # the interpreter: a few programs, so striding is exercised
+        cap = 3
+    return min(tiles, cap)
 
 
 def available(device: torch.device) -> bool:
     """Whether the kernels can run for tensors on ``device``."""
     if device.type == "cuda":
-        return (_KERNEL[0] if _KERNEL else _kernel()) is not None
+        return _kernel() is not None
     return device.type == "cpu" and _interpreting() and _kernel() is not None
 
 
@@ -77,7 +148,7 @@ def _digest(partials: torch.Tensor, tail: bytes, n4_words: int) -> str:
         s1 = s2 = 0
     elif partials.numel() <= 2 * _HOST_REDUCE_MAX_PROGRAMS:
         # the copy waits for the kernel; uint64 sums wrap, which is the mod 2**64 the digest wants
-        sums = partials.cpu().numpy().view(np.uint64).reshape(-1, 2).sum(axis=0, dtype=np.uint64)
+        sums = _to_host(partials).numpy().view(np.uint64).reshape(-1, 2).sum(axis=0, dtype=np.uint64)
         s1, s2 = int(sums[0]), int(sums[1])
     else:  # int64 sums wrap on overflow (two's complement): the same residues
         sums = partials.view(-1, 2).sum(dim=0).tolist()
@@ -89,14 +160,23 @@ def _digest(partials: torch.Tensor, tail: bytes, n4_words: int) -> str:
     return f"{s1:016x}{s2:016x}"
 
 
+def _to_host(partials: torch.Tensor) -> torch.Tensor:
+    if partials.device.type != "cuda" or not CONFIG.pinned:
+        return partials.cpu()
+    host = torch.empty(partials.shape, dtype=partials.dtype, pin_memory=True)
+    host.copy_(partials, non_blocking=True)
+    torch.cuda.current_stream(partials.device).synchronize()
+    return host
+
+
 def _launch(src_u8: torch.Tensor, dst_u8: torch.Tensor | None) -> str | None:
     n = src_u8.numel()
     n4 = n - n % 4
     if n4 and (src_u8.data_ptr() % 4 or (dst_u8 is not None and dst_u8.data_ptr() % 4)):
         return None
     n_words = n4 // 4
-    grid = -(-n_words // BLOCK_WORDS)
     device = src_u8.device
+    grid = _programs(n_words, device)
     tail = b""
     if n != n4:
         if dst_u8 is not None:
@@ -119,9 +199,15 @@ def _run_kernel(src_u8: torch.Tensor, dst_u8: torch.Tensor | None, n4: int, grid
     dst_w = dst_u8[:n4].view(torch.int32) if dst_u8 is not None else src_w
     # Triton launches on the current device: switch only when the data lives elsewhere.
     switch = device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device()
+    cfg = CONFIG
     with torch.cuda.device(device) if switch else _nullctx():
-        _kernel()[(grid,)](src_w, dst_w, partials, n4 // 4, BLOCK=BLOCK_WORDS,
-                           COPY=dst_u8 is not None, num_warps=8)
+        if cfg.variant == "loop":
+            n_words = n4 // 4
+            _kernel("loop")[(grid,)](src_w, dst_w, partials, n_words, BLOCK=cfg.block,
+                                     COPY=dst_u8 is not None, num_warps=cfg.warps)
+        else:
+            _kernel("block")[(grid,)](src_w, dst_w, partials, n4 // 4, BLOCK=BLOCK_WORDS,
+                                      COPY=dst_u8 is not None, num_warps=cfg.warps)
 
 
 class _GraphCache:
@@ -151,7 +237,8 @@ class _GraphCache:
     def run(self, src_u8, dst_u8, n4: int, grid: int, tail: bytes) -> str | None:
         if not self.enabled:
             return None
-        key = (src_u8.device.index, src_u8.data_ptr(), dst_u8.data_ptr() if dst_u8 is not None else 0, n4)
+        key = (src_u8.device.index, src_u8.data_ptr(), dst_u8.data_ptr() if dst_u8 is not None else 0, n4,
+               CONFIG.key())
         with self.lock:
             entry = self.entries.get(key, False)
             if entry is False:  # first sighting: remember it, launch plainly
@@ -213,7 +300,7 @@ _GRAPHS = _GraphCache()
 def graph_stats() -> dict:
     """How often the kernel ran from a captured graph (for benchmarks and Describe)."""
     return {"enabled": _GRAPHS.enabled, "captures": _GRAPHS.captures, "replays": _GRAPHS.replays,
-            "keys": len(_GRAPHS.entries)}
+            "keys": len(_GRAPHS.entries), "kernel": CONFIG.as_dict()}
 
 
 class _nullctx:

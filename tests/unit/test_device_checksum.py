@@ -135,3 +135,25 @@ def test_repeated_keys_run_from_a_captured_graph_and_failures_fall_back(monkeypa
     monkeypatch.setattr(_FakeGraph, "replay", broken)
     assert cache.run(src, dst, n4, grid, b"") is None and not cache.enabled  # off for good
     assert device_checksum.copy_and_fsum64(torch.zeros_like(src), src) == want  # plain path still answers
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("settings", [{"variant": "block"}, {"variant": "loop", "block": 256, "programs_per_sm": 1},
+                                      {"variant": "loop", "block": 2048, "pinned": False}])
+def test_every_kernel_setting_gives_the_host_digest(settings):
+    saved = device_checksum.CONFIG
+    try:
+        device_checksum.configure(**settings)
+        for n in (5, 256 * 4 * 7 + 3, device_checksum.BLOCK_WORDS * 4 * 2 + 1):
+            data = _bytes(n, n)
+            dst = torch.zeros(n, dtype=torch.uint8, device=DEVICE)
+            assert device_checksum.fsum64(data.to(DEVICE)) == checksum.fsum64_torch(data)
+            assert device_checksum.copy_and_fsum64(dst, data.to(DEVICE)) == checksum.fsum64_torch(data)
+            assert torch.equal(dst.cpu(), data)
+    finally:
+        device_checksum.CONFIG = saved
+
+
+def test_unknown_kernel_variant_is_refused():
+    with pytest.raises(ValueError, match="loop or block"):
+        device_checksum.KernelConfig(variant="fast")
