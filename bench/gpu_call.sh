@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One H200 call that runs several GPU parts back to back, each under its own time limit, and
+# brings back their JSON (top of $OUT) and every part's log ($OUT/logs.tgz). A run may bring back
+# at most 8 files: parts are chosen per call.
+#
+#   bash bench/gpu_call.sh ipc transport lora fp8        # carry .wheels (+ .wheels_nixl / .wheels_fa3)
+#
+# Parts:
+#   ipc        bench/ipc_probe.py: where a cuda_ipc fetch spends its time, per device-checksum setting
+#   transport  bench/gpu_transport.sh: the data plane (NIXL probe + bench/transport.py --device cuda)
+#   lora       bench/lora.py: mixed-adapter batches against no LoRA
+#   fp8        bench/denoiser_fp8.py: FP8 against bf16 (needs the fa3_fwd wheel for FP8 attention)
+# Time limits come from <PART>_TIMEOUT_S (seconds).
+set -uo pipefail
+OUT=${OUT:-out/gpu_call}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+shopt -s nullglob
+wheels=(.wheels/*.whl .wheels_fa3/*.whl .wheels_extra/*.whl)
+shopt -u nullglob
+if ((${#wheels[@]})); then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "${wheels[@]}" || echo "wheels: install failed"
+fi
+export PYTHONPATH="$PWD:/tmp/site"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+work=$(mktemp -d)
+for part in "$@"; do
+  start=$SECONDS
+  mkdir -p "$work/$part"
+  case "$part" in
+    ipc)       timeout "${IPC_TIMEOUT_S:-150}" python3 bench/ipc_probe.py --sizes-mib 64,256 --repeats 25 \
+                 --out "$work/$part/ipc_probe.json" ;;
+    transport) OUT=$work/$part BUDGET_S=${TRANSPORT_TIMEOUT_S:-200} PROBE_CONFIGS=${PROBE_CONFIGS:-project_default} \
+                 timeout $(( ${TRANSPORT_TIMEOUT_S:-200} + 30 )) bash bench/gpu_transport.sh ;;
+    lora)      timeout "${LORA_TIMEOUT_S:-200}" python3 bench/lora.py --out "$work/$part/lora_h200.json" \
+                 --time-limit $(( ${LORA_TIMEOUT_S:-200} - 40 )) ;;
+    fp8)       timeout "${FP8_TIMEOUT_S:-300}" python3 bench/denoiser_fp8.py --out "$work/$part/denoiser_fp8_h200.json" ;;
+    *) echo "unknown part $part" >&2; continue ;;
+  esac > "$work/$part.log" 2>&1
+  echo "== $part rc=$? in $((SECONDS - start))s"; tail -n 25 "$work/$part.log"
+done
+for f in "$work"/*/*.json; do
+  case "$(basename "$f")" in nixl_probe.json|ipc_probe.json|transport_h200.json|lora_h200.json|denoiser_fp8_h200.json)
+    cp "$f" "$OUT"/ ;; esac
+done
+tar -czf "$OUT/logs.tgz" -C "$work" .
+ls -la "$OUT"
