@@ -43,6 +43,10 @@ SETTINGS = [
     {"variant": "loop", "block": 2048, "warps": 4, "programs_per_sm": 8, "pinned": True},
     {"variant": "loop", "block": 1024, "warps": 4, "programs_per_sm": 16, "pinned": True},
     {"variant": "loop", "block": 4096, "warps": 16, "programs_per_sm": 2, "pinned": True},
+    {"variant": "loop", "block": 8192, "warps": 16, "programs_per_sm": 2, "pinned": True},
+    {"variant": "loop", "block": 4096, "warps": 16, "programs_per_sm": 4, "pinned": True},
+    {"variant": "loop", "block": 8192, "warps": 16, "programs_per_sm": 1, "pinned": True},
+    {"variant": "block", "warps": 16, "pinned": True},
 ]
 
 
@@ -85,12 +89,19 @@ def _device_median(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _kernel_only(src_u8: torch.Tensor, dst_u8: torch.Tensor | None, repeats: int) -> float:
-    """Device time of the digest kernel alone (no readback)."""
+def _kernel_only(src_u8: torch.Tensor, dst_u8: torch.Tensor | None, repeats: int, per_graph: int = 10) -> float:
+    """Device time of the digest kernel alone (no readback): ``per_graph`` launches captured in one
+    graph, replayed back to back, so host launch costs stay out of the events."""
     n4 = src_u8.numel() - src_u8.numel() % 4
     grid = device_checksum._programs(n4 // 4, src_u8.device)
     partials = torch.empty(grid * 2, dtype=torch.int64, device=src_u8.device)
-    return _device_median(lambda: device_checksum._run_kernel(src_u8, dst_u8, n4, grid, partials), repeats)
+    device_checksum._run_kernel(src_u8, dst_u8, n4, grid, partials)  # compiles
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(per_graph):
+            device_checksum._run_kernel(src_u8, dst_u8, n4, grid, partials)
+    return _device_median(graph.replay, repeats) / per_graph
 
 
 def _profile(fn, n: int) -> list[str]:
@@ -128,7 +139,7 @@ def _steps(reader, ref: TensorRef, repeats: int) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes-mib", default="64,256")
+    p.add_argument("--sizes-mib", default="4,64,256")
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--out", default="out/ipc_probe.json")
     args = p.parse_args(argv)

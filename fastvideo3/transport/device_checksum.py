@@ -147,12 +147,22 @@ def _digest(partials: torch.Tensor, tail: bytes, n4_words: int) -> str:
     if not partials.numel():
         s1 = s2 = 0
     elif partials.numel() <= 2 * _HOST_REDUCE_MAX_PROGRAMS:
-        # the copy waits for the kernel; uint64 sums wrap, which is the mod 2**64 the digest wants
-        sums = _to_host(partials).numpy().view(np.uint64).reshape(-1, 2).sum(axis=0, dtype=np.uint64)
-        s1, s2 = int(sums[0]), int(sums[1])
+        # the copy waits for the kernel
+        return _host_digest(_to_host(partials), tail, n4_words)
     else:  # int64 sums wrap on overflow (two's complement): the same residues
         sums = partials.view(-1, 2).sum(dim=0).tolist()
         s1, s2 = sums[0] & _MASK64, sums[1] & _MASK64
+    return _finish(s1, s2, tail, n4_words)
+
+
+def _host_digest(host_partials: torch.Tensor, tail: bytes, n4_words: int) -> str:
+    """The digest from per-program partial sums already in host memory."""
+    # uint64 sums wrap, which is the mod 2**64 the digest wants
+    sums = host_partials.numpy().view(np.uint64).reshape(-1, 2).sum(axis=0, dtype=np.uint64)
+    return _finish(int(sums[0]), int(sums[1]), tail, n4_words)
+
+
+def _finish(s1: int, s2: int, tail: bytes, n4_words: int) -> str:
     if tail:
         w = int.from_bytes(tail.ljust(4, b"\0"), "little")
         s1 = (s1 + w) & _MASK64
@@ -229,7 +239,7 @@ class _GraphCache:
 
         self.enabled = True
         self.checked = False
-        self.entries: OrderedDict = OrderedDict()  # key -> None (seen once) | (graph, partials, lock)
+        self.entries: OrderedDict = OrderedDict()  # key -> None (seen once) | (graph, partials, host, lock)
         self.lock = threading.Lock()
         self.captures = 0
         self.replays = 0
@@ -254,12 +264,16 @@ class _GraphCache:
                 with self.lock:
                     self.entries[key] = entry
                     self._trim()
-            graph, partials, lock = entry
+            graph, partials, host, lock = entry
             device = src_u8.device
             switch = device.index is not None and device.index != torch.cuda.current_device()
             with lock, (torch.cuda.device(device) if switch else _nullctx()):
                 graph.replay()  # on the current stream, after whatever the caller queued there
-                digest = _digest(partials, tail, n4 // 4)
+                if host is not None:  # the graph copied the partial sums to pinned host memory
+                    torch.cuda.current_stream(device).synchronize()
+                    digest = _host_digest(host, tail, n4 // 4)
+                else:
+                    digest = _digest(partials, tail, n4 // 4)
                 self.replays += 1
             return digest
         except Exception:  # noqa: BLE001 - graphs are an optimisation: fall back, for good
@@ -271,23 +285,42 @@ class _GraphCache:
 
         device = src_u8.device
         partials = torch.empty(grid * 2, dtype=torch.int64, device=device)
-        graph = torch.cuda.CUDAGraph()
+        # Small partial sums come back inside the graph (a copy node into pinned memory): a replay
+        # then costs one launch and one stream wait. If that cannot be captured, the kernel alone is.
+        host = None
+        if device.type == "cuda" and CONFIG.pinned and grid <= _HOST_REDUCE_MAX_PROGRAMS:
+            host = torch.empty(grid * 2, dtype=torch.int64, pin_memory=True)
         with torch.cuda.device(device):
             torch.cuda.current_stream(device).synchronize()
-            # thread_local: other threads (e.g. a NIXL/UCX progress thread) may keep calling CUDA
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                _run_kernel(src_u8, dst_u8, n4, grid, partials)
+            graph = None
+            for with_copy in ((True, False) if host is not None else (False,)):
+                graph = torch.cuda.CUDAGraph()
+                try:
+                    # thread_local: other threads (e.g. a NIXL/UCX progress thread) may keep calling CUDA
+                    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                        _run_kernel(src_u8, dst_u8, n4, grid, partials)
+                        if with_copy:
+                            host.copy_(partials, non_blocking=True)
+                    break
+                except Exception:  # noqa: BLE001 - retried without the copy node, then given up
+                    if not with_copy:
+                        raise
+                    host = None
             self.captures += 1
             if not self.checked:  # the first capture must agree with a plain launch
                 graph.replay()
-                got = _digest(partials, tail, n4 // 4)
+                if host is not None:
+                    torch.cuda.current_stream(device).synchronize()
+                    got = _host_digest(host, tail, n4 // 4)
+                else:
+                    got = _digest(partials, tail, n4 // 4)
                 plain = torch.empty_like(partials)
                 _run_kernel(src_u8, dst_u8, n4, grid, plain)
                 if got != _digest(plain, tail, n4 // 4):
                     self.enabled = False
                     return None
                 self.checked = True
-        return graph, partials, threading.Lock()
+        return graph, partials, host, threading.Lock()
 
     def _trim(self) -> None:
         while len(self.entries) > self.MAX_KEYS:
