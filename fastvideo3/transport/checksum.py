@@ -52,6 +52,8 @@ def pick_algorithm(requested: str, device: torch.device) -> str:
 
 def byte_view(tensor: torch.Tensor) -> torch.Tensor:
     """A flat uint8 view of a tensor's bytes (a contiguous copy only if it is not contiguous)."""
+    if tensor.dtype == torch.uint8 and tensor.dim() == 1 and tensor.is_contiguous() and not tensor.requires_grad:
+        return tensor  # already flat bytes (a mapped slab region): the hot path of a verified fetch
     flat = tensor.detach().contiguous().reshape(-1)
     return flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
 

@@ -32,25 +32,31 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "") == "1"
 
 
+VARIANTS = ("atomic", "loop", "block")
+
+
 class KernelConfig:
     """How the digest kernel is launched (benchmarks compare settings; the defaults are measured).
 
     ``loop``: a persistent grid of at most ``programs_per_sm`` programs per multiprocessor, each
     striding over ``block``-word tiles and keeping its sums in registers, so a 64 MiB digest
-    reduces a few hundred partials instead of thousands. ``block``: one program per tile.
+    reduces a few hundred partials instead of thousands. ``atomic``: the same grid, each program
+    adding its two sums into one pair with integer atomics (wrap-around adds: the same residues),
+    so two numbers come back. ``block``: one program per tile.
     ``pinned``: partial sums come back through pinned host memory (an asynchronous copy and a
     stream wait instead of a pageable copy).
     """
 
-    def __init__(self, variant: str = "loop", block: int = 2048, warps: int = 8, programs_per_sm: int = 4,
+    def __init__(self, variant: str = "atomic", block: int = 2048, warps: int = 8, programs_per_sm: int = 4,
                  pinned: bool = True) -> None:
-        if variant not in ("loop", "block"):
-            raise ValueError(f"device checksum variant must be loop or block, not {variant!r}")
+        if variant not in VARIANTS:
+            raise ValueError(f"device checksum variant must be one of {', '.join(VARIANTS)}, not {variant!r}")
         self.variant, self.block, self.warps = variant, block, warps
         self.programs_per_sm, self.pinned = programs_per_sm, pinned
+        self._key = (variant, block, warps, programs_per_sm, pinned)
 
     def key(self) -> tuple:
-        return (self.variant, self.block, self.warps, self.programs_per_sm, self.pinned)
+        return self._key
 
     def as_dict(self) -> dict:
         return dict(zip(("variant", "block", "warps", "programs_per_sm", "pinned"), self.key()))
@@ -91,7 +97,8 @@ def _kernel(name: str = "block"):
             tl.store(partials + pid * 2 + 1, tl.sum(w64 * (offs + 1), axis=0))
 
         @triton.jit
-        def fsum64_loop_kernel(src, dst, partials, n_words, BLOCK: tl.constexpr, COPY: tl.constexpr):
+        def fsum64_loop_kernel(src, dst, partials, n_words, BLOCK: tl.constexpr, COPY: tl.constexpr,
+                               ATOMIC: tl.constexpr):
             pid = tl.program_id(0)
             start = pid.to(tl.int64) * BLOCK
             step = tl.num_programs(0).to(tl.int64) * BLOCK
@@ -107,8 +114,12 @@ def _kernel(name: str = "block"):
                 w64 = w.to(tl.int64) & 0xFFFFFFFF
                 acc1 += w64
                 acc2 += w64 * (offs + 1)
-            tl.store(partials + pid * 2, tl.sum(acc1, axis=0))
-            tl.store(partials + pid * 2 + 1, tl.sum(acc2, axis=0))
+            if ATOMIC:
+                tl.atomic_add(partials, tl.sum(acc1, axis=0))
+                tl.atomic_add(partials + 1, tl.sum(acc2, axis=0))
+            else:
+                tl.store(partials + pid * 2, tl.sum(acc1, axis=0))
+                tl.store(partials + pid * 2 + 1, tl.sum(acc2, axis=0))
 
         _KERNEL.append({"block": fsum64_kernel, "loop": fsum64_loop_kernel})
     return _KERNEL[0][name] if _KERNEL[0] is not None else None
@@ -117,7 +128,7 @@ def _kernel(name: str = "block"):
 def _programs(n_words: int, device: torch.device) -> int:
     """How many programs a digest of ``n_words`` words launches under the current settings."""
     cfg = CONFIG
-    tiles = -(-n_words // (cfg.block if cfg.variant == "loop" else BLOCK_WORDS))
+    tiles = -(-n_words // (BLOCK_WORDS if cfg.variant == "block" else cfg.block))
     if cfg.variant == "block" or not tiles:
         return tiles
     if device.type == "cuda":
@@ -157,6 +168,9 @@ def _digest(partials: torch.Tensor, tail: bytes, n4_words: int) -> str:
 
 def _host_digest(host_partials: torch.Tensor, tail: bytes, n4_words: int) -> str:
     """The digest from per-program partial sums already in host memory."""
+    if host_partials.numel() == 2:  # one pair (the atomic kernel): no reduction left
+        s1, s2 = host_partials.tolist()
+        return _finish(s1 & _MASK64, s2 & _MASK64, tail, n4_words)
     # uint64 sums wrap, which is the mod 2**64 the digest wants
     sums = host_partials.numpy().view(np.uint64).reshape(-1, 2).sum(axis=0, dtype=np.uint64)
     return _finish(int(sums[0]), int(sums[1]), tail, n4_words)
@@ -196,10 +210,15 @@ def _launch(src_u8: torch.Tensor, dst_u8: torch.Tensor | None) -> str | None:
         digest = _GRAPHS.run(src_u8, dst_u8, n4, grid, tail)
         if digest is not None:
             return digest
-    partials = torch.empty(grid * 2, dtype=torch.int64, device=device)
+    partials = torch.empty(_partials_len(grid), dtype=torch.int64, device=device)
     if grid:
         _run_kernel(src_u8, dst_u8, n4, grid, partials)
     return _digest(partials, tail, n_words)
+
+
+def _partials_len(grid: int) -> int:
+    """Length of the int64 buffer a launch of ``grid`` programs writes its sums to."""
+    return 2 if CONFIG.variant == "atomic" and grid else 2 * grid
 
 
 def _run_kernel(src_u8: torch.Tensor, dst_u8: torch.Tensor | None, n4: int, grid: int,
@@ -211,10 +230,12 @@ def _run_kernel(src_u8: torch.Tensor, dst_u8: torch.Tensor | None, n4: int, grid
     switch = device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device()
     cfg = CONFIG
     with torch.cuda.device(device) if switch else _nullctx():
-        if cfg.variant == "loop":
-            n_words = n4 // 4
-            _kernel("loop")[(grid,)](src_w, dst_w, partials, n_words, BLOCK=cfg.block,
-                                     COPY=dst_u8 is not None, num_warps=cfg.warps)
+        if cfg.variant in ("loop", "atomic"):
+            atomic = cfg.variant == "atomic"
+            if atomic:
+                partials.zero_()
+            _kernel("loop")[(grid,)](src_w, dst_w, partials, n4 // 4, BLOCK=cfg.block,
+                                     COPY=dst_u8 is not None, ATOMIC=atomic, num_warps=cfg.warps)
         else:
             _kernel("block")[(grid,)](src_w, dst_w, partials, n4 // 4, BLOCK=BLOCK_WORDS,
                                       COPY=dst_u8 is not None, num_warps=cfg.warps)
@@ -265,31 +286,34 @@ class _GraphCache:
                     self.entries[key] = entry
                     self._trim()
             graph, partials, host, lock = entry
-            device = src_u8.device
-            switch = device.index is not None and device.index != torch.cuda.current_device()
-            with lock, (torch.cuda.device(device) if switch else _nullctx()):
-                graph.replay()  # on the current stream, after whatever the caller queued there
-                if host is not None:  # the graph copied the partial sums to pinned host memory
-                    torch.cuda.current_stream(device).synchronize()
-                    digest = _host_digest(host, tail, n4 // 4)
-                else:
-                    digest = _digest(partials, tail, n4 // 4)
-                self.replays += 1
-            return digest
+            index = src_u8.device.index
+            if index is not None and index != torch.cuda.current_device():
+                with lock, torch.cuda.device(index):
+                    return self._replay(graph, partials, host, tail, n4)
+            with lock:
+                return self._replay(graph, partials, host, tail, n4)
         except Exception:  # noqa: BLE001 - graphs are an optimisation: fall back, for good
             self.enabled = False
             return None
+
+    def _replay(self, graph, partials, host, tail: bytes, n4: int) -> str:
+        graph.replay()  # on the current stream, after whatever the caller queued there
+        self.replays += 1
+        if host is not None:  # the graph copied the sums to pinned host memory
+            torch.cuda.current_stream().synchronize()
+            return _host_digest(host, tail, n4 // 4)
+        return _digest(partials, tail, n4 // 4)
 
     def _capture(self, src_u8, dst_u8, n4: int, grid: int, tail: bytes):
         import threading
 
         device = src_u8.device
-        partials = torch.empty(grid * 2, dtype=torch.int64, device=device)
+        partials = torch.empty(_partials_len(grid), dtype=torch.int64, device=device)
         # Small partial sums come back inside the graph (a copy node into pinned memory): a replay
         # then costs one launch and one stream wait. If that cannot be captured, the kernel alone is.
         host = None
         if device.type == "cuda" and CONFIG.pinned and grid <= _HOST_REDUCE_MAX_PROGRAMS:
-            host = torch.empty(grid * 2, dtype=torch.int64, pin_memory=True)
+            host = torch.empty(partials.numel(), dtype=torch.int64, pin_memory=True)
         with torch.cuda.device(device):
             torch.cuda.current_stream(device).synchronize()
             graph = None

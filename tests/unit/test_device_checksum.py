@@ -139,6 +139,7 @@ def test_repeated_keys_run_from_a_captured_graph_and_failures_fall_back(monkeypa
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("settings", [{"variant": "block"}, {"variant": "loop", "block": 256, "programs_per_sm": 1},
+                                      {"variant": "atomic", "block": 256}, {"variant": "atomic", "pinned": False},
                                       {"variant": "loop", "block": 2048, "pinned": False}])
 def test_every_kernel_setting_gives_the_host_digest(settings):
     saved = device_checksum.CONFIG
@@ -155,5 +156,5 @@ def test_every_kernel_setting_gives_the_host_digest(settings):
 
 
 def test_unknown_kernel_variant_is_refused():
-    with pytest.raises(ValueError, match="loop or block"):
+    with pytest.raises(ValueError, match="one of atomic, loop, block"):
         device_checksum.KernelConfig(variant="fast")
