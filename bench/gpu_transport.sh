@@ -57,7 +57,7 @@ echo "probe rc=$? at ${SECONDS}s"; tail -n 15 "$OUT/probe.log"
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 limit=$(( $(left) - (ngpu >= 2 ? 90 : 15) ))
 probe_arg=(); [[ -s "$OUT/nixl_probe.json" ]] && probe_arg=(--nixl-from-probe "$OUT/nixl_probe.json")
-timeout $((limit + 15)) python3 bench/transport.py --device cuda --sizes-mib "${SIZES:-1,64,256}" --repeats 9 \
+timeout $((limit + 15)) python3 bench/transport.py --device cuda --sizes-mib "${SIZES:-1,64,256}" --repeats "${REPEATS:-9}" \
   "${probe_arg[@]}" --ucx-log-dir /tmp/ucxlog --time-limit $((limit - 40)) \
   --out "$OUT/transport_h200.json" >"$OUT/transport.log" 2>&1
 echo "transport rc=$? at ${SECONDS}s"; tail -n 45 "$OUT/transport.log"

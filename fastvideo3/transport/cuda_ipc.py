@@ -426,7 +426,10 @@ class CudaIpcTransport(TransportBase):
                 table.unpin(slot)
 
     def _check_slot(self, table: _Table, ref: TensorRef, slot: int, epoch: int, gen: int) -> None:
-        now_epoch, now_gen = table.read(slot)
+        slots = table.slots
+        now_epoch, now_gen = slots[2 * slot], slots[2 * slot + 1]
+        if now_epoch == epoch and now_gen == gen:  # the common case, first
+            return
         if now_epoch != epoch:
             self._drop_maps(table.name, epoch)
             raise NotFound(f"{ref.owner} destroyed the slab of {ref.buffer_id}", field="buffer_id")
@@ -464,14 +467,14 @@ class CudaIpcTransport(TransportBase):
             self._drop_maps(table.name)
             raise Unavailable(f"cuda_ipc owner {ref.owner} has exited", field="owner")
         slot, epoch, gen, nbytes = d["slot"], d["epoch"], d["generation"], ref.nbytes
+        algo = ref.checksum.split(":", 1)[0]
+        if out is None and not copy:  # pin first, then check: one check suffices for a view
+            return self._pinned_view(table, ref, slot, epoch, gen, d["export"], algo)
         self._check_slot(table, ref, slot, epoch, gen)
         slab = self._mapping(table.name, epoch, d["export"])
         if slab.numel() < nbytes:
             raise InvalidRequest("descriptor region exceeds the slab", field="descriptor.export")
         src = slab[:nbytes]
-        algo = ref.checksum.split(":", 1)[0]
-        if out is None and not copy:
-            return self._pinned_view(table, ref, slot, epoch, gen, slab, algo)
         device = out.device if out is not None else (self.device or src.device)
         result = out if out is not None else torch.empty(ref.shape, dtype=ref.torch_dtype, device=device)
         dst = self._bytes_of(result)
@@ -496,16 +499,19 @@ class CudaIpcTransport(TransportBase):
         return result
 
     def _pinned_view(self, table: _Table, ref: TensorRef, slot: int, epoch: int, gen: int,
-                     slab: torch.Tensor, algo: str) -> torch.Tensor:
-        """Zero-copy: pin the slab, check it still holds the ref, verify, hand out a view whose
-        last reference unpins it (see the module docstring)."""
+                     export: str, algo: str) -> torch.Tensor:
+        """Zero-copy: pin the slab, check it still holds the ref, map it (once per slab), verify,
+        hand out a view whose last reference unpins it (see the module docstring)."""
         if not self._pin(table, slot):
             raise NotFound(f"{ref.owner} is reusing the slab of {ref.buffer_id}", field="buffer_id")
         pinned = True
         try:
             self._check_slot(table, ref, slot, epoch, gen)
+            slab = self._mapping(table.name, epoch, export)
+            if slab.numel() < ref.nbytes:
+                raise InvalidRequest("descriptor region exceeds the slab", field="descriptor.export")
             src = slab[:ref.nbytes]
-            got = _checksum.compute(src, algo) if algo != "none" else ref.checksum
+            got = _verify_digest(src, algo, ref.checksum)
             if got != ref.checksum:
                 raise _mismatch(ref, got)
             view = self.layer.view(slab, ref.nbytes, functools.partial(self._unpin, table, slot))
@@ -547,6 +553,17 @@ class CudaIpcTransport(TransportBase):
             self._table.close(unlink=True)
             self._table = None
 
+
+
+def _verify_digest(src_u8: torch.Tensor, algo: str, expected: str) -> str:
+    """The digest of a flat byte region, through the device kernel where it runs."""
+    if algo == "none":
+        return expected
+    if algo == "fsum64" and src_u8.device.type == "cuda":
+        digest = _device_checksum.fsum64(src_u8)
+        if digest is not None:
+            return "fsum64:" + digest
+    return _checksum.compute(src_u8, algo)
 
 
 def _mismatch(ref: TensorRef, got: str) -> DataLoss:
