@@ -62,7 +62,8 @@ def adapter_refs(value) -> list[tuple[str, str, float]]:
 class AdapterStore:
     def __init__(self, shapes: dict[str, tuple[int, int]], device: str, dtype: torch.dtype, *,
                  slots: int = DEFAULT_SLOTS, max_rank: int = DEFAULT_MAX_RANK,
-                 host_max_bytes: int = DEFAULT_HOST_BYTES, impl: str | None = None):
+                 host_max_bytes: int = DEFAULT_HOST_BYTES, impl: str | None = None,
+                 groups: dict[str, list[str]] | None = None):
         if slots < 1:
             raise InvalidRequest(f"{slots} adapter slots", field="lora_slots", limit=">= 1")
         if max_rank < 16 or max_rank & (max_rank - 1):
@@ -74,6 +75,18 @@ class AdapterStore:
         self.current: dict[str, str] = {}
         self.down: dict[str, torch.Tensor] = {}
         self.up: dict[str, torch.Tensor] = {}
+        #: layer groups that share one input (a fused QKV; every block's cross-attention K and
+        #: V): their slots live in one stacked down ``[S, G*R, in]`` / up ``[S, sum(out), R]``
+        #: tensor (the members' ``down``/``up`` are views of it), so :meth:`delta_group_` runs
+        #: the whole group as one shrink and one expand
+        self.groups = {name: list(members) for name, members in (groups or {}).items()}
+        for name, members in self.groups.items():
+            if not members or len({shapes[m][0] for m in members}) != 1:
+                raise ValueError(f"the members of layer group {name!r} must share one input width")
+        self.group_down: dict[str, torch.Tensor] = {}
+        self.group_up: dict[str, torch.Tensor] = {}
+        #: the two-pass grouped kernels (True) or one one-pass launch per layer (False)
+        self.grouped = True
         self.merged: tuple[str, str, float] | None = None
         self.counters = {"loads": 0, "unloads": 0, "evictions": 0, "placements": 0}
         self._cond = threading.Condition()
@@ -200,7 +213,20 @@ class AdapterStore:
     # -- device slots ---------------------------------------------------------------------
     def _alloc(self) -> None:
         s, r = self.n_slots, self.max_rank
+        for group, members in self.groups.items():
+            k_in = self.shapes[members[0]][0]
+            outs = [self.shapes[m][1] for m in members]
+            down = torch.zeros(s, r * len(members), k_in, device=self.device, dtype=self.dtype)
+            up = torch.zeros(s, sum(outs), r, device=self.device, dtype=self.dtype)
+            self.group_down[group], self.group_up[group] = down, up
+            off = 0
+            for j, (m, o) in enumerate(zip(members, outs)):
+                self.down[m] = down[:, j * r:(j + 1) * r]
+                self.up[m] = up[:, off:off + o]
+                off += o
         for name, (k_in, k_out) in self.shapes.items():
+            if name in self.down:
+                continue
             self.down[name] = torch.zeros(s, r, k_in, device=self.device, dtype=self.dtype)
             self.up[name] = torch.zeros(s, k_out, r, device=self.device, dtype=self.dtype)
 
@@ -264,9 +290,35 @@ class AdapterStore:
         from fastvideo3.kernels.lora import lora_delta_
         slots, scales = self._plan
         last = slots.shape[0] - 1
+        if self.grouped and self.impl == "triton":  # two passes: the input is read once
+            from fastvideo3.kernels.lora_grouped import lora_group_delta_
+            for j in range(slots.shape[0]):
+                lora_group_delta_(x, y, self.down[layer], self.up[layer], slots[j], scales[j], impl="triton",
+                                  act=act if j == last else None)
+            return
         for j in range(slots.shape[0]):
             lora_delta_(x, y, self.down[layer], self.up[layer], slots[j], scales[j], impl=self.impl,
                         act=act if j == last else None)
+
+    def delta_group_(self, group: str, members: list[str], x: torch.Tensor, y: torch.Tensor) -> None:
+        """Add the current batch's per-row deltas of ``members`` (layers sharing the input ``x``)
+        to ``y``, their outputs side by side in that order. When the store holds ``group`` with
+        these members (and the grouped kernels are on): one shrink and one expand for all of
+        them; otherwise one :meth:`delta_` per member on its slice of ``y``."""
+        if self._plan is None:
+            raise RuntimeError("delta_group_ outside AdapterStore.batch()")
+        if self.grouped and self.groups.get(group) == list(members):
+            from fastvideo3.kernels.lora_grouped import lora_group_delta_
+            slots, scales = self._plan
+            down, up = self.group_down[group], self.group_up[group]
+            for j in range(slots.shape[0]):
+                lora_group_delta_(x, y, down, up, slots[j], scales[j], groups=len(members), impl=self.impl)
+            return
+        off = 0
+        for m in members:
+            o = self.shapes[m][1]
+            self.delta_(m, x, y[..., off:off + o])
+            off += o
 
     def hook(self, model: torch.nn.Module, linears: dict[str, torch.nn.Module]) -> list:
         """Forward hooks on the reference model's adapted layers; returns their handles."""

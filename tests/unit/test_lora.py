@@ -212,7 +212,8 @@ def test_denoiser_pool_lora_flags():
 
 # the Triton case runs under the interpreter, in test_lora_kernel.py's child process on a CPU
 @pytest.mark.parametrize("kernel", ["torch"] + (["triton"] if os.environ.get("TRITON_INTERPRET") == "1" else []))
-def test_fast_path_applies_the_same_deltas_as_the_reference(kernel):
+@pytest.mark.parametrize("grouped", [False, True])
+def test_fast_path_applies_the_same_deltas_as_the_reference(kernel, grouped):
     """The fast path's calls (fused QKV slices, every block's cross K/V, the FFN with its GELU in
     the LoRA pass) against forward hooks on the reference model, rows mixing two adapters and none."""
     from fastvideo3.models.wan.dit import WanDiT
@@ -220,7 +221,12 @@ def test_fast_path_applies_the_same_deltas_as_the_reference(kernel):
     from fastvideo3.models.wan.lora import adapted_linears
     torch.manual_seed(0)
     model = WanDiT(CFG).eval().requires_grad_(False)
-    store = AdapterStore(layer_shapes(CFG), "cpu", torch.float32, slots=4, max_rank=16, impl=kernel)
+    from fastvideo3.models.wan.lora import lora_groups
+    # grouped: QKV and all cross K/V in stacked slots, two-pass kernels; else one tensor and one
+    # one-pass launch per layer (a store built without groups)
+    store = AdapterStore(layer_shapes(CFG), "cpu", torch.float32, slots=4, max_rank=16, impl=kernel,
+                         groups=lora_groups(CFG) if grouped else None)
+    store.grouped = grouped
     a, b = _adapter(1, "a", rank=8), _adapter(2, "b", rank=4)
     for ad in (a, b):
         store.load(ad)

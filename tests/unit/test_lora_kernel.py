@@ -14,6 +14,7 @@ import torch
 
 from fastvideo3.kernels.fused import triton_available
 from fastvideo3.kernels.lora import lora_delta_
+from fastvideo3.kernels.lora_grouped import lora_group_delta_
 
 ROOT = Path(__file__).resolve().parents[2]
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -91,14 +92,75 @@ def test_triton_kernel_matches_torch_path(dtype):
         assert torch.allclose(got.float(), want.float(), atol=tol, rtol=tol), (got.float() - want.float()).abs().max()
 
 
+def _group_case(dtype, groups=3, n=37, k=48, og=32, rank=16, slots=3, rows=5, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, n, k, generator=g).to(device, dtype)
+    y = torch.randn(rows, n, groups * og, generator=g).to(device, dtype)
+    a = (torch.randn(slots, groups * rank, k, generator=g) * 0.2).to(device, dtype)
+    b = (torch.randn(slots, groups * og, rank, generator=g) * 0.2).to(device, dtype)
+    sl = torch.tensor([2, -1, 0, 2, 1][:rows], dtype=torch.int32, device=device)
+    sc = torch.tensor([0.7, 0.0, 1.0, -0.5, 2.0][:rows], dtype=torch.float32, device=device)
+    return x, y, a, b, sl, sc
+
+
+def _group_reference(x, y, a, b, sl, sc, groups):
+    r, og = a.shape[1] // groups, y.shape[2] // groups
+    want = y.clone().double()
+    for g in range(groups):
+        want[..., g * og:(g + 1) * og] = _reference(x, y[..., g * og:(g + 1) * og], a[:, g * r:(g + 1) * r],
+                                                    b[:, g * og:(g + 1) * og], sl, sc)
+    return want
+
+
+def test_group_torch_path_matches_per_member_reference():
+    x, y, a, b, sl, sc = _group_case(torch.float32)
+    want = _group_reference(x, y, a, b, sl, sc, 3)
+    got = lora_group_delta_(x, y.clone(), a, b, sl, sc, groups=3, impl="torch")
+    assert torch.allclose(got.double(), want, atol=1e-4, rtol=1e-4)
+    assert torch.equal(got[1], y[1])
+
+
+def test_group_shape_errors():
+    x, y, a, b, sl, sc = _group_case(torch.float32)
+    with pytest.raises(ValueError, match="member"):
+        lora_group_delta_(x, y, a, b, sl, sc, groups=2)
+    with pytest.raises(ValueError, match="single layer"):
+        lora_group_delta_(x, y, a, b, sl, sc, groups=3, act="gelu_tanh")
+
+
+@pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()),
+                    reason="needs a GPU, or the Triton interpreter: on a CPU the test below runs it in a child process")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_kernel_grouped_matches_torch_path(dtype):
+    """The two-pass kernels: a 3-member group (fused QKV), one layer with and without the GELU,
+    mixed adapters and a row without one (left bit for bit), short and longer token counts."""
+    device = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    for seed, n, groups in ((0, 37, 3), (1, 130, 1), (2, 9, 2)):
+        x, y, a, b, sl, sc = _group_case(dtype, groups=groups, n=n, seed=seed, device=device)
+        for act in ((None, "gelu_tanh") if groups == 1 else (None,)):
+            want = lora_group_delta_(x, y.clone(), a, b, sl, sc, groups=groups, impl="torch", act=act)
+            got = lora_group_delta_(x, y.clone(), a, b, sl, sc, groups=groups, impl="triton", act=act)
+            assert torch.allclose(got.float(), want.float(), atol=tol, rtol=tol), (got.float() - want.float()).abs().max()
+            if act is None:
+                assert torch.equal(got[1], y[1])
+            # the one-pass kernel, member by member, gives the same
+            r, og = a.shape[1] // groups, y.shape[2] // groups
+            one = y.clone()
+            for g in range(groups):
+                lora_delta_(x, one[..., g * og:(g + 1) * og], a[:, g * r:(g + 1) * r], b[:, g * og:(g + 1) * og],
+                            sl, sc, impl="triton", act=act)
+            assert torch.allclose(got.float(), one.float(), atol=tol, rtol=tol)
+
+
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 @pytest.mark.skipif(INTERPRET, reason="already under the interpreter")
 @pytest.mark.timeout(330)
 def test_triton_kernel_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "triton_kernel_matches or fast_path",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "triton_kernel_matches or triton_kernel_grouped or fast_path",
          "tests/unit/test_lora_kernel.py", "tests/unit/test_lora.py"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "4 passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
+    assert "8 passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1], proc.stdout[-2000:]

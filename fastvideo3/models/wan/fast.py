@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from fastvideo3.kernels import add_norm, attention, attention_available, qk_norm_rope, triton_available
 from fastvideo3.kernels.fused import RopeGrid
 from fastvideo3.models.wan.dit import Tap, WanDiT
+from fastvideo3.models.wan.lora import cross_kv, self_attn_qkv
 
 # The backends "auto" picks for bf16/fp16 on CUDA, in order of preference, from the H200
 # measurements in bench/results/denoiser_h200.json (Wan shapes, TFLOP/s over two machines):
@@ -193,8 +194,7 @@ class FastWanDiT:
             qkv = F.linear(hidden, blk.qkv_w, blk.qkv_b)
             lora = self.lora if self.lora is not None and self.lora.active else None
             if lora:
-                for j, part in enumerate(("to_q", "to_k", "to_v")):
-                    lora.delta_(f"blocks.{i}.attn1.{part}", hidden, qkv[..., j * d:(j + 1) * d])
+                lora.delta_group_(f"blocks.{i}.attn1.qkv", self_attn_qkv(i), hidden, qkv)
             qk = qk_norm_rope(qkv, blk.qk_norm, parts=2, eps=eps, heads=heads, rope=rope, impl=impl)
             o = attention(qk[..., :d].view(b, n, heads, hd), qk[..., d:].view(b, n, heads, hd),
                           qkv[..., 2 * d:].view(b, n, heads, hd), self.attention)
@@ -317,9 +317,7 @@ class FastWanDiT:
         layers = len(self.blocks)
         kv = self._kv_projection(ctx).view(b, t, layers, 2, d)
         if self.lora is not None and self.lora.active:
-            for i in range(layers):
-                self.lora.delta_(f"blocks.{i}.attn2.to_k", ctx, kv[:, :, i, 0])
-                self.lora.delta_(f"blocks.{i}.attn2.to_v", ctx, kv[:, :, i, 1])
+            self.lora.delta_group_("cross_kv", cross_kv(layers), ctx, kv.view(b, t, layers * 2 * d))
         k = F.rms_norm(kv[:, :, :, 0].float(), (d,), eps=self.cfg.eps) * self.k_norm
         k = k.to(ctx.dtype).permute(2, 0, 1, 3).contiguous().view(layers, b, t, self.heads, self.head_dim)
         v = kv[:, :, :, 1].permute(2, 0, 1, 3).contiguous().view(layers, b, t, self.heads, self.head_dim)
