@@ -107,7 +107,40 @@ def _kernels():
                 out = out * tl.sigmoid(1.5957691216057308 * (out + 0.044715 * out * out * out))
             tl.store(ptr, out.to(Y.dtype.element_ty), mask=mask)
 
-    return shrink, expand
+    @triton.jit
+    def widen(X, XW, A, SLOT, SCALE, N, K, sxb, sxn, swb, swn, sas, sar, BLOCKS,
+              R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, F32DOT: tl.constexpr):
+        pid_m = tl.program_id(0)
+        row = tl.program_id(1)
+        slot = tl.load(SLOT + row)
+        has = slot >= 0
+        s = tl.maximum(slot, 0)
+        scale = tl.where(has, tl.load(SCALE + row), 0.0)
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_r = tl.arange(0, R)
+        m_ok = offs_m[:, None] < N
+        acc = tl.zeros((BM, R), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            offs_k = k0 + tl.arange(0, BK)
+            k_ok = offs_k < K
+            mask = m_ok & k_ok[None, :]
+            x = tl.load(X + row * sxb + offs_m[:, None] * sxn + offs_k[None, :], mask=mask, other=0.0)
+            tl.store(XW + row * swb + offs_m[:, None] * swn + offs_k[None, :], x, mask=mask)  # the copy
+            a = tl.load(A + s * sas + offs_r[None, :] * sar + offs_k[:, None], mask=k_ok[:, None], other=0.0)
+            if F32DOT:
+                x, a = x.to(tl.float32), a.to(tl.float32)
+            if IEEE:
+                acc += tl.dot(x, a, input_precision="ieee")
+            else:
+                acc += tl.dot(x, a)
+        xa = tl.where(has, acc * scale, 0.0).to(XW.dtype.element_ty)
+        zero = tl.zeros((BM, R), dtype=XW.dtype.element_ty)
+        r_ok = m_ok & (offs_r[None, :] < R)
+        for j in range(0, BLOCKS):  # the row's slot block gets its down projection, the others zeros
+            val = tl.where(j == slot, xa, zero)
+            tl.store(XW + row * swb + offs_m[:, None] * swn + K + j * R + offs_r[None, :], val, mask=r_ok)
+
+    return shrink, expand, widen
 
 
 def _check(x, y, a, b, slots, scales, groups):
@@ -162,7 +195,7 @@ def _triton(x, y, a, b, slots, scales, groups, gelu):
             raise ValueError(f"a member's output width {og} must be a multiple of 16")
     interp = _interpreting()
     ieee, f32dot = x.dtype == torch.float32, x.dtype == torch.float32 or interp
-    shrink, expand = _kernels()
+    shrink, expand, _ = _kernels()
     bm = 64 if n >= 64 else 16
     while bm > 16 and triton.cdiv(n, bm) * bsz * groups < SHRINK_PROGRAMS:
         bm //= 2  # few token tiles: smaller ones, so the input streams through more SMs
@@ -175,3 +208,71 @@ def _triton(x, y, a, b, slots, scales, groups, gelu):
         xa, y, b, slots, n, out, og, xa.stride(0), y.stride(0), y.stride(1), b.stride(0), b.stride(1),
         R=r, BM=bm_e, BO=bo, IEEE=ieee, F32DOT=f32dot, GELU=gelu)
     return y
+
+
+def lora_widen(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor, scales: torch.Tensor, blocks: int,
+               impl: str = "torch") -> torch.Tensor:
+    """The input of a *widened* GEMM: ``[x | E]``, ``[B, N, K + blocks*R]``, where ``E`` holds, in
+    the ``R`` columns of block ``slots[r]``, row ``r``'s scaled down projection
+    ``scales[r] * x[r] @ a[slots[r]].T`` (fp32 accumulation, rounded once) and zeros in every
+    other block (and everywhere for a row without an adapter). Then
+
+        [x | E] @ [W | up[0] | up[1] | ... | up[blocks-1]].T == x @ W.T + delta
+
+    one GEMM with ``blocks*R`` more inputs adds the delta inside the layer's own GEMM, in its
+    fp32 accumulator and before its epilogue (the FFN's fused GELU stays fused). Slots
+    ``>= blocks`` are not allowed. :func:`widen_weight` builds the matching weight."""
+    bsz, n, k = x.shape
+    r = a.shape[1]
+    if a.dim() != 3 or a.shape[2] != k or slots.shape != (bsz,) or scales.shape != (bsz,):
+        raise ValueError(f"x {tuple(x.shape)}, a {tuple(a.shape)}: a must be [S, R, K]; one slot/scale per row")
+    if not 1 <= blocks <= a.shape[0]:
+        raise ValueError(f"blocks must be in [1, {a.shape[0]}], got {blocks}")
+    if impl == "torch":
+        xw = torch.zeros(bsz, n, k + blocks * r, device=x.device, dtype=x.dtype)
+        xw[..., :k] = x
+        for row in range(bsz):  # host sync: the CPU path only
+            s = int(slots[row])
+            if s >= 0:
+                xa = torch.matmul(x[row].float(), a[s].float().t()) * scales[row]
+                xw[row, :, k + s * r:k + (s + 1) * r] = xa.to(x.dtype)
+        return xw
+    if impl != "triton":
+        raise ValueError(f"impl must be 'triton' or 'torch', got {impl!r}")
+    import triton
+    if x.stride(2) != 1 or a.stride(2) != 1:
+        raise ValueError("the Triton path needs unit stride along the feature dims")
+    if r < 16 or r & (r - 1):
+        raise ValueError(f"the Triton path needs a power-of-two rank >= 16, got {r}")
+    xw = torch.empty(bsz, n, k + blocks * r, device=x.device, dtype=x.dtype)
+    bm = 64 if n >= 64 else 16
+    while bm > 16 and triton.cdiv(n, bm) * bsz < SHRINK_PROGRAMS:
+        bm //= 2
+    interp = _interpreting()
+    _kernels()[2][(triton.cdiv(n, bm), bsz)](
+        x, xw, a, slots, scales, n, k, x.stride(0), x.stride(1), xw.stride(0), xw.stride(1),
+        a.stride(0), a.stride(1), blocks,
+        R=r, BM=bm, BK=64, IEEE=x.dtype == torch.float32, F32DOT=x.dtype == torch.float32 or interp)
+    return xw
+
+
+def widen_weight(w: torch.Tensor, b: torch.Tensor, blocks: int) -> torch.Tensor:
+    """``[W | up[0] | ... | up[blocks-1]]``: ``w`` ``[OUT, K]``, ``b`` (the up weights) ``[S, OUT, R]``
+    -> ``[OUT, K + blocks*R]`` (a copy; the matching input is :func:`lora_widen`'s)."""
+    out, r = b.shape[1], b.shape[2]
+    if w.shape[0] != out:
+        raise ValueError(f"weight {tuple(w.shape)} and up weights {tuple(b.shape)} differ in outputs")
+    return torch.cat([w, b[:blocks].permute(1, 0, 2).reshape(out, blocks * r).to(w.dtype)], dim=1)
+
+
+#: achieved bf16 GEMM FLOPs per byte of HBM traffic on an H200 (~700 TFLOP/s : ~3.8 TB/s):
+#: the exchange rate of :func:`widen_pays`
+FLOPS_PER_BYTE = 180.0
+
+
+def widen_pays(k: int, out: int, extra: int, element_bytes: int) -> bool:
+    """Whether widening a layer's GEMM by ``extra`` inputs (blocks*R) beats the two-pass delta.
+    Per token the widened GEMM does ``2*extra*out`` more FLOPs and writes the ``k``-wide copy of
+    its input; the expand it replaces reads and writes the ``out``-wide output (the shrink's read
+    of the input is common to both)."""
+    return 2.0 * extra * out / FLOPS_PER_BYTE < (2 * out - k) * element_bytes

@@ -91,6 +91,7 @@ class AdapterStore:
         self.counters = {"loads": 0, "unloads": 0, "evictions": 0, "placements": 0}
         self._cond = threading.Condition()
         self._plan: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._blocks = 0  # slots 0 .. _blocks-1 cover every row of the current batch
 
     # -- sizes ----------------------------------------------------------------------------
     @property
@@ -273,6 +274,7 @@ class AdapterStore:
                 e = self.entries[(aid, ver)]  # pinned by acquire: resident and slotted
                 slots[j, row], scales[j, row] = e.slot, scale
         self._plan = (slots.to(self.device), scales.to(self.device))
+        self._blocks = int(slots.max()) + 1  # host tensors: no device sync
         try:
             yield
         finally:
@@ -299,6 +301,29 @@ class AdapterStore:
         for j in range(slots.shape[0]):
             lora_delta_(x, y, self.down[layer], self.up[layer], slots[j], scales[j], impl=self.impl,
                         act=act if j == last else None)
+
+    def linear(self, layer: str, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, gemm=None,
+               act: str | None = None) -> torch.Tensor:
+        """``layer``'s output with the current batch's per-row delta (and then ``act``):
+        ``gemm(x, w, bias)`` is the layer's GEMM (with ``act`` fused, when given; default
+        ``F.linear``). On the Triton path, where :func:`~fastvideo3.kernels.lora_grouped.widen_pays`,
+        the delta goes *inside* that GEMM: its input widened by each row's down projection in
+        its slot's block, its weight by the up weights (one GEMM, the epilogue kept); otherwise
+        the plain GEMM and :meth:`delta_`."""
+        import torch.nn.functional as F
+        from fastvideo3.kernels import lora_grouped as lg
+        if self._plan is None:
+            raise RuntimeError("linear outside AdapterStore.batch()")
+        slots, scales = self._plan
+        down, up = self.down[layer], self.up[layer]
+        k, out = self.shapes[layer]
+        if (self.grouped and self.impl == "triton" and slots.shape[0] == 1
+                and lg.widen_pays(k, out, self._blocks * self.max_rank, x.element_size())):
+            xw = lg.lora_widen(x, down, slots[0], scales[0], self._blocks, impl="triton")
+            return (gemm or F.linear)(xw, lg.widen_weight(w, up, self._blocks), bias)
+        y = F.linear(x, w, bias)
+        self.delta_(layer, x, y, act=act)
+        return y
 
     def delta_group_(self, group: str, members: list[str], x: torch.Tensor, y: torch.Tensor) -> None:
         """Add the current batch's per-row deltas of ``members`` (layers sharing the input ``x``)

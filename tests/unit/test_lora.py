@@ -213,7 +213,8 @@ def test_denoiser_pool_lora_flags():
 # the Triton case runs under the interpreter, in test_lora_kernel.py's child process on a CPU
 @pytest.mark.parametrize("kernel", ["torch"] + (["triton"] if os.environ.get("TRITON_INTERPRET") == "1" else []))
 @pytest.mark.parametrize("grouped", [False, True])
-def test_fast_path_applies_the_same_deltas_as_the_reference(kernel, grouped):
+@pytest.mark.parametrize("stacked", [True, False])
+def test_fast_path_applies_the_same_deltas_as_the_reference(kernel, grouped, stacked):
     """The fast path's calls (fused QKV slices, every block's cross K/V, the FFN with its GELU in
     the LoRA pass) against forward hooks on the reference model, rows mixing two adapters and none."""
     from fastvideo3.models.wan.dit import WanDiT
@@ -230,7 +231,10 @@ def test_fast_path_applies_the_same_deltas_as_the_reference(kernel, grouped):
     a, b = _adapter(1, "a", rank=8), _adapter(2, "b", rank=4)
     for ad in (a, b):
         store.load(ad)
-    rows = [[("a", a.version, 0.7)], [], [("b", b.version, 1.3)], [("a", a.version, 0.7), ("b", b.version, -0.5)]]
+    # stacked: a row with two adapters (one delta launch per adapter); else A, none, B, A: one
+    # adapter per row, where the Triton path widens the GEMMs it pays to widen
+    last = [("a", a.version, 0.7), ("b", b.version, -0.5)] if stacked else [("a", a.version, 0.7)]
+    rows = [[("a", a.version, 0.7)], [], [("b", b.version, 1.3)], last]
     store.acquire("r", [("a", a.version, 0.7), ("b", b.version, 1.0)])
     x, t = torch.randn(4, 16, 2, 8, 8), torch.rand(4) * 1000
     text = torch.randn(4, 7, CFG.text_dim)

@@ -14,7 +14,7 @@ import torch
 
 from fastvideo3.kernels.fused import triton_available
 from fastvideo3.kernels.lora import lora_delta_
-from fastvideo3.kernels.lora_grouped import lora_group_delta_
+from fastvideo3.kernels.lora_grouped import lora_group_delta_, lora_widen, widen_pays, widen_weight
 
 ROOT = Path(__file__).resolve().parents[2]
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -153,14 +153,52 @@ def test_triton_kernel_grouped_matches_torch_path(dtype):
             assert torch.allclose(got.float(), one.float(), atol=tol, rtol=tol)
 
 
+def test_widened_gemm_adds_the_delta():
+    """[x | E] @ [W | up blocks].T == x @ W.T + each row's delta (rows mixing slots, and none)."""
+    x, y, a, b, sl, sc = _case(torch.float32)
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(b.shape[1], x.shape[2], generator=g)
+    base = x @ w.t()
+    want = lora_delta_(x, base.clone(), a, b, sl, sc, impl="torch")
+    xw = lora_widen(x, a, sl, sc, blocks=3, impl="torch")
+    assert xw.shape == (*x.shape[:2], x.shape[2] + 3 * a.shape[1]) and torch.equal(xw[..., :x.shape[2]], x)
+    assert xw[1, :, x.shape[2]:].abs().max() == 0  # no adapter: zeros
+    got = xw @ widen_weight(w, b, 3).t()
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="blocks"):
+        lora_widen(x, a, sl, sc, blocks=4)
+
+
+def test_widen_pays_where_the_output_is_wide_and_the_extra_rank_small():
+    assert widen_pays(1536, 8960, 128, 2)  # Wan 1.3B FFN in, 4 adapters of rank 32
+    assert widen_pays(1536, 1536, 128, 2)
+    assert not widen_pays(1536, 1536, 256, 2)  # 8 adapters of rank 32 (or 4 of rank 64)
+    assert not widen_pays(8960, 1536, 128, 2)  # FFN out: the input copy outweighs the output
+
+
+@pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()),
+                    reason="needs a GPU, or the Triton interpreter: on a CPU the test below runs it in a child process")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_kernel_widen_matches_torch_path(dtype):
+    device = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
+    for seed, n in ((0, 37), (1, 130)):
+        x, _, a, _, sl, sc = _case(dtype, n=n, seed=seed, device=device)
+        want = lora_widen(x, a, sl, sc, blocks=3, impl="torch")
+        got = lora_widen(x, a, sl, sc, blocks=3, impl="triton")
+        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        assert torch.equal(got[..., :x.shape[2]], x)
+        assert torch.allclose(got.float(), want.float(), atol=tol, rtol=tol), (got.float() - want.float()).abs().max()
+        assert got[1, :, x.shape[2]:].abs().max() == 0
+
+
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 @pytest.mark.skipif(INTERPRET, reason="already under the interpreter")
 @pytest.mark.timeout(330)
 def test_triton_kernel_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "triton_kernel_matches or triton_kernel_grouped or fast_path",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "triton_kernel_matches or triton_kernel_grouped or triton_kernel_widen or fast_path",
          "tests/unit/test_lora_kernel.py", "tests/unit/test_lora.py"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "8 passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
+    assert "14 passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
