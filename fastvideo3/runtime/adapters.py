@@ -38,6 +38,8 @@ from fastvideo3.errors import FailedPrecondition, InvalidRequest, NotFound, Reso
 DEFAULT_SLOTS = 8
 DEFAULT_MAX_RANK = 64
 DEFAULT_HOST_BYTES = 4 << 30
+#: device bytes for widened weights kept between steps (``[W | up blocks]`` per layer and slot count)
+DEFAULT_WIDEN_CACHE_BYTES = 2 << 30
 MAX_ADAPTERS_PER_REQUEST = 4
 
 
@@ -85,8 +87,13 @@ class AdapterStore:
                 raise ValueError(f"the members of layer group {name!r} must share one input width")
         self.group_down: dict[str, torch.Tensor] = {}
         self.group_up: dict[str, torch.Tensor] = {}
-        #: the two-pass grouped kernels (True) or one one-pass launch per layer (False)
+        #: the two-pass grouped kernels and widened GEMMs (True) or one one-pass launch per layer (False)
         self.grouped = True
+        #: widened weights by (layer, slot blocks), valid while no slot changes; filled up to the
+        #: budget in the order the forward asks (then built per call: a cyclic pass defeats LRU)
+        self.widen_cache_bytes = DEFAULT_WIDEN_CACHE_BYTES
+        self._widened: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._widened_bytes = 0
         self.merged: tuple[str, str, float] | None = None
         self.counters = {"loads": 0, "unloads": 0, "evictions": 0, "placements": 0}
         self._cond = threading.Condition()
@@ -231,7 +238,24 @@ class AdapterStore:
             self.down[name] = torch.zeros(s, r, k_in, device=self.device, dtype=self.dtype)
             self.up[name] = torch.zeros(s, k_out, r, device=self.device, dtype=self.dtype)
 
+    def _drop_widened(self) -> None:
+        self._widened.clear()
+        self._widened_bytes = 0
+
+    def _widened_weight(self, layer: str, w: torch.Tensor, blocks: int) -> torch.Tensor:
+        from fastvideo3.kernels.lora_grouped import widen_weight
+        hit = self._widened.get((layer, blocks))
+        if hit is not None and hit[0] is w:
+            return hit[1]
+        ww = widen_weight(w, self.up[layer], blocks)
+        nbytes = ww.numel() * ww.element_size()
+        if hit is None and self._widened_bytes + nbytes <= self.widen_cache_bytes:
+            self._widened[(layer, blocks)] = (w, ww)
+            self._widened_bytes += nbytes
+        return ww
+
     def _clear_slot(self, slot: int) -> None:
+        self._drop_widened()
         for name in self.down:
             self.down[name][slot].zero_()
             self.up[name][slot].zero_()
@@ -257,6 +281,7 @@ class AdapterStore:
             self.down[name][slot, :r].copy_(down)
             self.up[name][slot, :, :r].copy_(up)
         e.slot = slot
+        self._drop_widened()
         self.counters["placements"] += 1
 
     # -- the per-row delta -----------------------------------------------------------------
@@ -315,12 +340,11 @@ class AdapterStore:
         if self._plan is None:
             raise RuntimeError("linear outside AdapterStore.batch()")
         slots, scales = self._plan
-        down, up = self.down[layer], self.up[layer]
         k, out = self.shapes[layer]
         if (self.grouped and self.impl == "triton" and slots.shape[0] == 1
                 and lg.widen_pays(k, out, self._blocks * self.max_rank, x.element_size())):
-            xw = lg.lora_widen(x, down, slots[0], scales[0], self._blocks, impl="triton")
-            return (gemm or F.linear)(xw, lg.widen_weight(w, up, self._blocks), bias)
+            xw = lg.lora_widen(x, self.down[layer], slots[0], scales[0], self._blocks, impl="triton")
+            return (gemm or F.linear)(xw, self._widened_weight(layer, w, self._blocks), bias)
         y = F.linear(x, w, bias)
         self.delta_(layer, x, y, act=act)
         return y
@@ -365,6 +389,7 @@ class AdapterStore:
                 "slots": self.n_slots, "max_rank": self.max_rank, "kernel": self.impl,
                 "device_bytes": self.device_bytes, "host_bytes": self._host_bytes(),
                 "host_max_bytes": self.host_max_bytes,
+                "widened_weight_bytes": self._widened_bytes, "widen_cache_bytes": self.widen_cache_bytes,
                 "adapters": [{"id": k[0], "version": k[1], "current": self.current.get(k[0]) == k[1],
                               "rank": e.adapter.rank, "bytes": e.adapter.nbytes, "slot": e.slot,
                               "in_use": len(e.users), "source": e.source}

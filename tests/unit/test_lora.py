@@ -262,3 +262,26 @@ def test_parallel_replica_refuses_adapters():
     ex._forward, ex.mesh = object(), SimpleNamespace(world=2)
     with pytest.raises(FailedPrecondition, match="multi-rank"):
         ex._read_adapter("a", None, random_lora(CFG, 4, 0))
+
+
+def test_widened_weights_are_kept_until_a_slot_changes():
+    """The widened weight [W | up blocks] of a layer is built once per slot layout: a placement
+    (or a cleared slot) drops it; past the byte budget it is built per call and not kept."""
+    store = _store(slots=3)
+    a, b = _adapter(1, "a"), _adapter(2, "b")
+    store.load(a)
+    store.acquire("r1", [("a", a.version, 1.0)])
+    layer = "blocks.0.ffn.net.0.proj"
+    w = torch.randn(CFG.ffn_dim, CFG.inner_dim)
+    first = store._widened_weight(layer, w, 2)
+    assert store._widened_weight(layer, w, 2) is first and store.describe()["widened_weight_bytes"] > 0
+    assert torch.equal(first[:, :CFG.inner_dim], w) and torch.equal(first[:, CFG.inner_dim:CFG.inner_dim + 16],
+                                                                   store.up[layer][0])
+    store.load(b)
+    store.acquire("r2", [("b", b.version, 1.0)])  # places b in slot 1: the kept weight is stale
+    second = store._widened_weight(layer, w, 2)
+    assert second is not first and torch.equal(second[:, CFG.inner_dim + 16:], store.up[layer][1])
+    assert store.up[layer][1].abs().max() > 0
+    store.widen_cache_bytes = 0
+    store._drop_widened()
+    assert store._widened_weight(layer, w, 2) is not store._widened_weight(layer, w, 2)
