@@ -195,19 +195,34 @@ def _triton(x, y, a, b, slots, scales, groups, gelu):
             raise ValueError(f"a member's output width {og} must be a multiple of 16")
     interp = _interpreting()
     ieee, f32dot = x.dtype == torch.float32, x.dtype == torch.float32 or interp
-    shrink, expand, _ = _kernels()
-    bm = 64 if n >= 64 else 16
-    while bm > 16 and triton.cdiv(n, bm) * bsz * groups < SHRINK_PROGRAMS:
-        bm //= 2  # few token tiles: smaller ones, so the input streams through more SMs
-    xa = torch.empty(bsz, n, groups * r, device=x.device, dtype=x.dtype)
-    shrink[(groups, triton.cdiv(n, bm), bsz)](
-        x, xa, a, slots, scales, n, k, x.stride(0), x.stride(1), xa.stride(0), a.stride(0), a.stride(1),
-        R=r, BM=bm, BK=64, IEEE=ieee, F32DOT=f32dot)
+    _, expand, _ = _kernels()
+    xa = lora_shrink(x, a, slots, scales, groups)
     bm_e = 64 if n >= 64 else 16
     expand[(triton.cdiv(out, bo), triton.cdiv(n, bm_e), bsz)](
         xa, y, b, slots, n, out, og, xa.stride(0), y.stride(0), y.stride(1), b.stride(0), b.stride(1),
         R=r, BM=bm_e, BO=bo, IEEE=ieee, F32DOT=f32dot, GELU=gelu)
     return y
+
+
+def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor, scales: torch.Tensor,
+                groups: int = 1) -> torch.Tensor:
+    """The Triton shrink alone: ``[B, N, G*R]``, member ``g``'s columns ``scales[r] * x[r] @
+    a[slots[r], g*R:(g+1)*R].T`` (rounded once); rows without an adapter are left unwritten."""
+    import triton
+    if x.stride(2) != 1 or a.stride(2) != 1:
+        raise ValueError("the Triton path needs unit stride along the feature dims")
+    bsz, n, k = x.shape
+    r = a.shape[1] // groups
+    if r < 16 or r & (r - 1) or a.shape[1] % groups or a.shape[2] != k:
+        raise ValueError(f"a {tuple(a.shape)} must be [S, G*R, {k}] with a power-of-two R >= 16, G={groups}")
+    bm = 64 if n >= 64 else 16
+    while bm > 16 and triton.cdiv(n, bm) * bsz * groups < SHRINK_PROGRAMS:
+        bm //= 2  # few token tiles: smaller ones, so the input streams through more SMs
+    xa = torch.empty(bsz, n, groups * r, device=x.device, dtype=x.dtype)
+    _kernels()[0][(groups, triton.cdiv(n, bm), bsz)](
+        x, xa, a, slots, scales, n, k, x.stride(0), x.stride(1), xa.stride(0), a.stride(0), a.stride(1),
+        R=r, BM=bm, BK=64, IEEE=x.dtype == torch.float32, F32DOT=x.dtype == torch.float32 or _interpreting())
+    return xa
 
 
 def lora_widen(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor, scales: torch.Tensor, blocks: int,

@@ -349,6 +349,30 @@ class AdapterStore:
         self.delta_(layer, x, y, act=act)
         return y
 
+    @property
+    def fuses_norm(self) -> bool:
+        """Whether :meth:`delta_add_norm` fuses (the Triton path, one adapter per row)."""
+        return self._plan is not None and self.grouped and self.impl == "triton" and self._plan[0].shape[0] == 1
+
+    def delta_add_norm(self, layer: str, x_in: torch.Tensor, y: torch.Tensor, x: torch.Tensor, gate, a, b, *,
+                       modulate: bool, eps: float, norm_impl: str = "torch") -> torch.Tensor:
+        """``layer``'s delta added to its output ``y`` (input ``x_in``), then ``add_norm(x, y, gate,
+        a, b)`` (``x`` updated in place; the normed activations returned). Where
+        :attr:`fuses_norm`: one shrink, and the expand inside the residual + norm pass
+        (:mod:`fastvideo3.kernels.lora_norm`), so ``y`` is never written back."""
+        from fastvideo3.kernels.fused import add_norm
+        if self._plan is None:
+            raise RuntimeError("delta_add_norm outside AdapterStore.batch()")
+        if self.fuses_norm:
+            from fastvideo3.kernels.lora_grouped import lora_shrink
+            from fastvideo3.kernels.lora_norm import lora_add_norm
+            slots, scales = self._plan
+            xa = lora_shrink(x_in, self.down[layer], slots[0], scales[0])
+            return lora_add_norm(xa, self.up[layer], slots[0], x, y, gate, a, b, modulate=modulate, eps=eps,
+                                 impl="triton")
+        self.delta_(layer, x_in, y)
+        return add_norm(x, y, gate, a, b, modulate=modulate, eps=eps, impl=norm_impl)
+
     def delta_group_(self, group: str, members: list[str], x: torch.Tensor, y: torch.Tensor) -> None:
         """Add the current batch's per-row deltas of ``members`` (layers sharing the input ``x``)
         to ``y``, their outputs side by side in that order. When the store holds ``group`` with

@@ -191,14 +191,64 @@ def test_triton_kernel_widen_matches_torch_path(dtype):
         assert got[1, :, x.shape[2]:].abs().max() == 0
 
 
+def _norm_case(dtype, n=37, d=160, rank=16, slots=3, rows=5, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    xa = (torch.randn(rows, n, rank, generator=g) * 0.5).to(device, dtype)
+    up = (torch.randn(slots, d, rank, generator=g) * 0.2).to(device, dtype)
+    x = torch.randn(rows, n, d, generator=g).to(device, dtype)
+    y = torch.randn(rows, n, d, generator=g).to(device, dtype)
+    gate = torch.randn(rows, d, generator=g).to(device, torch.float32)
+    a, b = (torch.randn(rows, d, generator=g) * 0.1).to(device), torch.randn(rows, d, generator=g).to(device)
+    w, bias = torch.randn(d, generator=g).to(device, dtype), torch.randn(d, generator=g).to(device, dtype)
+    sl = torch.tensor([2, -1, 0, 2, 1][:rows], dtype=torch.int32, device=device)
+    return xa, up, x, y, gate, a, b, w, bias, sl
+
+
+def test_lora_add_norm_torch_path_is_the_expand_then_add_norm():
+    from fastvideo3.kernels.fused import add_norm
+    from fastvideo3.kernels.lora_norm import lora_add_norm
+    xa, up, x, y, gate, a, b, _, _, sl = _norm_case(torch.float32)
+    y2 = y.clone()
+    for r in range(x.shape[0]):
+        if sl[r] >= 0:
+            y2[r] += xa[r] @ up[int(sl[r])].t()
+    x2 = x.clone()
+    want = add_norm(x2, y2, gate, a, b, modulate=True, eps=1e-6)
+    x1 = x.clone()
+    got = lora_add_norm(xa, up, sl, x1, y.clone(), gate, a, b, modulate=True, eps=1e-6)
+    assert torch.allclose(got, want, atol=1e-5) and torch.allclose(x1, x2, atol=1e-6)
+
+
+@pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()),
+                    reason="needs a GPU, or the Triton interpreter: on a CPU the test below runs it in a child process")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_kernel_lora_add_norm_matches_torch_path(dtype):
+    """The expand fused into the residual + LayerNorm: gated and modulated, ungated and affine,
+    mixed adapters and a row without one, a token count that is not a tile multiple."""
+    from fastvideo3.kernels.lora_norm import lora_add_norm
+    device = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    for seed, n, gated, modulate in ((0, 37, True, True), (1, 20, False, True), (2, 9, True, False)):
+        xa, up, x, y, gate, a, b, w, bias, sl = _norm_case(dtype, n=n, seed=seed, device=device)
+        g = gate if gated else None
+        na, nb = (a, b) if modulate else (w, bias)
+        xt, xk = x.clone(), x.clone()
+        want = lora_add_norm(xa, up, sl, xt, y.clone(), g, na, nb, modulate=modulate, eps=1e-6, impl="torch")
+        got = lora_add_norm(xa, up, sl, xk, y.clone(), g, na, nb, modulate=modulate, eps=1e-6, impl="triton")
+        assert torch.allclose(xk.float(), xt.float(), atol=tol, rtol=tol), (xk.float() - xt.float()).abs().max()
+        assert torch.allclose(got.float(), want.float(), atol=tol, rtol=tol), (got.float() - want.float()).abs().max()
+        if dtype == torch.float32:
+            assert torch.allclose(xk[1], xt[1], atol=1e-6)  # no adapter: the plain residual
+
+
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 @pytest.mark.skipif(INTERPRET, reason="already under the interpreter")
 @pytest.mark.timeout(330)
 def test_triton_kernel_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "triton_kernel_matches or triton_kernel_grouped or triton_kernel_widen or fast_path",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "triton_kernel_matches or triton_kernel_grouped or triton_kernel_widen or triton_kernel_lora_add_norm or fast_path",
          "tests/unit/test_lora_kernel.py", "tests/unit/test_lora.py"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "14 passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
+    assert "16 passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1], proc.stdout[-2000:]

@@ -198,14 +198,17 @@ class FastWanDiT:
             qk = qk_norm_rope(qkv, blk.qk_norm, parts=2, eps=eps, heads=heads, rope=rope, impl=impl)
             o = attention(qk[..., :d].view(b, n, heads, hd), qk[..., d:].view(b, n, heads, hd),
                           qkv[..., 2 * d:].view(b, n, heads, hd), self.attention)
-            if lora:
-                y = lora.linear(f"blocks.{i}.attn1.to_out.0", o.reshape(b, n, d), blk.out_w, blk.out_b)
-            else:
-                y = F.linear(o.reshape(b, n, d), blk.out_w, blk.out_b)
+            # the LoRA delta of a layer feeding a residual + norm goes into that pass (delta_add_norm)
+            y = F.linear(o.reshape(b, n, d), blk.out_w, blk.out_b)
             # gated residual + the cross-attention norm
-            if blk.norm2_w is not None:
+            if lora and blk.norm2_w is not None:
+                hidden = lora.delta_add_norm(f"blocks.{i}.attn1.to_out.0", o.reshape(b, n, d), y, x, m[:, 2],
+                                             blk.norm2_w, blk.norm2_b, modulate=False, eps=eps, norm_impl=impl)
+            elif blk.norm2_w is not None:
                 hidden = add_norm(x, y, m[:, 2], blk.norm2_w, blk.norm2_b, modulate=False, eps=eps, impl=impl)
             else:
+                if lora:
+                    lora.delta_(f"blocks.{i}.attn1.to_out.0", o.reshape(b, n, d), y)
                 x.copy_((x.float() + y.float() * m[:, 2].unsqueeze(1)).to(x.dtype))
                 hidden = x.clone()
             # cross-attention on the precomputed text K/V
@@ -215,22 +218,27 @@ class FastWanDiT:
                 q = F.linear(hidden, blk.q2_w, blk.q2_b)
             q = qk_norm_rope(q, blk.q2_norm, parts=1, eps=eps, heads=heads, impl=impl)
             o = attention(q.view(b, n, heads, hd), k_all[i], v_all[i], self.cross_attention)
+            y = F.linear(o.reshape(b, n, d), blk.out2_w, blk.out2_b)
             if lora:
-                y = lora.linear(f"blocks.{i}.attn2.to_out.0", o.reshape(b, n, d), blk.out2_w, blk.out2_b)
+                hidden = lora.delta_add_norm(f"blocks.{i}.attn2.to_out.0", o.reshape(b, n, d), y, x, None, m[:, 4],
+                                             m[:, 3], modulate=True, eps=eps, norm_impl=impl)
             else:
-                y = F.linear(o.reshape(b, n, d), blk.out2_w, blk.out2_b)
-            hidden = add_norm(x, y, None, m[:, 4], m[:, 3], modulate=True, eps=eps, impl=impl)
+                hidden = add_norm(x, y, None, m[:, 4], m[:, 3], modulate=True, eps=eps, impl=impl)
             # FFN; its gated residual is fused with the next norm (the next block's, or the head's)
             if lora:  # the delta goes in before the GELU: inside the widened GEMM (its GELU epilogue
                 # kept), or in the LoRA pass, which then applies the GELU
                 f1 = lora.linear(f"blocks.{i}.ffn.net.0.proj", hidden, blk.ff1_w, blk.ff1_b, gemm=self._gelu_linear,
                                  act="gelu_tanh")
-                y = lora.linear(f"blocks.{i}.ffn.net.2", f1, blk.ff2_w, blk.ff2_b)
+                y = F.linear(f1, blk.ff2_w, blk.ff2_b)
             else:
                 y = F.linear(self._gelu_linear(hidden, blk.ff1_w, blk.ff1_b), blk.ff2_w, blk.ff2_b)
             scale, shift = (mod[i + 1, :, 1], mod[i + 1, :, 0]) if i + 1 < len(self.blocks) else (
                 final[:, 1], final[:, 0])
-            hidden = add_norm(x, y, m[:, 5], scale, shift, modulate=True, eps=eps, impl=impl)
+            if lora:
+                hidden = lora.delta_add_norm(f"blocks.{i}.ffn.net.2", f1, y, x, m[:, 5], scale, shift, modulate=True,
+                                             eps=eps, norm_impl=impl)
+            else:
+                hidden = add_norm(x, y, m[:, 5], scale, shift, modulate=True, eps=eps, impl=impl)
             if tap:
                 tap(f"block.{i}", x.clone())
 
@@ -284,6 +292,8 @@ class FastWanDiT:
             if blk.norm2_w is not None:
                 hidden = add_norm(x, y, m[:, 2], blk.norm2_w, blk.norm2_b, modulate=False, eps=eps, impl=impl)
             else:
+                if lora:
+                    lora.delta_(f"blocks.{i}.attn1.to_out.0", o.reshape(b, n, d), y)
                 x.copy_((x.float() + y.float() * m[:, 2].unsqueeze(1)).to(x.dtype))
                 hidden = x.clone()
             q = qk_norm_rope(F.linear(hidden, blk.q2_w, blk.q2_b), blk.q2_norm, parts=1, eps=eps, heads=heads,
