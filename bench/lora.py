@@ -11,7 +11,7 @@ every request's cond and uncond rows, a request's two rows next to each other wi
 8 rows are 4 requests with 4 different rank-32 adapters (rows A, A, B, B, C, C, D, D) on every
 adapted layer, against the same 8 rows with no adapter. The per-row delta runs as the pool's
 :class:`AdapterStore` wires it (its layer groups, the Triton kernels of
-:mod:`fastvideo3.kernels.lora_grouped`); the same batch is also timed through the previous path
+:mod:`fastvideo3.kernels.lora_grouped`, :mod:`fastvideo3.kernels.lora_norm`); the same batch is also timed through the previous path
 (``store.grouped = False``: one one-pass launch of :mod:`fastvideo3.kernels.lora` per layer), an
 extra field outside the summary. Forwards with the store switched to the plain PyTorch path
 check both kernels' outputs (relative error). Timings are medians of CUDA-event timed forwards
@@ -159,8 +159,9 @@ def main() -> None:
         "adapted_layers_per_block": len(layer_shapes(cfg)) // cfg.num_layers,
         "rows": args.rows, "requests": args.rows // 2, "row_adapters": [r[0][0] for r in rows],
         "rank": args.rank, "adapters_in_batch": args.adapters,
-        "lora_path": "grouped: QKV and all cross K/V as one shrink + one expand; widened GEMMs where they pay "
-                     "(fastvideo3.kernels.lora_grouped); old_path: one one-pass launch per layer",
+        "lora_path": "grouped: QKV and all cross K/V as one shrink + one expand; the expand inside add_norm for "
+                     "the layers feeding it; widened GEMMs where they pay "
+                     "(fastvideo3.kernels.lora_grouped, lora_norm); old_path: one one-pass launch per layer",
         "shapes": {},
     }
     summary = {"rank": args.rank, "adapters_in_batch": args.adapters, "ms_per_step": {},

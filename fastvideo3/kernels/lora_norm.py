@@ -124,7 +124,7 @@ def lora_add_norm(xa: torch.Tensor, up: torch.Tensor, slots: torch.Tensor, x: to
     a_t, a_stride = _per_sample(a, bsz, d, "a")
     b_t, b_stride = _per_sample(b, bsz, d, "b")
     h = torch.empty_like(x)
-    bm = 16
+    bm = 32 if triton.cdiv(n, 32) * bsz >= 264 else 16  # 16-token tiles when there are few (two per SM)
     _kernel()[(triton.cdiv(n, bm), bsz)](
         xa, up, slots, x, y, gate_t, a_t, b_t, h, n, d, eps, xa.stride(0), up.stride(0), up.stride(1),
         gate_stride, a_stride, b_stride,
