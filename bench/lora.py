@@ -10,10 +10,10 @@ what the pool runs for a batch under the card's default CFG policy (``batched``)
 every request's cond and uncond rows, a request's two rows next to each other with its adapter.
 8 rows are 4 requests with 4 different rank-32 adapters (rows A, A, B, B, C, C, D, D) on every
 adapted layer, against the same 8 rows with no adapter. The per-row delta runs as the pool's
-:class:`AdapterStore` wires it (its layer groups, the Triton kernels of
-:mod:`fastvideo3.kernels.lora_grouped`, :mod:`fastvideo3.kernels.lora_norm`); the same batch is also timed through the previous path
-(``store.grouped = False``: one one-pass launch of :mod:`fastvideo3.kernels.lora` per layer), an
-extra field outside the summary. Forwards with the store switched to the plain PyTorch path
+:class:`AdapterStore` wires it (its layer groups; the Triton kernels of
+:mod:`fastvideo3.kernels.lora_grouped` and :mod:`fastvideo3.kernels.lora_norm`); the same batch
+is also timed through the previous path (``store.grouped = False``: one one-pass launch of
+:mod:`fastvideo3.kernels.lora` per layer), an extra field outside the summary. Forwards with the store switched to the plain PyTorch path
 check both kernels' outputs (relative error). Timings are medians of CUDA-event timed forwards
 after a warm-up, the three variants interleaved forward by forward. The JSON is rewritten after
 every shape, so a run cut short keeps what finished; ``--time-limit`` skips shapes that would
