@@ -13,11 +13,11 @@ adapted layer, against the same 8 rows with no adapter. The per-row delta runs a
 :class:`AdapterStore` wires it (its layer groups; the Triton kernels of
 :mod:`fastvideo3.kernels.lora_grouped` and :mod:`fastvideo3.kernels.lora_norm`); the same batch
 is also timed through the previous path (``store.grouped = False``: one one-pass launch of
-:mod:`fastvideo3.kernels.lora` per layer), an extra field outside the summary. Forwards with the store switched to the plain PyTorch path
-check both kernels' outputs (relative error). Timings are medians of CUDA-event timed forwards
-after a warm-up, the three variants interleaved forward by forward. The JSON is rewritten after
-every shape, so a run cut short keeps what finished; ``--time-limit`` skips shapes that would
-start past it.
+:mod:`fastvideo3.kernels.lora` per layer), an extra field outside the summary. Forwards with
+the store switched to the plain PyTorch path check both kernels' outputs (relative error).
+Timings are medians of CUDA-event timed forwards after a warm-up, the three variants
+interleaved forward by forward. The JSON is rewritten after every shape, so a run cut short
+keeps what finished; ``--time-limit`` skips shapes that would start past it.
 """
 from __future__ import annotations
 

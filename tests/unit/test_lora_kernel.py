@@ -141,7 +141,8 @@ def test_triton_kernel_grouped_matches_torch_path(dtype):
         for act in ((None, "gelu_tanh") if groups == 1 else (None,)):
             want = lora_group_delta_(x, y.clone(), a, b, sl, sc, groups=groups, impl="torch", act=act)
             got = lora_group_delta_(x, y.clone(), a, b, sl, sc, groups=groups, impl="triton", act=act)
-            assert torch.allclose(got.float(), want.float(), atol=tol, rtol=tol), (got.float() - want.float()).abs().max()
+            err = (got.float() - want.float()).abs().max()
+            assert torch.allclose(got.float(), want.float(), atol=tol, rtol=tol), err
             if act is None:
                 assert torch.equal(got[1], y[1])
             # the one-pass kernel, member by member, gives the same
@@ -247,7 +248,9 @@ def test_triton_kernel_lora_add_norm_matches_torch_path(dtype):
 def test_triton_kernel_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "triton_kernel_matches or triton_kernel_grouped or triton_kernel_widen or triton_kernel_lora_add_norm or fast_path",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
+         "triton_kernel_matches or triton_kernel_grouped or triton_kernel_widen or triton_kernel_lora_add_norm"
+         " or fast_path",
          "tests/unit/test_lora_kernel.py", "tests/unit/test_lora.py"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
