@@ -5,15 +5,19 @@
     TRITON_INTERPRET=1 python bench/lora.py --smoke --kernel triton --out out/lora_smoke.json
 
 Wan2.1-1.3B with random bf16 weights drawn on the GPU (no checkpoint on disk), run through the
-fast path the denoiser pool uses (:class:`FastWanDiT`, eager). Per shape (17x256x256 and
-81x480x832, 8 rows) it times one forward of the 8 rows with no adapter, then the same batch with
-4 different rank-32 adapters on every adapted layer (rows A, B, C, D, A, B, C, D), the per-row
-delta running through the segmented low-rank Triton kernel
-(:mod:`fastvideo3.kernels.lora`) from the pool's :class:`AdapterStore`. A third forward with the
-store switched to the plain PyTorch path checks the kernel's output (relative error).
-Timings are medians of CUDA-event timed forwards after a warm-up. The JSON is rewritten after
-every shape, so a run cut short keeps what finished; ``--time-limit`` skips shapes that would
-start past it.
+fast path the denoiser pool uses (:class:`FastWanDiT`, eager on both sides). A denoise step is
+what the pool runs for a batch under the card's default CFG policy (``batched``): one forward of
+every request's cond and uncond rows, a request's two rows next to each other with its adapter.
+8 rows are 4 requests with 4 different rank-32 adapters (rows A, A, B, B, C, C, D, D) on every
+adapted layer, against the same 8 rows with no adapter. The per-row delta runs as the pool's
+:class:`AdapterStore` wires it (its layer groups; the Triton kernels of
+:mod:`fastvideo3.kernels.lora_grouped` and :mod:`fastvideo3.kernels.lora_norm`); the same batch
+is also timed through the previous path (``store.grouped = False``: one one-pass launch of
+:mod:`fastvideo3.kernels.lora` per layer), an extra field outside the summary. Forwards with
+the store switched to the plain PyTorch path check both kernels' outputs (relative error).
+Timings are medians of CUDA-event timed forwards after a warm-up, the three variants
+interleaved forward by forward. The JSON is rewritten after every shape, so a run cut short
+keeps what finished; ``--time-limit`` skips shapes that would start past it.
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ import torch
 
 from fastvideo3.models.wan.dit import WanDiT, WanDiTConfig
 from fastvideo3.models.wan.fast import FastWanDiT
-from fastvideo3.models.wan.lora import layer_shapes, parse_lora
+from fastvideo3.models.wan.lora import layer_shapes, lora_groups, parse_lora
 from fastvideo3.models.wan.synthetic import WAN_1_3B_TRANSFORMER
 from fastvideo3.runtime.adapters import AdapterStore
 
@@ -71,22 +75,29 @@ def inputs(config: dict, frames: int, height: int, width: int, rows: int, device
     return x.to(dtype), t, text.to(dtype)
 
 
-def timed(fn, warm: int, iters: int, cuda: bool) -> list[float]:
-    for _ in range(warm):
+def _once(fn, cuda: bool) -> float:
+    if cuda:
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
         fn()
-    out = []
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b)
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def timed(fns: dict, warm: int, iters: int, cuda: bool) -> dict[str, list[float]]:
+    """Each variant ``warm`` times, then ``iters`` rounds of one timed forward per variant."""
+    for fn in fns.values():
+        for _ in range(warm):
+            fn()
+    out = {k: [] for k in fns}
     for _ in range(iters):
-        if cuda:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t0) * 1e3)
+        for k, fn in fns.items():
+            out[k].append(_once(fn, cuda))
     return out
 
 
@@ -123,15 +134,20 @@ def main() -> None:
     fast = FastWanDiT(model)
     cfg = model.cfg
     store = AdapterStore(layer_shapes(cfg), device, dtype, slots=max(8, args.adapters), max_rank=max(16, args.rank),
-                         impl=None if args.kernel == "auto" else args.kernel)
+                         impl=None if args.kernel == "auto" else args.kernel, groups=lora_groups(cfg))
     fast.lora = store  # as the denoiser pool wires it
     ids = [f"adapter-{i}" for i in range(args.adapters)]
     refs = []
     for i, aid in enumerate(ids):
         info = store.load(random_adapter(cfg, args.rank, i, aid))
         refs.append((aid, info["version"], 1.0))
-    rows = [[refs[r % args.adapters]] for r in range(args.rows)]
-    store.acquire("bench", [r[0] for r in rows[:args.adapters]])
+    if args.rows % 2:
+        sys.exit("--rows must be even: each request has a cond and an uncond row (batched CFG)")
+    # request q = row // 2 (its cond and uncond rows, as the pool orders them) uses adapter q % adapters
+    rows = [[refs[(r // 2) % args.adapters]] for r in range(args.rows)]
+    if len({r[0][0] for r in rows}) != args.adapters:
+        sys.exit("--adapters must be at most --rows / 2 (one adapter per request)")
+    store.acquire("bench", refs)
 
     result = {
         "what": "one DiT forward of a batch whose rows use different LoRA adapters vs the same batch without",
@@ -139,8 +155,14 @@ def main() -> None:
         "model": "tiny (smoke)" if args.smoke else "Wan2.1-1.3B (random bf16 weights)",
         "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
         "torch": torch.__version__, "kernel": store.impl, "dit_path": "fast (eager)",
+        "step": "one DiT forward of every request's cond and uncond rows (CFG policy 'batched', the card default)",
         "adapted_layers_per_block": len(layer_shapes(cfg)) // cfg.num_layers,
-        "rows": args.rows, "rank": args.rank, "adapters_in_batch": args.adapters, "shapes": {},
+        "rows": args.rows, "requests": args.rows // 2, "row_adapters": [r[0][0] for r in rows],
+        "rank": args.rank, "adapters_in_batch": args.adapters,
+        "lora_path": "grouped: QKV and all cross K/V as one shrink + one expand; the expand inside add_norm for "
+                     "the layers feeding it; widened GEMMs where they pay "
+                     "(fastvideo3.kernels.lora_grouped, lora_norm); old_path: one one-pass launch per layer",
+        "shapes": {},
     }
     summary = {"rank": args.rank, "adapters_in_batch": args.adapters, "ms_per_step": {},
                "ms_per_step_no_lora": {}, "overhead_fraction": {}}
@@ -150,6 +172,8 @@ def main() -> None:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 
+    print(f"{'shape':>12} | {'no LoRA':>9} | {'LoRA (ms, overhead)':>17} | {'old path':>16} | rel err new/old",
+          flush=True)
     for frames, height, width in shapes:
         key = f"{frames}x{height}x{width}"
         if time.monotonic() - t_start > args.time_limit:
@@ -167,9 +191,10 @@ def main() -> None:
         summary["ms_per_step"][key] = row["ms_per_step"]
         summary["ms_per_step_no_lora"][key] = row["ms_per_step_no_lora"]
         summary["overhead_fraction"][key] = row["overhead_fraction"]
-        print(f"{key}: {row['ms_per_step_no_lora']:.2f} ms -> {row['ms_per_step']:.2f} ms with {args.adapters} "
-              f"adapters ({100 * row['overhead_fraction']:+.1f}%), kernel rel err "
-              f"{row['kernel_vs_torch_rel_error']:.2e}", flush=True)
+        print(f"{key:>12} | {row['ms_per_step_no_lora']:9.2f} | {row['ms_per_step']:9.2f} "
+              f"{100 * row['overhead_fraction']:+6.1f}% | {row['ms_per_step_old_path']:9.2f} "
+              f"{100 * row['overhead_fraction_old_path']:+6.1f}% | {row['kernel_vs_torch_rel_error']:.1e} "
+              f"{row['old_path_vs_torch_rel_error']:.1e}", flush=True)
         write()
         if cuda:
             torch.cuda.empty_cache()
@@ -188,25 +213,32 @@ def run_shape(args, config, fast, store, rows, frames, height, width, device, dt
     def plain():
         return fast(x, t, text)
 
-    def mixed():
-        with store.batch(rows):
-            return fast(x, t, text)
+    def mixed(grouped: bool = True):
+        store.grouped = grouped
+        try:
+            with store.batch(rows):
+                return fast(x, t, text)
+        finally:
+            store.grouped = True
 
-    base = timed(plain, warm, iters, cuda)
-    lora = timed(mixed, warm, iters, cuda)
-    # the kernel's output against the plain PyTorch path on the same batch
+    runs = timed({"base": plain, "lora": mixed, "old": lambda: mixed(False)}, warm, iters, cuda)
+    base, lora, old = runs["base"], runs["lora"], runs["old"]
+    # both kernels' outputs against the plain PyTorch path on the same batch
     want_base = plain().float()
-    got = mixed().float()
+    got, got_old = mixed().float(), mixed(False).float()
     impl, store.impl = store.impl, "torch"
     want = mixed().float()
     store.impl = impl
     rel = float((got - want).norm() / want.norm())
+    rel_old = float((got_old - want).norm() / want.norm())
     effect = float((want - want_base).norm() / want_base.norm())
-    ms, ms0 = median(lora), median(base)
+    ms, ms0, ms_old = median(lora), median(base), median(old)
     row = {"ms_per_step": round(ms, 3), "ms_per_step_no_lora": round(ms0, 3),
            "overhead_fraction": round(ms / ms0 - 1.0, 4), "timings_ms": [round(v, 3) for v in lora],
            "timings_no_lora_ms": [round(v, 3) for v in base],
-           "kernel_vs_torch_rel_error": rel, "lora_effect_rel": effect,
+           "ms_per_step_old_path": round(ms_old, 3), "overhead_fraction_old_path": round(ms_old / ms0 - 1.0, 4),
+           "timings_old_path_ms": [round(v, 3) for v in old],
+           "kernel_vs_torch_rel_error": rel, "old_path_vs_torch_rel_error": rel_old, "lora_effect_rel": effect,
            "tokens_per_row": int(x.shape[2] * x.shape[3] * x.shape[4] // 4)}
     if cuda:
         row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)

@@ -141,8 +141,8 @@ def _interpreting() -> bool:
 
 def _triton(x, y, a, b, slots, scales, gelu: bool = False):
     import triton
-    if x.stride(2) != 1 or y.stride(2) != 1 or not a.is_contiguous() or not b.is_contiguous():
-        raise ValueError("the Triton path needs unit stride along the feature dims and contiguous adapters")
+    if x.stride(2) != 1 or y.stride(2) != 1 or a.stride(2) != 1 or b.stride(2) != 1:
+        raise ValueError("the Triton path needs unit stride along the feature dims")
     bsz, n, k = x.shape
     out, r = y.shape[2], a.shape[1]
     if r < 16 or r & (r - 1):

@@ -38,6 +38,8 @@ from fastvideo3.errors import FailedPrecondition, InvalidRequest, NotFound, Reso
 DEFAULT_SLOTS = 8
 DEFAULT_MAX_RANK = 64
 DEFAULT_HOST_BYTES = 4 << 30
+#: device bytes for widened weights kept between steps (``[W | up blocks]`` per layer and slot count)
+DEFAULT_WIDEN_CACHE_BYTES = 2 << 30
 MAX_ADAPTERS_PER_REQUEST = 4
 
 
@@ -62,7 +64,8 @@ def adapter_refs(value) -> list[tuple[str, str, float]]:
 class AdapterStore:
     def __init__(self, shapes: dict[str, tuple[int, int]], device: str, dtype: torch.dtype, *,
                  slots: int = DEFAULT_SLOTS, max_rank: int = DEFAULT_MAX_RANK,
-                 host_max_bytes: int = DEFAULT_HOST_BYTES, impl: str | None = None):
+                 host_max_bytes: int = DEFAULT_HOST_BYTES, impl: str | None = None,
+                 groups: dict[str, list[str]] | None = None):
         if slots < 1:
             raise InvalidRequest(f"{slots} adapter slots", field="lora_slots", limit=">= 1")
         if max_rank < 16 or max_rank & (max_rank - 1):
@@ -74,10 +77,28 @@ class AdapterStore:
         self.current: dict[str, str] = {}
         self.down: dict[str, torch.Tensor] = {}
         self.up: dict[str, torch.Tensor] = {}
+        #: layer groups that share one input (a fused QKV; every block's cross-attention K and
+        #: V): their slots live in one stacked down ``[S, G*R, in]`` / up ``[S, sum(out), R]``
+        #: tensor (the members' ``down``/``up`` are views of it), so :meth:`delta_group_` runs
+        #: the whole group as one shrink and one expand
+        self.groups = {name: list(members) for name, members in (groups or {}).items()}
+        for name, members in self.groups.items():
+            if not members or len({shapes[m][0] for m in members}) != 1:
+                raise ValueError(f"the members of layer group {name!r} must share one input width")
+        self.group_down: dict[str, torch.Tensor] = {}
+        self.group_up: dict[str, torch.Tensor] = {}
+        #: the two-pass grouped kernels and widened GEMMs (True) or one one-pass launch per layer (False)
+        self.grouped = True
+        #: widened weights by (layer, slot blocks), valid while no slot changes; filled up to the
+        #: budget in the order the forward asks (then built per call: a cyclic pass defeats LRU)
+        self.widen_cache_bytes = DEFAULT_WIDEN_CACHE_BYTES
+        self._widened: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._widened_bytes = 0
         self.merged: tuple[str, str, float] | None = None
         self.counters = {"loads": 0, "unloads": 0, "evictions": 0, "placements": 0}
         self._cond = threading.Condition()
         self._plan: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._blocks = 0  # slots 0 .. _blocks-1 cover every row of the current batch
 
     # -- sizes ----------------------------------------------------------------------------
     @property
@@ -200,11 +221,41 @@ class AdapterStore:
     # -- device slots ---------------------------------------------------------------------
     def _alloc(self) -> None:
         s, r = self.n_slots, self.max_rank
+        for group, members in self.groups.items():
+            k_in = self.shapes[members[0]][0]
+            outs = [self.shapes[m][1] for m in members]
+            down = torch.zeros(s, r * len(members), k_in, device=self.device, dtype=self.dtype)
+            up = torch.zeros(s, sum(outs), r, device=self.device, dtype=self.dtype)
+            self.group_down[group], self.group_up[group] = down, up
+            off = 0
+            for j, (m, o) in enumerate(zip(members, outs)):
+                self.down[m] = down[:, j * r:(j + 1) * r]
+                self.up[m] = up[:, off:off + o]
+                off += o
         for name, (k_in, k_out) in self.shapes.items():
+            if name in self.down:
+                continue
             self.down[name] = torch.zeros(s, r, k_in, device=self.device, dtype=self.dtype)
             self.up[name] = torch.zeros(s, k_out, r, device=self.device, dtype=self.dtype)
 
+    def _drop_widened(self) -> None:
+        self._widened.clear()
+        self._widened_bytes = 0
+
+    def _widened_weight(self, layer: str, w: torch.Tensor, blocks: int) -> torch.Tensor:
+        from fastvideo3.kernels.lora_grouped import widen_weight
+        hit = self._widened.get((layer, blocks))
+        if hit is not None and hit[0] is w:
+            return hit[1]
+        ww = widen_weight(w, self.up[layer], blocks)
+        nbytes = ww.numel() * ww.element_size()
+        if hit is None and self._widened_bytes + nbytes <= self.widen_cache_bytes:
+            self._widened[(layer, blocks)] = (w, ww)
+            self._widened_bytes += nbytes
+        return ww
+
     def _clear_slot(self, slot: int) -> None:
+        self._drop_widened()
         for name in self.down:
             self.down[name][slot].zero_()
             self.up[name][slot].zero_()
@@ -230,6 +281,7 @@ class AdapterStore:
             self.down[name][slot, :r].copy_(down)
             self.up[name][slot, :, :r].copy_(up)
         e.slot = slot
+        self._drop_widened()
         self.counters["placements"] += 1
 
     # -- the per-row delta -----------------------------------------------------------------
@@ -247,6 +299,7 @@ class AdapterStore:
                 e = self.entries[(aid, ver)]  # pinned by acquire: resident and slotted
                 slots[j, row], scales[j, row] = e.slot, scale
         self._plan = (slots.to(self.device), scales.to(self.device))
+        self._blocks = int(slots.max()) + 1  # host tensors: no device sync
         try:
             yield
         finally:
@@ -264,9 +317,81 @@ class AdapterStore:
         from fastvideo3.kernels.lora import lora_delta_
         slots, scales = self._plan
         last = slots.shape[0] - 1
+        if self.grouped and self.impl == "triton":  # two passes: the input is read once
+            from fastvideo3.kernels.lora_grouped import lora_group_delta_
+            for j in range(slots.shape[0]):
+                lora_group_delta_(x, y, self.down[layer], self.up[layer], slots[j], scales[j], impl="triton",
+                                  act=act if j == last else None)
+            return
         for j in range(slots.shape[0]):
             lora_delta_(x, y, self.down[layer], self.up[layer], slots[j], scales[j], impl=self.impl,
                         act=act if j == last else None)
+
+    def linear(self, layer: str, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, gemm=None,
+               act: str | None = None) -> torch.Tensor:
+        """``layer``'s output with the current batch's per-row delta (and then ``act``):
+        ``gemm(x, w, bias)`` is the layer's GEMM (with ``act`` fused, when given; default
+        ``F.linear``). On the Triton path, where :func:`~fastvideo3.kernels.lora_grouped.widen_pays`,
+        the delta goes *inside* that GEMM: its input widened by each row's down projection in
+        its slot's block, its weight by the up weights (one GEMM, the epilogue kept); otherwise
+        the plain GEMM and :meth:`delta_`."""
+        import torch.nn.functional as F
+        from fastvideo3.kernels import lora_grouped as lg
+        if self._plan is None:
+            raise RuntimeError("linear outside AdapterStore.batch()")
+        slots, scales = self._plan
+        k, out = self.shapes[layer]
+        if (self.grouped and self.impl == "triton" and slots.shape[0] == 1
+                and lg.widen_pays(k, out, self._blocks * self.max_rank, x.element_size())):
+            xw = lg.lora_widen(x, self.down[layer], slots[0], scales[0], self._blocks, impl="triton")
+            return (gemm or F.linear)(xw, self._widened_weight(layer, w, self._blocks), bias)
+        y = F.linear(x, w, bias)
+        self.delta_(layer, x, y, act=act)
+        return y
+
+    @property
+    def fuses_norm(self) -> bool:
+        """Whether :meth:`delta_add_norm` fuses (the Triton path, one adapter per row)."""
+        return self._plan is not None and self.grouped and self.impl == "triton" and self._plan[0].shape[0] == 1
+
+    def delta_add_norm(self, layer: str, x_in: torch.Tensor, y: torch.Tensor, x: torch.Tensor, gate, a, b, *,
+                       modulate: bool, eps: float, norm_impl: str = "torch") -> torch.Tensor:
+        """``layer``'s delta added to its output ``y`` (input ``x_in``), then ``add_norm(x, y, gate,
+        a, b)`` (``x`` updated in place; the normed activations returned). Where
+        :attr:`fuses_norm`: one shrink, and the expand inside the residual + norm pass
+        (:mod:`fastvideo3.kernels.lora_norm`), so ``y`` is never written back."""
+        from fastvideo3.kernels.fused import add_norm
+        if self._plan is None:
+            raise RuntimeError("delta_add_norm outside AdapterStore.batch()")
+        if self.fuses_norm:
+            from fastvideo3.kernels.lora_grouped import lora_shrink
+            from fastvideo3.kernels.lora_norm import lora_add_norm
+            slots, scales = self._plan
+            xa = lora_shrink(x_in, self.down[layer], slots[0], scales[0])
+            return lora_add_norm(xa, self.up[layer], slots[0], x, y, gate, a, b, modulate=modulate, eps=eps,
+                                 impl="triton")
+        self.delta_(layer, x_in, y)
+        return add_norm(x, y, gate, a, b, modulate=modulate, eps=eps, impl=norm_impl)
+
+    def delta_group_(self, group: str, members: list[str], x: torch.Tensor, y: torch.Tensor) -> None:
+        """Add the current batch's per-row deltas of ``members`` (layers sharing the input ``x``)
+        to ``y``, their outputs side by side in that order. When the store holds ``group`` with
+        these members (and the grouped kernels are on): one shrink and one expand for all of
+        them; otherwise one :meth:`delta_` per member on its slice of ``y``."""
+        if self._plan is None:
+            raise RuntimeError("delta_group_ outside AdapterStore.batch()")
+        if self.grouped and self.groups.get(group) == list(members):
+            from fastvideo3.kernels.lora_grouped import lora_group_delta_
+            slots, scales = self._plan
+            down, up = self.group_down[group], self.group_up[group]
+            for j in range(slots.shape[0]):
+                lora_group_delta_(x, y, down, up, slots[j], scales[j], groups=len(members), impl=self.impl)
+            return
+        off = 0
+        for m in members:
+            o = self.shapes[m][1]
+            self.delta_(m, x, y[..., off:off + o])
+            off += o
 
     def hook(self, model: torch.nn.Module, linears: dict[str, torch.nn.Module]) -> list:
         """Forward hooks on the reference model's adapted layers; returns their handles."""
@@ -288,6 +413,7 @@ class AdapterStore:
                 "slots": self.n_slots, "max_rank": self.max_rank, "kernel": self.impl,
                 "device_bytes": self.device_bytes, "host_bytes": self._host_bytes(),
                 "host_max_bytes": self.host_max_bytes,
+                "widened_weight_bytes": self._widened_bytes, "widen_cache_bytes": self.widen_cache_bytes,
                 "adapters": [{"id": k[0], "version": k[1], "current": self.current.get(k[0]) == k[1],
                               "rank": e.adapter.rank, "bytes": e.adapter.nbytes, "slot": e.slot,
                               "in_use": len(e.users), "source": e.source}

@@ -175,10 +175,10 @@ class DenoiserExecutor(_Base):
         self._forward = self._forwards[names[0]]
         # LoRA adapters (fastvideo3.runtime.adapters): a per-row delta on the adapted layers of
         # whichever forward runs (hooks on the reference model, calls inside the fast path)
-        from fastvideo3.models.wan.lora import adapted_linears, layer_shapes
+        from fastvideo3.models.wan.lora import adapted_linears, layer_shapes, lora_groups
         from fastvideo3.runtime.adapters import AdapterStore
         self.adapters = AdapterStore(layer_shapes(self.dit.cfg), self.device, self.dtype, slots=lora_slots,
-                                     max_rank=lora_max_rank)
+                                     max_rank=lora_max_rank, groups=lora_groups(self.dit.cfg))
         self.adapters.hook(self.dit, adapted_linears(self.dit, self.dit.cfg))
         if self.fast:
             self._forward.lora = self.adapters

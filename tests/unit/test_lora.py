@@ -212,7 +212,9 @@ def test_denoiser_pool_lora_flags():
 
 # the Triton case runs under the interpreter, in test_lora_kernel.py's child process on a CPU
 @pytest.mark.parametrize("kernel", ["torch"] + (["triton"] if os.environ.get("TRITON_INTERPRET") == "1" else []))
-def test_fast_path_applies_the_same_deltas_as_the_reference(kernel):
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("stacked", [True, False])
+def test_fast_path_applies_the_same_deltas_as_the_reference(kernel, grouped, stacked):
     """The fast path's calls (fused QKV slices, every block's cross K/V, the FFN with its GELU in
     the LoRA pass) against forward hooks on the reference model, rows mixing two adapters and none."""
     from fastvideo3.models.wan.dit import WanDiT
@@ -220,11 +222,19 @@ def test_fast_path_applies_the_same_deltas_as_the_reference(kernel):
     from fastvideo3.models.wan.lora import adapted_linears
     torch.manual_seed(0)
     model = WanDiT(CFG).eval().requires_grad_(False)
-    store = AdapterStore(layer_shapes(CFG), "cpu", torch.float32, slots=4, max_rank=16, impl=kernel)
+    from fastvideo3.models.wan.lora import lora_groups
+    # grouped: QKV and all cross K/V in stacked slots, two-pass kernels; else one tensor and one
+    # one-pass launch per layer (a store built without groups)
+    store = AdapterStore(layer_shapes(CFG), "cpu", torch.float32, slots=4, max_rank=16, impl=kernel,
+                         groups=lora_groups(CFG) if grouped else None)
+    store.grouped = grouped
     a, b = _adapter(1, "a", rank=8), _adapter(2, "b", rank=4)
     for ad in (a, b):
         store.load(ad)
-    rows = [[("a", a.version, 0.7)], [], [("b", b.version, 1.3)], [("a", a.version, 0.7), ("b", b.version, -0.5)]]
+    # stacked: a row with two adapters (one delta launch per adapter); else A, none, B, A: one
+    # adapter per row, where the Triton path widens the GEMMs it pays to widen
+    last = [("a", a.version, 0.7), ("b", b.version, -0.5)] if stacked else [("a", a.version, 0.7)]
+    rows = [[("a", a.version, 0.7)], [], [("b", b.version, 1.3)], last]
     store.acquire("r", [("a", a.version, 0.7), ("b", b.version, 1.0)])
     x, t = torch.randn(4, 16, 2, 8, 8), torch.rand(4) * 1000
     text = torch.randn(4, 7, CFG.text_dim)
@@ -252,3 +262,26 @@ def test_parallel_replica_refuses_adapters():
     ex._forward, ex.mesh = object(), SimpleNamespace(world=2)
     with pytest.raises(FailedPrecondition, match="multi-rank"):
         ex._read_adapter("a", None, random_lora(CFG, 4, 0))
+
+
+def test_widened_weights_are_kept_until_a_slot_changes():
+    """The widened weight [W | up blocks] of a layer is built once per slot layout: a placement
+    (or a cleared slot) drops it; past the byte budget it is built per call and not kept."""
+    store = _store(slots=3)
+    a, b = _adapter(1, "a"), _adapter(2, "b")
+    store.load(a)
+    store.acquire("r1", [("a", a.version, 1.0)])
+    layer = "blocks.0.ffn.net.0.proj"
+    w = torch.randn(CFG.ffn_dim, CFG.inner_dim)
+    first = store._widened_weight(layer, w, 2)
+    assert store._widened_weight(layer, w, 2) is first and store.describe()["widened_weight_bytes"] > 0
+    assert torch.equal(first[:, :CFG.inner_dim], w) and torch.equal(first[:, CFG.inner_dim:CFG.inner_dim + 16],
+                                                                   store.up[layer][0])
+    store.load(b)
+    store.acquire("r2", [("b", b.version, 1.0)])  # places b in slot 1: the kept weight is stale
+    second = store._widened_weight(layer, w, 2)
+    assert second is not first and torch.equal(second[:, CFG.inner_dim + 16:], store.up[layer][1])
+    assert store.up[layer][1].abs().max() > 0
+    store.widen_cache_bytes = 0
+    store._drop_widened()
+    assert store._widened_weight(layer, w, 2) is not store._widened_weight(layer, w, 2)

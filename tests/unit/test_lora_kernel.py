@@ -14,6 +14,7 @@ import torch
 
 from fastvideo3.kernels.fused import triton_available
 from fastvideo3.kernels.lora import lora_delta_
+from fastvideo3.kernels.lora_grouped import lora_group_delta_, lora_widen, widen_pays, widen_weight
 
 ROOT = Path(__file__).resolve().parents[2]
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -91,14 +92,166 @@ def test_triton_kernel_matches_torch_path(dtype):
         assert torch.allclose(got.float(), want.float(), atol=tol, rtol=tol), (got.float() - want.float()).abs().max()
 
 
+def _group_case(dtype, groups=3, n=37, k=48, og=32, rank=16, slots=3, rows=5, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, n, k, generator=g).to(device, dtype)
+    y = torch.randn(rows, n, groups * og, generator=g).to(device, dtype)
+    a = (torch.randn(slots, groups * rank, k, generator=g) * 0.2).to(device, dtype)
+    b = (torch.randn(slots, groups * og, rank, generator=g) * 0.2).to(device, dtype)
+    sl = torch.tensor([2, -1, 0, 2, 1][:rows], dtype=torch.int32, device=device)
+    sc = torch.tensor([0.7, 0.0, 1.0, -0.5, 2.0][:rows], dtype=torch.float32, device=device)
+    return x, y, a, b, sl, sc
+
+
+def _group_reference(x, y, a, b, sl, sc, groups):
+    r, og = a.shape[1] // groups, y.shape[2] // groups
+    want = y.clone().double()
+    for g in range(groups):
+        want[..., g * og:(g + 1) * og] = _reference(x, y[..., g * og:(g + 1) * og], a[:, g * r:(g + 1) * r],
+                                                    b[:, g * og:(g + 1) * og], sl, sc)
+    return want
+
+
+def test_group_torch_path_matches_per_member_reference():
+    x, y, a, b, sl, sc = _group_case(torch.float32)
+    want = _group_reference(x, y, a, b, sl, sc, 3)
+    got = lora_group_delta_(x, y.clone(), a, b, sl, sc, groups=3, impl="torch")
+    assert torch.allclose(got.double(), want, atol=1e-4, rtol=1e-4)
+    assert torch.equal(got[1], y[1])
+
+
+def test_group_shape_errors():
+    x, y, a, b, sl, sc = _group_case(torch.float32)
+    with pytest.raises(ValueError, match="member"):
+        lora_group_delta_(x, y, a, b, sl, sc, groups=2)
+    with pytest.raises(ValueError, match="single layer"):
+        lora_group_delta_(x, y, a, b, sl, sc, groups=3, act="gelu_tanh")
+
+
+@pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()),
+                    reason="needs a GPU, or the Triton interpreter: on a CPU the test below runs it in a child process")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_kernel_grouped_matches_torch_path(dtype):
+    """The two-pass kernels: a 3-member group (fused QKV), one layer with and without the GELU,
+    mixed adapters and a row without one (left bit for bit), short and longer token counts."""
+    device = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    for seed, n, groups in ((0, 37, 3), (1, 130, 1), (2, 9, 2)):
+        x, y, a, b, sl, sc = _group_case(dtype, groups=groups, n=n, seed=seed, device=device)
+        for act in ((None, "gelu_tanh") if groups == 1 else (None,)):
+            want = lora_group_delta_(x, y.clone(), a, b, sl, sc, groups=groups, impl="torch", act=act)
+            got = lora_group_delta_(x, y.clone(), a, b, sl, sc, groups=groups, impl="triton", act=act)
+            err = (got.float() - want.float()).abs().max()
+            assert torch.allclose(got.float(), want.float(), atol=tol, rtol=tol), err
+            if act is None:
+                assert torch.equal(got[1], y[1])
+            # the one-pass kernel, member by member, gives the same
+            r, og = a.shape[1] // groups, y.shape[2] // groups
+            one = y.clone()
+            for g in range(groups):
+                lora_delta_(x, one[..., g * og:(g + 1) * og], a[:, g * r:(g + 1) * r], b[:, g * og:(g + 1) * og],
+                            sl, sc, impl="triton", act=act)
+            assert torch.allclose(got.float(), one.float(), atol=tol, rtol=tol)
+
+
+def test_widened_gemm_adds_the_delta():
+    """[x | E] @ [W | up blocks].T == x @ W.T + each row's delta (rows mixing slots, and none)."""
+    x, y, a, b, sl, sc = _case(torch.float32)
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(b.shape[1], x.shape[2], generator=g)
+    base = x @ w.t()
+    want = lora_delta_(x, base.clone(), a, b, sl, sc, impl="torch")
+    xw = lora_widen(x, a, sl, sc, blocks=3, impl="torch")
+    assert xw.shape == (*x.shape[:2], x.shape[2] + 3 * a.shape[1]) and torch.equal(xw[..., :x.shape[2]], x)
+    assert xw[1, :, x.shape[2]:].abs().max() == 0  # no adapter: zeros
+    got = xw @ widen_weight(w, b, 3).t()
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="blocks"):
+        lora_widen(x, a, sl, sc, blocks=4)
+
+
+def test_widen_pays_where_the_output_is_wide_and_the_extra_rank_small():
+    assert widen_pays(1536, 8960, 128, 2)  # Wan 1.3B FFN in, 4 adapters of rank 32
+    assert widen_pays(1536, 1536, 128, 2)
+    assert not widen_pays(1536, 1536, 256, 2)  # 8 adapters of rank 32 (or 4 of rank 64)
+    assert not widen_pays(8960, 1536, 128, 2)  # FFN out: the input copy outweighs the output
+
+
+@pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()),
+                    reason="needs a GPU, or the Triton interpreter: on a CPU the test below runs it in a child process")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_kernel_widen_matches_torch_path(dtype):
+    device = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
+    for seed, n in ((0, 37), (1, 130)):
+        x, _, a, _, sl, sc = _case(dtype, n=n, seed=seed, device=device)
+        want = lora_widen(x, a, sl, sc, blocks=3, impl="torch")
+        got = lora_widen(x, a, sl, sc, blocks=3, impl="triton")
+        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        assert torch.equal(got[..., :x.shape[2]], x)
+        assert torch.allclose(got.float(), want.float(), atol=tol, rtol=tol), (got.float() - want.float()).abs().max()
+        assert got[1, :, x.shape[2]:].abs().max() == 0
+
+
+def _norm_case(dtype, n=37, d=160, rank=16, slots=3, rows=5, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    xa = (torch.randn(rows, n, rank, generator=g) * 0.5).to(device, dtype)
+    up = (torch.randn(slots, d, rank, generator=g) * 0.2).to(device, dtype)
+    x = torch.randn(rows, n, d, generator=g).to(device, dtype)
+    y = torch.randn(rows, n, d, generator=g).to(device, dtype)
+    gate = torch.randn(rows, d, generator=g).to(device, torch.float32)
+    a, b = (torch.randn(rows, d, generator=g) * 0.1).to(device), torch.randn(rows, d, generator=g).to(device)
+    w, bias = torch.randn(d, generator=g).to(device, dtype), torch.randn(d, generator=g).to(device, dtype)
+    sl = torch.tensor([2, -1, 0, 2, 1][:rows], dtype=torch.int32, device=device)
+    return xa, up, x, y, gate, a, b, w, bias, sl
+
+
+def test_lora_add_norm_torch_path_is_the_expand_then_add_norm():
+    from fastvideo3.kernels.fused import add_norm
+    from fastvideo3.kernels.lora_norm import lora_add_norm
+    xa, up, x, y, gate, a, b, _, _, sl = _norm_case(torch.float32)
+    y2 = y.clone()
+    for r in range(x.shape[0]):
+        if sl[r] >= 0:
+            y2[r] += xa[r] @ up[int(sl[r])].t()
+    x2 = x.clone()
+    want = add_norm(x2, y2, gate, a, b, modulate=True, eps=1e-6)
+    x1 = x.clone()
+    got = lora_add_norm(xa, up, sl, x1, y.clone(), gate, a, b, modulate=True, eps=1e-6)
+    assert torch.allclose(got, want, atol=1e-5) and torch.allclose(x1, x2, atol=1e-6)
+
+
+@pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()),
+                    reason="needs a GPU, or the Triton interpreter: on a CPU the test below runs it in a child process")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_kernel_lora_add_norm_matches_torch_path(dtype):
+    """The expand fused into the residual + LayerNorm: gated and modulated, ungated and affine,
+    mixed adapters and a row without one, a token count that is not a tile multiple."""
+    from fastvideo3.kernels.lora_norm import lora_add_norm
+    device = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    for seed, n, gated, modulate in ((0, 37, True, True), (1, 20, False, True), (2, 9, True, False)):
+        xa, up, x, y, gate, a, b, w, bias, sl = _norm_case(dtype, n=n, seed=seed, device=device)
+        g = gate if gated else None
+        na, nb = (a, b) if modulate else (w, bias)
+        xt, xk = x.clone(), x.clone()
+        want = lora_add_norm(xa, up, sl, xt, y.clone(), g, na, nb, modulate=modulate, eps=1e-6, impl="torch")
+        got = lora_add_norm(xa, up, sl, xk, y.clone(), g, na, nb, modulate=modulate, eps=1e-6, impl="triton")
+        assert torch.allclose(xk.float(), xt.float(), atol=tol, rtol=tol), (xk.float() - xt.float()).abs().max()
+        assert torch.allclose(got.float(), want.float(), atol=tol, rtol=tol), (got.float() - want.float()).abs().max()
+        if dtype == torch.float32:
+            assert torch.allclose(xk[1], xt[1], atol=1e-6)  # no adapter: the plain residual
+
+
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 @pytest.mark.skipif(INTERPRET, reason="already under the interpreter")
 @pytest.mark.timeout(330)
 def test_triton_kernel_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "triton_kernel_matches or fast_path",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
+         "triton_kernel_matches or triton_kernel_grouped or triton_kernel_widen or triton_kernel_lora_add_norm"
+         " or fast_path",
          "tests/unit/test_lora_kernel.py", "tests/unit/test_lora.py"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "4 passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
+    assert "16 passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1], proc.stdout[-2000:]

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from fastvideo3.kernels import add_norm, attention, attention_available, qk_norm_rope, triton_available
 from fastvideo3.kernels.fused import RopeGrid
 from fastvideo3.models.wan.dit import Tap, WanDiT
+from fastvideo3.models.wan.lora import cross_kv, self_attn_qkv
 
 # The backends "auto" picks for bf16/fp16 on CUDA, in order of preference, from the H200
 # measurements in bench/results/denoiser_h200.json (Wan shapes, TFLOP/s over two machines):
@@ -193,41 +194,51 @@ class FastWanDiT:
             qkv = F.linear(hidden, blk.qkv_w, blk.qkv_b)
             lora = self.lora if self.lora is not None and self.lora.active else None
             if lora:
-                for j, part in enumerate(("to_q", "to_k", "to_v")):
-                    lora.delta_(f"blocks.{i}.attn1.{part}", hidden, qkv[..., j * d:(j + 1) * d])
+                lora.delta_group_(f"blocks.{i}.attn1.qkv", self_attn_qkv(i), hidden, qkv)
             qk = qk_norm_rope(qkv, blk.qk_norm, parts=2, eps=eps, heads=heads, rope=rope, impl=impl)
             o = attention(qk[..., :d].view(b, n, heads, hd), qk[..., d:].view(b, n, heads, hd),
                           qkv[..., 2 * d:].view(b, n, heads, hd), self.attention)
+            # the LoRA delta of a layer feeding a residual + norm goes into that pass (delta_add_norm)
             y = F.linear(o.reshape(b, n, d), blk.out_w, blk.out_b)
-            if lora:
-                lora.delta_(f"blocks.{i}.attn1.to_out.0", o.reshape(b, n, d), y)
             # gated residual + the cross-attention norm
-            if blk.norm2_w is not None:
+            if lora and blk.norm2_w is not None:
+                hidden = lora.delta_add_norm(f"blocks.{i}.attn1.to_out.0", o.reshape(b, n, d), y, x, m[:, 2],
+                                             blk.norm2_w, blk.norm2_b, modulate=False, eps=eps, norm_impl=impl)
+            elif blk.norm2_w is not None:
                 hidden = add_norm(x, y, m[:, 2], blk.norm2_w, blk.norm2_b, modulate=False, eps=eps, impl=impl)
             else:
+                if lora:
+                    lora.delta_(f"blocks.{i}.attn1.to_out.0", o.reshape(b, n, d), y)
                 x.copy_((x.float() + y.float() * m[:, 2].unsqueeze(1)).to(x.dtype))
                 hidden = x.clone()
             # cross-attention on the precomputed text K/V
-            q = F.linear(hidden, blk.q2_w, blk.q2_b)
             if lora:
-                lora.delta_(f"blocks.{i}.attn2.to_q", hidden, q)
+                q = lora.linear(f"blocks.{i}.attn2.to_q", hidden, blk.q2_w, blk.q2_b)
+            else:
+                q = F.linear(hidden, blk.q2_w, blk.q2_b)
             q = qk_norm_rope(q, blk.q2_norm, parts=1, eps=eps, heads=heads, impl=impl)
             o = attention(q.view(b, n, heads, hd), k_all[i], v_all[i], self.cross_attention)
             y = F.linear(o.reshape(b, n, d), blk.out2_w, blk.out2_b)
             if lora:
-                lora.delta_(f"blocks.{i}.attn2.to_out.0", o.reshape(b, n, d), y)
-            hidden = add_norm(x, y, None, m[:, 4], m[:, 3], modulate=True, eps=eps, impl=impl)
+                hidden = lora.delta_add_norm(f"blocks.{i}.attn2.to_out.0", o.reshape(b, n, d), y, x, None, m[:, 4],
+                                             m[:, 3], modulate=True, eps=eps, norm_impl=impl)
+            else:
+                hidden = add_norm(x, y, None, m[:, 4], m[:, 3], modulate=True, eps=eps, impl=impl)
             # FFN; its gated residual is fused with the next norm (the next block's, or the head's)
-            if lora:  # the delta goes in before the GELU: the LoRA pass applies it (no GEMM epilogue)
-                f1 = F.linear(hidden, blk.ff1_w, blk.ff1_b)
-                lora.delta_(f"blocks.{i}.ffn.net.0.proj", hidden, f1, act="gelu_tanh")
+            if lora:  # the delta goes in before the GELU: inside the widened GEMM (its GELU epilogue
+                # kept), or in the LoRA pass, which then applies the GELU
+                f1 = lora.linear(f"blocks.{i}.ffn.net.0.proj", hidden, blk.ff1_w, blk.ff1_b, gemm=self._gelu_linear,
+                                 act="gelu_tanh")
                 y = F.linear(f1, blk.ff2_w, blk.ff2_b)
-                lora.delta_(f"blocks.{i}.ffn.net.2", f1, y)
             else:
                 y = F.linear(self._gelu_linear(hidden, blk.ff1_w, blk.ff1_b), blk.ff2_w, blk.ff2_b)
             scale, shift = (mod[i + 1, :, 1], mod[i + 1, :, 0]) if i + 1 < len(self.blocks) else (
                 final[:, 1], final[:, 0])
-            hidden = add_norm(x, y, m[:, 5], scale, shift, modulate=True, eps=eps, impl=impl)
+            if lora:
+                hidden = lora.delta_add_norm(f"blocks.{i}.ffn.net.2", f1, y, x, m[:, 5], scale, shift, modulate=True,
+                                             eps=eps, norm_impl=impl)
+            else:
+                hidden = add_norm(x, y, m[:, 5], scale, shift, modulate=True, eps=eps, impl=impl)
             if tap:
                 tap(f"block.{i}", x.clone())
 
@@ -281,6 +292,8 @@ class FastWanDiT:
             if blk.norm2_w is not None:
                 hidden = add_norm(x, y, m[:, 2], blk.norm2_w, blk.norm2_b, modulate=False, eps=eps, impl=impl)
             else:
+                if lora:
+                    lora.delta_(f"blocks.{i}.attn1.to_out.0", o.reshape(b, n, d), y)
                 x.copy_((x.float() + y.float() * m[:, 2].unsqueeze(1)).to(x.dtype))
                 hidden = x.clone()
             q = qk_norm_rope(F.linear(hidden, blk.q2_w, blk.q2_b), blk.q2_norm, parts=1, eps=eps, heads=heads,
@@ -317,9 +330,7 @@ class FastWanDiT:
         layers = len(self.blocks)
         kv = self._kv_projection(ctx).view(b, t, layers, 2, d)
         if self.lora is not None and self.lora.active:
-            for i in range(layers):
-                self.lora.delta_(f"blocks.{i}.attn2.to_k", ctx, kv[:, :, i, 0])
-                self.lora.delta_(f"blocks.{i}.attn2.to_v", ctx, kv[:, :, i, 1])
+            self.lora.delta_group_("cross_kv", cross_kv(layers), ctx, kv.view(b, t, layers * 2 * d))
         k = F.rms_norm(kv[:, :, :, 0].float(), (d,), eps=self.cfg.eps) * self.k_norm
         k = k.to(ctx.dtype).permute(2, 0, 1, 3).contiguous().view(layers, b, t, self.heads, self.head_dim)
         v = kv[:, :, :, 1].permute(2, 0, 1, 3).contiguous().view(layers, b, t, self.heads, self.head_dim)

@@ -48,6 +48,25 @@ def layer_shapes(cfg) -> dict[str, tuple[int, int]]:
     return out
 
 
+def self_attn_qkv(i: int) -> list[str]:
+    """Block ``i``'s self-attention Q, K, V: the fused QKV projection's outputs, in order."""
+    return [f"blocks.{i}.attn1.{p}" for p in ("to_q", "to_k", "to_v")]
+
+
+def cross_kv(num_layers: int) -> list[str]:
+    """Every block's cross-attention K and V, interleaved per block as the fast path's fused
+    text K/V projection lays them out: ``[k_0, v_0, k_1, v_1, ...]``."""
+    return [f"blocks.{i}.attn2.{p}" for i in range(num_layers) for p in ("to_k", "to_v")]
+
+
+def lora_groups(cfg) -> dict[str, list[str]]:
+    """The adapted layers that share an input in the fast path, by group name (an
+    AdapterStore's ``groups``): one per block's QKV, and one for all cross-attention K/V."""
+    groups = {f"blocks.{i}.attn1.qkv": self_attn_qkv(i) for i in range(cfg.num_layers)}
+    groups["cross_kv"] = cross_kv(cfg.num_layers)
+    return groups
+
+
 def lora_key_map(cfg, layout: str) -> dict[str, tuple[str, str]]:
     """File key -> (our layer name, part) with part in ``down``, ``up``, ``alpha``."""
     if layout not in LAYOUTS:

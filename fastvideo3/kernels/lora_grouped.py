@@ -1,0 +1,293 @@
+"""Segmented low-rank delta in two passes, for a group of layers that share one input.
+
+``lora_group_delta_(x, y, a, b, slots, scales, groups)`` adds, for every batch row ``r`` with
+``slots[r] >= 0`` and every member ``g`` of the group,
+
+    y[r, :, g*OUT_G:(g+1)*OUT_G] += scales[r] * (x[r] @ a[s, g*R:(g+1)*R].T) @ b[s, g*OUT_G:(g+1)*OUT_G].T
+
+with ``s = slots[r]``. ``a`` is ``[S, G*R, K]`` (the members' down weights stacked along the
+rank axis), ``b`` ``[S, G*OUT_G, R]`` (their up weights stacked along the output axis) and ``y``
+``[B, N, G*OUT_G]`` the members' outputs side by side -- a fused QKV output, or every block's
+cross-attention K and V. ``G = 1`` is a single layer.
+
+Why two passes (``impl="triton"``): the one-pass kernel (:mod:`fastvideo3.kernels.lora`) keeps
+a token tile's down projection in registers, so when there are few token tiles (short clips) it
+splits the output columns over programs that each re-read their tile's whole input row -- for
+the FFN's second layer (8960 inputs) that is several reads of its largest activation per call.
+Here the *shrink* reads ``x`` once for all members (``xa = scale * x @ a.T``, ``[B, N, G*R]``,
+fp32 accumulation, rounded once to the activation dtype) and the *expand* reads that small
+tensor and updates ``y`` in place over a grid of (output tile, token tile, row) programs
+(fp32 accumulation, the sum with ``y`` rounded once; optionally the tanh GELU on every row, the
+FFN's first layer). Both skip rows without an adapter (the GELU pass still visits them). The
+numerics are those of the one-pass kernel. Two launches per group, whatever the mix of adapters.
+
+``impl="torch"``: the one-pass module's PyTorch path, member by member.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from fastvideo3.kernels.lora import _interpreting, lora_delta_
+
+#: aim for at least this many shrink programs (two per SM of an H200) before shrinking BM
+SHRINK_PROGRAMS = 264
+
+
+@functools.lru_cache(maxsize=1)
+def _kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def shrink(X, XA, A, SLOT, SCALE, N, K, sxb, sxn, sab, sas, sar,
+               R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, F32DOT: tl.constexpr):
+        g = tl.program_id(0)  # the member, fastest: the members of one token tile share its x in L2
+        pid_m = tl.program_id(1)
+        row = tl.program_id(2)
+        slot = tl.load(SLOT + row)
+        if slot >= 0:
+            scale = tl.load(SCALE + row)
+            offs_m = pid_m * BM + tl.arange(0, BM)
+            offs_r = tl.arange(0, R)
+            m_ok = offs_m[:, None] < N
+            acc = tl.zeros((BM, R), dtype=tl.float32)
+            a_base = A + slot * sas + (g * R + offs_r[None, :]) * sar
+            for k0 in range(0, K, BK):
+                offs_k = k0 + tl.arange(0, BK)
+                k_ok = offs_k < K
+                x = tl.load(X + row * sxb + offs_m[:, None] * sxn + offs_k[None, :], mask=m_ok & k_ok[None, :],
+                            other=0.0)
+                a = tl.load(a_base + offs_k[:, None], mask=k_ok[:, None], other=0.0)
+                if F32DOT:
+                    x, a = x.to(tl.float32), a.to(tl.float32)
+                if IEEE:
+                    acc += tl.dot(x, a, input_precision="ieee")
+                else:
+                    acc += tl.dot(x, a)
+            ptr = XA + row * sab + offs_m[:, None] * (R * tl.num_programs(0)) + g * R + offs_r[None, :]
+            tl.store(ptr, (acc * scale).to(XA.dtype.element_ty), mask=m_ok & (offs_r[None, :] < R))
+
+    @triton.jit
+    def expand(XA, Y, B, SLOT, N, OUT, OUT_G, sab, syb, syn, sbs, sbo,
+               R: tl.constexpr, BM: tl.constexpr, BO: tl.constexpr, IEEE: tl.constexpr, F32DOT: tl.constexpr,
+               GELU: tl.constexpr):
+        pid_o = tl.program_id(0)  # output tiles fastest: they share the token tile's xa
+        pid_m = tl.program_id(1)
+        row = tl.program_id(2)
+        slot = tl.load(SLOT + row)
+        go = slot >= 0
+        if GELU:
+            go = slot >= -1  # every row gets the activation
+        if go:
+            o0 = pid_o * BO
+            g = o0 // OUT_G  # BO divides OUT_G when the group has several members
+            offs_m = pid_m * BM + tl.arange(0, BM)
+            offs_o = o0 + tl.arange(0, BO)
+            offs_r = tl.arange(0, R)
+            m_ok = offs_m[:, None] < N
+            o_ok = offs_o < OUT
+            mask = m_ok & o_ok[None, :]
+            ptr = Y + row * syb + offs_m[:, None] * syn + offs_o[None, :]
+            out = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+            if slot >= 0:
+                s = tl.maximum(slot, 0)
+                width = R * (OUT // OUT_G)
+                xa = tl.load(XA + row * sab + offs_m[:, None] * width + g * R + offs_r[None, :],
+                             mask=m_ok & (offs_r[None, :] < R), other=0.0)
+                bt = tl.load(B + s * sbs + offs_o[None, :] * sbo + offs_r[:, None], mask=o_ok[None, :], other=0.0)
+                if F32DOT:
+                    xa, bt = xa.to(tl.float32), bt.to(tl.float32)
+                if IEEE:
+                    out += tl.dot(xa, bt, input_precision="ieee")
+                else:
+                    out += tl.dot(xa, bt)
+            if GELU:  # tanh GELU: 0.5 * (1 + tanh(u)) == sigmoid(2u)
+                out = out * tl.sigmoid(1.5957691216057308 * (out + 0.044715 * out * out * out))
+            tl.store(ptr, out.to(Y.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def widen(X, XW, A, SLOT, SCALE, N, K, sxb, sxn, swb, swn, sas, sar, BLOCKS,
+              R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, F32DOT: tl.constexpr):
+        pid_m = tl.program_id(0)
+        row = tl.program_id(1)
+        slot = tl.load(SLOT + row)
+        has = slot >= 0
+        s = tl.maximum(slot, 0)
+        scale = tl.where(has, tl.load(SCALE + row), 0.0)
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_r = tl.arange(0, R)
+        m_ok = offs_m[:, None] < N
+        acc = tl.zeros((BM, R), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            offs_k = k0 + tl.arange(0, BK)
+            k_ok = offs_k < K
+            mask = m_ok & k_ok[None, :]
+            x = tl.load(X + row * sxb + offs_m[:, None] * sxn + offs_k[None, :], mask=mask, other=0.0)
+            tl.store(XW + row * swb + offs_m[:, None] * swn + offs_k[None, :], x, mask=mask)  # the copy
+            a = tl.load(A + s * sas + offs_r[None, :] * sar + offs_k[:, None], mask=k_ok[:, None], other=0.0)
+            if F32DOT:
+                x, a = x.to(tl.float32), a.to(tl.float32)
+            if IEEE:
+                acc += tl.dot(x, a, input_precision="ieee")
+            else:
+                acc += tl.dot(x, a)
+        xa = tl.where(has, acc * scale, 0.0).to(XW.dtype.element_ty)
+        zero = tl.zeros((BM, R), dtype=XW.dtype.element_ty)
+        r_ok = m_ok & (offs_r[None, :] < R)
+        for j in range(0, BLOCKS):  # the row's slot block gets its down projection, the others zeros
+            val = tl.where(j == slot, xa, zero)
+            tl.store(XW + row * swb + offs_m[:, None] * swn + K + j * R + offs_r[None, :], val, mask=r_ok)
+
+    return shrink, expand, widen
+
+
+def _check(x, y, a, b, slots, scales, groups):
+    if x.dim() != 3 or y.dim() != 3 or x.shape[:2] != y.shape[:2]:
+        raise ValueError(f"x {tuple(x.shape)} and y {tuple(y.shape)} must be [B, N, K] and [B, N, G*OUT]")
+    if groups < 1 or a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[1] % groups:
+        raise ValueError(f"a {tuple(a.shape)} / b {tuple(b.shape)} must be [S, G*R, K] / [S, G*OUT, R], G={groups}")
+    r = a.shape[1] // groups
+    if b.shape[2] != r or a.shape[2] != x.shape[2] or b.shape[1] != y.shape[2] or y.shape[2] % groups:
+        raise ValueError(f"adapter dims {tuple(a.shape)}/{tuple(b.shape)} do not fit x {tuple(x.shape)} "
+                         f"y {tuple(y.shape)} with {groups} member(s)")
+    if slots.shape != (x.shape[0],) or scales.shape != (x.shape[0],):
+        raise ValueError("slots and scales need one entry per row")
+
+
+def lora_group_delta_(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, slots: torch.Tensor,
+                      scales: torch.Tensor, groups: int = 1, impl: str = "torch",
+                      act: str | None = None) -> torch.Tensor:
+    """Add each row's low-rank delta of every group member into ``y`` (see the module
+    docstring); returns ``y``. ``slots`` int32 [B] (-1: none), ``scales`` fp32 [B], on ``x``'s
+    device. ``act="gelu_tanh"`` applies the tanh GELU to all of ``y`` afterwards, in the same
+    pass (``groups == 1`` only). No host synchronisation on the Triton path."""
+    _check(x, y, a, b, slots, scales, groups)
+    if act not in (None, "gelu_tanh"):
+        raise ValueError(f"act must be None or 'gelu_tanh', got {act!r}")
+    if act and groups != 1:
+        raise ValueError("act applies to a single layer (groups == 1)")
+    if impl == "torch":
+        r, og = a.shape[1] // groups, y.shape[2] // groups
+        for g in range(groups):
+            lora_delta_(x, y[..., g * og:(g + 1) * og], a[:, g * r:(g + 1) * r], b[:, g * og:(g + 1) * og],
+                        slots, scales, impl="torch", act=act)
+        return y
+    if impl != "triton":
+        raise ValueError(f"impl must be 'triton' or 'torch', got {impl!r}")
+    return _triton(x, y, a, b, slots, scales, groups, act == "gelu_tanh")
+
+
+def _triton(x, y, a, b, slots, scales, groups, gelu):
+    import triton
+    if x.stride(2) != 1 or y.stride(2) != 1 or a.stride(2) != 1 or b.stride(2) != 1:
+        raise ValueError("the Triton path needs unit stride along the feature dims")
+    bsz, n, k = x.shape
+    r, out = a.shape[1] // groups, y.shape[2]
+    og = out // groups
+    if r < 16 or r & (r - 1):
+        raise ValueError(f"the Triton path needs a power-of-two rank >= 16, got {r}")
+    bo = 64
+    if groups > 1 and og % bo:
+        bo = 32 if og % 32 == 0 else 16
+        if og % bo:
+            raise ValueError(f"a member's output width {og} must be a multiple of 16")
+    interp = _interpreting()
+    ieee, f32dot = x.dtype == torch.float32, x.dtype == torch.float32 or interp
+    _, expand, _ = _kernels()
+    xa = lora_shrink(x, a, slots, scales, groups)
+    bm_e = 64 if n >= 64 else 16
+    expand[(triton.cdiv(out, bo), triton.cdiv(n, bm_e), bsz)](
+        xa, y, b, slots, n, out, og, xa.stride(0), y.stride(0), y.stride(1), b.stride(0), b.stride(1),
+        R=r, BM=bm_e, BO=bo, IEEE=ieee, F32DOT=f32dot, GELU=gelu)
+    return y
+
+
+def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor, scales: torch.Tensor,
+                groups: int = 1) -> torch.Tensor:
+    """The Triton shrink alone: ``[B, N, G*R]``, member ``g``'s columns ``scales[r] * x[r] @
+    a[slots[r], g*R:(g+1)*R].T`` (rounded once); rows without an adapter are left unwritten."""
+    import triton
+    if x.stride(2) != 1 or a.stride(2) != 1:
+        raise ValueError("the Triton path needs unit stride along the feature dims")
+    bsz, n, k = x.shape
+    r = a.shape[1] // groups
+    if r < 16 or r & (r - 1) or a.shape[1] % groups or a.shape[2] != k:
+        raise ValueError(f"a {tuple(a.shape)} must be [S, G*R, {k}] with a power-of-two R >= 16, G={groups}")
+    bm = 64 if n >= 64 else 16
+    while bm > 16 and triton.cdiv(n, bm) * bsz * groups < SHRINK_PROGRAMS:
+        bm //= 2  # few token tiles: smaller ones, so the input streams through more SMs
+    xa = torch.empty(bsz, n, groups * r, device=x.device, dtype=x.dtype)
+    _kernels()[0][(groups, triton.cdiv(n, bm), bsz)](
+        x, xa, a, slots, scales, n, k, x.stride(0), x.stride(1), xa.stride(0), a.stride(0), a.stride(1),
+        R=r, BM=bm, BK=64, IEEE=x.dtype == torch.float32, F32DOT=x.dtype == torch.float32 or _interpreting())
+    return xa
+
+
+def lora_widen(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor, scales: torch.Tensor, blocks: int,
+               impl: str = "torch") -> torch.Tensor:
+    """The input of a *widened* GEMM: ``[x | E]``, ``[B, N, K + blocks*R]``, where ``E`` holds, in
+    the ``R`` columns of block ``slots[r]``, row ``r``'s scaled down projection
+    ``scales[r] * x[r] @ a[slots[r]].T`` (fp32 accumulation, rounded once) and zeros in every
+    other block (and everywhere for a row without an adapter). Then
+
+        [x | E] @ [W | up[0] | up[1] | ... | up[blocks-1]].T == x @ W.T + delta
+
+    one GEMM with ``blocks*R`` more inputs adds the delta inside the layer's own GEMM, in its
+    fp32 accumulator and before its epilogue (the FFN's fused GELU stays fused). Slots
+    ``>= blocks`` are not allowed. :func:`widen_weight` builds the matching weight."""
+    bsz, n, k = x.shape
+    r = a.shape[1]
+    if a.dim() != 3 or a.shape[2] != k or slots.shape != (bsz,) or scales.shape != (bsz,):
+        raise ValueError(f"x {tuple(x.shape)}, a {tuple(a.shape)}: a must be [S, R, K]; one slot/scale per row")
+    if not 1 <= blocks <= a.shape[0]:
+        raise ValueError(f"blocks must be in [1, {a.shape[0]}], got {blocks}")
+    if impl == "torch":
+        xw = torch.zeros(bsz, n, k + blocks * r, device=x.device, dtype=x.dtype)
+        xw[..., :k] = x
+        for row in range(bsz):  # host sync: the CPU path only
+            s = int(slots[row])
+            if s >= 0:
+                xa = torch.matmul(x[row].float(), a[s].float().t()) * scales[row]
+                xw[row, :, k + s * r:k + (s + 1) * r] = xa.to(x.dtype)
+        return xw
+    if impl != "triton":
+        raise ValueError(f"impl must be 'triton' or 'torch', got {impl!r}")
+    import triton
+    if x.stride(2) != 1 or a.stride(2) != 1:
+        raise ValueError("the Triton path needs unit stride along the feature dims")
+    if r < 16 or r & (r - 1):
+        raise ValueError(f"the Triton path needs a power-of-two rank >= 16, got {r}")
+    xw = torch.empty(bsz, n, k + blocks * r, device=x.device, dtype=x.dtype)
+    bm = 64 if n >= 64 else 16
+    while bm > 16 and triton.cdiv(n, bm) * bsz < SHRINK_PROGRAMS:
+        bm //= 2
+    interp = _interpreting()
+    _kernels()[2][(triton.cdiv(n, bm), bsz)](
+        x, xw, a, slots, scales, n, k, x.stride(0), x.stride(1), xw.stride(0), xw.stride(1),
+        a.stride(0), a.stride(1), blocks,
+        R=r, BM=bm, BK=64, IEEE=x.dtype == torch.float32, F32DOT=x.dtype == torch.float32 or interp)
+    return xw
+
+
+def widen_weight(w: torch.Tensor, b: torch.Tensor, blocks: int) -> torch.Tensor:
+    """``[W | up[0] | ... | up[blocks-1]]``: ``w`` ``[OUT, K]``, ``b`` (the up weights) ``[S, OUT, R]``
+    -> ``[OUT, K + blocks*R]`` (a copy; the matching input is :func:`lora_widen`'s)."""
+    out, r = b.shape[1], b.shape[2]
+    if w.shape[0] != out:
+        raise ValueError(f"weight {tuple(w.shape)} and up weights {tuple(b.shape)} differ in outputs")
+    return torch.cat([w, b[:blocks].permute(1, 0, 2).reshape(out, blocks * r).to(w.dtype)], dim=1)
+
+
+#: achieved bf16 GEMM FLOPs per byte of HBM traffic on an H200 (~700 TFLOP/s : ~3.8 TB/s):
+#: the exchange rate of :func:`widen_pays`
+FLOPS_PER_BYTE = 180.0
+
+
+def widen_pays(k: int, out: int, extra: int, element_bytes: int) -> bool:
+    """Whether widening a layer's GEMM by ``extra`` inputs (blocks*R) beats the two-pass delta.
+    Per token the widened GEMM does ``2*extra*out`` more FLOPs and writes the ``k``-wide copy of
+    its input; the expand it replaces reads and writes the ``out``-wide output (the shrink's read
+    of the input is common to both)."""
+    return 2.0 * extra * out / FLOPS_PER_BYTE < (2 * out - k) * element_bytes
