@@ -96,6 +96,56 @@ def test_taps_and_limits_match_the_reference():
         FastWanDiT(model, kernels="torch")(torch.randn(1, 16, 1, 2, 80), t[:1], text)
 
 
+def _tiny_card_dit_bf16() -> WanDiT:
+    """The tiny cards' DiT config (patch (1, 4, 4), 9 heads of 32) with seeded weights, all bf16."""
+    from fastvideo3.card.registry import TINY_DIT
+    torch.manual_seed(0)
+    model = WanDiT(WanDiTConfig.from_dict(TINY_DIT))
+    for name, p in model.named_parameters():
+        if p.ndim >= 2 and "scale_shift_table" not in name:
+            torch.nn.init.normal_(p, std=0.05)
+    return model.to(torch.bfloat16).eval().requires_grad_(False)
+
+
+def test_fast_matches_module_on_the_tiny_card_config_bf16():
+    # Regression: on a CPU with AMX, oneDNN's bf16 convolution got this config's (1, 4, 4) patch
+    # embedding wrong, so the module path was 1.34 (relative) from the fast path's GEMM.
+    import copy
+    model = _tiny_card_dit_bf16()
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(1, 16, 3, 16, 16, generator=g).bfloat16()
+    t = torch.tensor([600.0])
+    text = torch.randn(1, 12, 64, generator=g).bfloat16()
+    fp32 = copy.deepcopy(model).float()
+    ref, ours = {}, {}
+    with torch.no_grad():
+        want32 = fp32(x.float(), t, text.float())
+        want = model(x, t, text, tap=lambda n, v: ref.__setitem__(n, v.clone()))
+    got = FastWanDiT(model, share_weights=False)(x, t, text, tap=lambda n, v: ours.__setitem__(n, v.clone()))
+    assert list(ours) == list(ref)
+    assert _rel(ours["patch_embed"], ref["patch_embed"]) < 1e-6  # the same GEMM
+    for name in ref:
+        assert _rel(ours[name], ref[name]) < 2e-2, name
+    # both are bf16 runs of the fp32 function (neither agrees with the other by being wrong alike)
+    assert _rel(want, want32) < 2e-2 and _rel(got, want32) < 2e-2
+
+
+@pytest.mark.parametrize("patch,shape", [((1, 4, 4), (1, 16, 3, 16, 16)), ((1, 2, 2), (2, 16, 3, 8, 10)),
+                                         ((1, 4, 4), (48, 16, 1, 4, 4)), ((1, 2, 2), (48, 16, 1, 2, 2))])
+def test_patch_embedding_is_the_convolution_at_bf16(patch, shape):
+    # the last two: one patch per input, as the sequence-parallel path embeds its tokens; the
+    # first and the third went wrong in oneDNN's bf16 convolution on an AMX CPU
+    from fastvideo3.models.wan.dit import PatchEmbedding
+    torch.manual_seed(0)
+    conv = PatchEmbedding(16, 288, kernel_size=patch, stride=patch).bfloat16().requires_grad_(False)
+    x = torch.randn(*shape).bfloat16()
+    want = torch.nn.functional.conv3d(x.double(), conv.weight.double(), conv.bias.double(), stride=patch)
+    got = conv(x)
+    assert got.shape == want.shape and got.is_contiguous()
+    assert _rel(got, want) < 1e-2
+    assert _rel(conv.float()(x.float()), want) < 1e-5  # fp32 runs the convolution itself
+
+
 def test_denoiser_executor_keeps_the_reference_path_on_cpu():
     pytest.importorskip("pydantic")  # the card layer (absent on some GPU images)
     from fastvideo3.card.registry import wan_tiny

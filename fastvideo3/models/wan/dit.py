@@ -192,6 +192,33 @@ class Block(nn.Module):
         return (x.float() + self.ffn(h).float() * c_gate).type_as(x)
 
 
+class PatchEmbedding(nn.Conv3d):
+    """The patch embedding: a Conv3d whose stride equals its kernel, i.e. one GEMM over each
+    token's (C, pt, ph, pw) patch.
+
+    On a CPU at bf16 it runs as that GEMM instead of the convolution: there PyTorch dispatches
+    the convolution to oneDNN, whose AMX bf16 kernel (``brg_conv_fwd:avx10_1_512_amx``, oneDNN
+    3.12 as shipped in torch 2.13) returns wrong values for strided shapes -- the tiny cards'
+    (1, 4, 4) patch comes out at relative error ~0.75, and one-patch inputs (the sequence-parallel
+    path's) are hit as well (pytorch/pytorch#169688). Its GEMM is correct. Everywhere else (fp32,
+    fp16, CUDA) the convolution runs as before, so those results are unchanged. The parameter
+    names and shapes are Conv3d's (the checkpoint's).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x.device.type != "cpu" or x.dtype != torch.bfloat16 or x.dim() != 5
+                or self.stride != self.kernel_size or self.padding != (0, 0, 0)
+                or self.dilation != (1, 1, 1) or self.groups != 1):
+            return super().forward(x)
+        b, c, f, h, w = x.shape
+        pt, ph, pw = self.kernel_size
+        ff, hh, ww = f // pt, h // ph, w // pw
+        x = x[:, :, :ff * pt, :hh * ph, :ww * pw]  # what the convolution reads (it drops a remainder)
+        patches = x.reshape(b, c, ff, pt, hh, ph, ww, pw).permute(0, 2, 4, 6, 1, 3, 5, 7)
+        y = F.linear(patches.reshape(b, ff * hh * ww, -1), self.weight.reshape(self.out_channels, -1), self.bias)
+        return y.view(b, ff, hh, ww, -1).permute(0, 4, 1, 2, 3).contiguous()
+
+
 class WanDiT(nn.Module):
     """Wan2.1 DiT. ``forward(latents [B,C,F,H,W], timestep [B], text [B,T,text_dim]) -> [B,C,F,H,W]``."""
 
@@ -199,7 +226,7 @@ class WanDiT(nn.Module):
         super().__init__()
         self.cfg = cfg
         dim = cfg.inner_dim
-        self.patch_embedding = nn.Conv3d(cfg.in_channels, dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+        self.patch_embedding = PatchEmbedding(cfg.in_channels, dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
         self.condition_embedder = ConditionEmbedder(cfg)
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.num_layers)])
         self.proj_out = nn.Linear(dim, cfg.out_channels * math.prod(cfg.patch_size))
