@@ -118,6 +118,8 @@ def main() -> None:
                     help="the per-row delta's implementation (auto: Triton on CUDA; triton on a CPU needs "
                          "TRITON_INTERPRET=1)")
     ap.add_argument("--time-limit", type=float, default=170.0, help="start no shape after this many seconds")
+    ap.add_argument("--profile", action="store_true",
+                    help="also record the GPU kernels of one forward with and without adapters, per shape")
     args = ap.parse_args()
     t_start = time.monotonic()
     cuda = not args.smoke
@@ -242,7 +244,29 @@ def run_shape(args, config, fast, store, rows, frames, height, width, device, dt
            "tokens_per_row": int(x.shape[2] * x.shape[3] * x.shape[4] // 4)}
     if cuda:
         row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    if cuda and args.profile:
+        row["profile"] = {"no_lora": kernel_table(plain), "lora": kernel_table(mixed)}
     return row
+
+
+def kernel_table(fn, top: int = 25) -> dict:
+    """GPU kernels of one call of ``fn``: total device ms and the costliest kernels (ms, count)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        dev = getattr(ev, "device_time_total", None)
+        if dev is None:
+            dev = getattr(ev, "cuda_time_total", 0)
+        if dev:
+            rows.append((dev / 1e3, ev.count, ev.key[:120]))
+    rows.sort(reverse=True)
+    return {"device_ms": round(sum(r[0] for r in rows), 3),
+            "kernels": [{"ms": round(ms, 3), "count": n, "name": name} for ms, n, name in rows[:top]]}
 
 
 if __name__ == "__main__":
