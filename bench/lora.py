@@ -259,9 +259,9 @@ def kernel_table(fn, top: int = 25) -> dict:
         torch.cuda.synchronize()
     rows = []
     for ev in prof.key_averages():
-        dev = getattr(ev, "device_time_total", None)
+        dev = getattr(ev, "self_device_time_total", None)  # self: an op's kernels count once
         if dev is None:
-            dev = getattr(ev, "cuda_time_total", 0)
+            dev = getattr(ev, "self_cuda_time_total", 0)
         if dev:
             rows.append((dev / 1e3, ev.count, ev.key[:120]))
     rows.sort(reverse=True)
