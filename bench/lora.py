@@ -118,6 +118,10 @@ def main() -> None:
                     help="the per-row delta's implementation (auto: Triton on CUDA; triton on a CPU needs "
                          "TRITON_INTERPRET=1)")
     ap.add_argument("--time-limit", type=float, default=170.0, help="start no shape after this many seconds")
+    ap.add_argument("--variants", action="store_true",
+                    help="also time the grouped path with its GEMM widening and/or fused norm switched off")
+    ap.add_argument("--no-widen", action="store_true", help="the measured LoRA path without GEMM widening")
+    ap.add_argument("--no-fused-norm", action="store_true", help="the measured LoRA path without the fused norm")
     ap.add_argument("--profile", action="store_true",
                     help="also record the GPU kernels of one forward with and without adapters, per shape")
     args = ap.parse_args()
@@ -138,6 +142,7 @@ def main() -> None:
     store = AdapterStore(layer_shapes(cfg), device, dtype, slots=max(8, args.adapters), max_rank=max(16, args.rank),
                          impl=None if args.kernel == "auto" else args.kernel, groups=lora_groups(cfg))
     fast.lora = store  # as the denoiser pool wires it
+    store.widen, store.fuse_norm = not args.no_widen, not args.no_fused_norm
     ids = [f"adapter-{i}" for i in range(args.adapters)]
     refs = []
     for i, aid in enumerate(ids):
@@ -215,15 +220,22 @@ def run_shape(args, config, fast, store, rows, frames, height, width, device, dt
     def plain():
         return fast(x, t, text)
 
-    def mixed(grouped: bool = True):
-        store.grouped = grouped
+    def mixed(grouped: bool = True, widen: bool = True, fuse_norm: bool = True):
+        store.grouped, store.widen, store.fuse_norm = grouped, widen, fuse_norm
         try:
             with store.batch(rows):
                 return fast(x, t, text)
         finally:
-            store.grouped = True
+            store.grouped, store.widen, store.fuse_norm = True, defaults[0], defaults[1]
 
-    runs = timed({"base": plain, "lora": mixed, "old": lambda: mixed(False)}, warm, iters, cuda)
+    defaults = (store.widen, store.fuse_norm)
+    fns = {"base": plain, "lora": lambda: mixed(widen=defaults[0], fuse_norm=defaults[1]),
+           "old": lambda: mixed(False)}
+    if args.variants:  # the grouped path with each of its fusions off, timed in the same loop
+        fns.update({"no_widen": lambda: mixed(widen=False, fuse_norm=defaults[1]),
+                    "no_fused_norm": lambda: mixed(widen=defaults[0], fuse_norm=False),
+                    "two_pass_only": lambda: mixed(widen=False, fuse_norm=False)})
+    runs = timed(fns, warm, iters, cuda)
     base, lora, old = runs["base"], runs["lora"], runs["old"]
     # both kernels' outputs against the plain PyTorch path on the same batch
     want_base = plain().float()
@@ -244,6 +256,10 @@ def run_shape(args, config, fast, store, rows, frames, height, width, device, dt
            "tokens_per_row": int(x.shape[2] * x.shape[3] * x.shape[4] // 4)}
     if cuda:
         row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    for name in ("no_widen", "no_fused_norm", "two_pass_only"):
+        if name in runs:
+            row.setdefault("variants_ms", {})[name] = round(median(runs[name]), 3)
+            row.setdefault("variants_overhead_fraction", {})[name] = round(median(runs[name]) / ms0 - 1.0, 4)
     if cuda and args.profile:
         row["profile"] = {"no_lora": kernel_table(plain), "lora": kernel_table(mixed)}
     return row

@@ -92,6 +92,8 @@ class AdapterStore:
         #: widened weights by (layer, slot blocks), valid while no slot changes; filled up to the
         #: budget in the order the forward asks (then built per call: a cyclic pass defeats LRU)
         self.widen_cache_bytes = DEFAULT_WIDEN_CACHE_BYTES
+        self.widen = True  # the delta inside the layer's GEMM where widen_pays
+        self.fuse_norm = True  # the expand inside the residual + norm pass
         self._widened: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._widened_bytes = 0
         self.merged: tuple[str, str, float] | None = None
@@ -341,7 +343,7 @@ class AdapterStore:
             raise RuntimeError("linear outside AdapterStore.batch()")
         slots, scales = self._plan
         k, out = self.shapes[layer]
-        if (self.grouped and self.impl == "triton" and slots.shape[0] == 1
+        if (self.grouped and self.widen and self.impl == "triton" and slots.shape[0] == 1
                 and lg.widen_pays(k, out, self._blocks * self.max_rank, x.element_size())):
             xw = lg.lora_widen(x, self.down[layer], slots[0], scales[0], self._blocks, impl="triton")
             return (gemm or F.linear)(xw, self._widened_weight(layer, w, self._blocks), bias)
@@ -352,7 +354,8 @@ class AdapterStore:
     @property
     def fuses_norm(self) -> bool:
         """Whether :meth:`delta_add_norm` fuses (the Triton path, one adapter per row)."""
-        return self._plan is not None and self.grouped and self.impl == "triton" and self._plan[0].shape[0] == 1
+        return (self._plan is not None and self.grouped and self.fuse_norm and self.impl == "triton"
+                and self._plan[0].shape[0] == 1)
 
     def delta_add_norm(self, layer: str, x_in: torch.Tensor, y: torch.Tensor, x: torch.Tensor, gate, a, b, *,
                        modulate: bool, eps: float, norm_impl: str = "torch") -> torch.Tensor:
