@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from fastvideo3.card import registry  # noqa: E402
 from fastvideo3.models.wan.components import WEIGHTS_DIR, TextEncoder, load_dit, load_shipped  # noqa: E402
 from fastvideo3.training.data import ShapesDataset, eval_prompts  # noqa: E402
-from fastvideo3.training.probe import direction_probe  # noqa: E402
+from fastvideo3.training.probe import caption_probe, direction_probe  # noqa: E402
 from fastvideo3.training.trainer import DiTTrainConfig, JointTrainer, train_dit  # noqa: E402
 from fastvideo3.training.vae import LatentCodec, build_vae  # noqa: E402
 
@@ -52,6 +52,8 @@ def main(argv=None) -> int:
     p.add_argument("--reuse", type=int, default=2)
     p.add_argument("--probe-every", type=float, default=120)
     p.add_argument("--seeds", default="0,1")
+    p.add_argument("--sample-probe", action="store_true", help="also sample, decode and score clips at each probe")
+    p.add_argument("--shared-noise-off", action="store_true")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -73,8 +75,14 @@ def main(argv=None) -> int:
     data = ShapesDataset(seed=11, frames=a.frames, height=a.size, width=a.size)
     seeds = [int(s) for s in a.seeds.split(",")]
 
+    held_out = ShapesDataset(seed=99, frames=a.frames, height=a.size, width=a.size)
+
     def probe():  # the raw weights (the EMA lags in a short run); EMA at the end below
-        return direction_probe(tr.dit, tr.text, codec, eval_prompts(), seeds, a.frames, a.size, steps=10, guidance=3.0)
+        res = caption_probe(tr.dit, tr.text, codec, held_out, clips=32)
+        if a.sample_probe:
+            res.update(direction_probe(tr.dit, tr.text, codec, eval_prompts(), seeds, a.frames, a.size,
+                                       steps=10, guidance=3.0))
+        return res
 
     t0 = time.perf_counter()
     dlog = train_dit(tr, codec, data, print, probe=probe, probe_every_s=a.probe_every)
@@ -82,6 +90,7 @@ def main(argv=None) -> int:
     ema_text.model = tr.ema_text.shadow
     ema = direction_probe(tr.ema_dit.shadow, ema_text, codec, eval_prompts(), seeds, a.frames, a.size,
                           steps=10, guidance=3.0)
+    ema.update(caption_probe(tr.ema_dit.shadow, ema_text, codec, held_out, clips=32))
     print("ema probe", ema)
     rec = {"args": vars(a), "dit": over, "params": sum(p.numel() for p in dit.parameters()),
            "steps": dlog.steps, "samples": dlog.samples, "seconds": round(time.perf_counter() - t0, 1),

@@ -38,7 +38,7 @@ from fastvideo3.runtime.engine import Engine  # noqa: E402
 from fastvideo3.training.checkpoint import save_shipped  # noqa: E402
 from fastvideo3.training.data import ShapesDataset, eval_prompts  # noqa: E402
 from fastvideo3.training.distill import DistillConfig, PairSet, distill_student  # noqa: E402
-from fastvideo3.training.probe import direction_probe  # noqa: E402
+from fastvideo3.training.probe import caption_probe, direction_probe  # noqa: E402
 from fastvideo3.training.rollout import Rollout  # noqa: E402
 from fastvideo3.training.trainer import DiTTrainConfig, JointTrainer, train_dit  # noqa: E402
 from fastvideo3.training.vae import (  # noqa: E402
@@ -352,6 +352,16 @@ def train_dit_stage(a, vae, seeded, wdir: Path, init: Path | None, record: dict,
                           text_lr=a.dit_lr / 2, warmup=a.dit_warmup, ema_decay=a.ema_decay, reuse=a.dit_reuse,
                           groups=a.groups, text_aux=a.text_aux, autocast="bf16" if bf16 else None)
     trainer = JointTrainer(dit, text, dcfg, dev)  # the EMAs start from the loaded (EMA) weights
+    if dcfg.autocast:  # one forward/backward under autocast first: on any error, train in fp32
+        try:
+            x = torch.randn(4, 16, (a.frames - 1) // 4 + 1, a.size // 8, a.size // 8, device=dev)
+            trainer.loss(x, eval_prompts()[:4]).backward()
+            trainer.opt.zero_grad(set_to_none=True)
+        except Exception as e:  # noqa: BLE001
+            log(f"bf16 autocast failed ({type(e).__name__}: {e}); training in fp32")
+            dcfg.autocast = None
+            trainer.opt.zero_grad(set_to_none=True)
+            bf16 = False
     start_batch, prev_steps = 0, 0
     if resumed:
         st = torch.load(state_file, map_location="cpu", weights_only=False)
@@ -366,10 +376,15 @@ def train_dit_stage(a, vae, seeded, wdir: Path, init: Path | None, record: dict,
     seeds = [int(x) for x in a.dir_probe_seeds.split(",")]
     prompts = eval_prompts()
 
+    held_out = ShapesDataset(seed=99, frames=a.frames, height=a.size, width=a.size)
+
     def dir_probe() -> dict:  # the EMA: what ships
-        return direction_probe(trainer.ema_dit.shadow, ema_text, codec, prompts, seeds, a.frames, a.size,
-                               steps=a.dir_probe_steps, guidance=a.dir_probe_guidance, device=dev,
-                               autocast=torch.bfloat16 if bf16 else None)
+        ac = torch.bfloat16 if bf16 else None
+        res = direction_probe(trainer.ema_dit.shadow, ema_text, codec, prompts, seeds, a.frames, a.size,
+                              steps=a.dir_probe_steps, guidance=a.dir_probe_guidance, device=dev, autocast=ac)
+        res.update(caption_probe(trainer.ema_dit.shadow, ema_text, codec, held_out, clips=4 if a.smoke else 32,
+                                 device=dev, autocast=ac))
+        return res
 
     hits = []
 

@@ -206,6 +206,7 @@ def train_dit(trainer: JointTrainer, codec, data: ShapesDataset, log=print, prob
                "probe_seconds": round(time.perf_counter() - t, 1), **res}
         out.probes.append(res)
         log(f"probe at step {step}: direction {res.get('direction')} color {res.get('color')} "
+            f"caption-probe direction {res.get('direction_acc')} gap {res.get('direction_gap')} color {res.get('color_acc')} "
             f"adherence {res.get('adherence')} travel {res.get('median_travel')} ({res['probe_seconds']}s)")
         return bool(stop and stop(res))
 
