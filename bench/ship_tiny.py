@@ -5,7 +5,8 @@
 
 Copies ``wan-tiny/{transformer,text_encoder,vae}.safetensors`` and
 ``wan-tiny-4step/transformer.safetensors`` (those the run has) into ``fastvideo3/weights/`` and
-rewrites, in ``fastvideo3/card/registry.py``, ``TINY_DIT`` (the run's DiT config),
+rewrites, in ``fastvideo3/card/registry.py``, ``TINY_SHIPPED_DIT`` (the run's DiT config; the
+seeded baseline card keeps ``TINY_DIT``),
 ``TINY_VAE_STATS``, ``TINY_GUIDANCE`` (from the run's ``train_log.json`` card update) and
 ``SHIPPED_DIGESTS`` (full-content sha256 of the shipped files). Refuses a file over 10 MB.
 """
@@ -64,8 +65,12 @@ def main(argv=None) -> int:
     print("files:", ", ".join(have) or "none")
     src = REGISTRY.read_text()
     from fastvideo3.card import registry
-    if "TINY_DIT" in upd and upd["TINY_DIT"] != registry.TINY_DIT:
-        src = replace_block(src, "TINY_DIT", fmt_dict("TINY_DIT", upd["TINY_DIT"]))
+    if "TINY_DIT" in upd:  # the shipped cards' DiT; the seeded baseline keeps TINY_DIT
+        new = fmt_dict("TINY_SHIPPED_DIT", upd["TINY_DIT"])
+        if re.search(r"^TINY_SHIPPED_DIT = dict\(TINY_DIT\)$", src, flags=re.M):
+            src = re.sub(r"^TINY_SHIPPED_DIT = dict\(TINY_DIT\)$", lambda m: new, src, flags=re.M)
+        else:
+            src = replace_block(src, "TINY_SHIPPED_DIT", new)
     if "TINY_VAE_STATS" in upd and upd["TINY_VAE_STATS"] != registry.TINY_VAE_STATS:
         src = replace_block(src, "TINY_VAE_STATS", fmt_dict("TINY_VAE_STATS", upd["TINY_VAE_STATS"]))
     if "TINY_GUIDANCE" in upd:
@@ -80,7 +85,7 @@ def main(argv=None) -> int:
     body = "SHIPPED_DIGESTS = {\n" + "".join(f'    "{k}":\n        "{v}",\n' for k, v in digests.items()) + "}"
     src = re.sub(r"^SHIPPED_DIGESTS = \{\n.*?^\}", body, src, flags=re.S | re.M)
     REGISTRY.write_text(src)
-    print(f"updated {REGISTRY.relative_to(ROOT)}: TINY_DIT, TINY_VAE_STATS, TINY_GUIDANCE, SHIPPED_DIGESTS")
+    print(f"updated {REGISTRY.relative_to(ROOT)}: TINY_SHIPPED_DIT, TINY_VAE_STATS, TINY_GUIDANCE, SHIPPED_DIGESTS")
     return 0
 
 
