@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -86,10 +87,12 @@ def evaluate(card_name: str, steps: int, seeds: list[int], device: str | None, p
         "guidance": r0.guidance, "cfg_policy": r0.cfg_policy, "clips": n,
         "adherence_pct": rate("adherent"), "color_pct": rate("color_ok"), "direction_pct": rate("direction_ok"),
         "shape_pct": rate("shape_ok"),
+        "median_travel": round(statistics.median(float(r.scores.get("travel", 0.0)) for r in recs), 4),
         "dit_evals_per_clip": counters["rows"] / n, "dit_forward_calls": counters["forwards"],
         "seconds": round(seconds, 1), "weights": r0.weights_version,
         "clips_detail": [{"prompt": r.prompt, "seed": r.seed, "color": r.scores["color"],
                           "direction": r.scores["direction"], "shape": r.scores["shape"],
+                          "travel": round(float(r.scores.get("travel", 0.0)), 4),
                           "adherent": r.scores["adherent"]} for r in recs],
     }
 
@@ -109,16 +112,22 @@ def main(argv=None) -> int:
     prompts = eval_prompts()
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     results = []
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    out = Path(a.out or Path(__file__).parent / "results" / f"quality_{kind}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
     for item in a.cards.split(","):
         name, steps = item.split("@")
         res = evaluate(name, int(steps), seeds, device, prompts, Path(a.run) if a.run else None)
         results.append(res)
         print(f"{name:16s} steps={steps:>3s} adherence {res['adherence_pct']:5.1f}%  color {res['color_pct']:5.1f}%  "
-              f"direction {res['direction_pct']:5.1f}%  shape {res['shape_pct']:5.1f}%  "
+              f"direction {res['direction_pct']:5.1f}%  shape {res['shape_pct']:5.1f}%  travel {res['median_travel']:.2f}  "
               f"DiT evals/clip {res['dit_evals_per_clip']:.0f}  ({res['seconds']:.0f}s)", flush=True)
-    kind = "cuda" if device.startswith("cuda") else "cpu"
-    out = Path(a.out or Path(__file__).parent / "results" / f"quality_{kind}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
+        write_report(out, a, argv, device, seeds, results)  # after every card: a cut-off run keeps its cards
+    print(f"wrote {out}")
+    return 0
+
+
+def write_report(out: Path, a, argv, device: str, seeds, results) -> None:
     report = {
         "command": "python bench/quality.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "device": torch.cuda.get_device_name() if device.startswith("cuda") else (platform.processor() or "cpu"),
@@ -130,8 +139,6 @@ def main(argv=None) -> int:
         "results": results,
     }
     out.write_text(json.dumps(report, indent=1))
-    print(f"wrote {out}")
-    return 0
 
 
 if __name__ == "__main__":
