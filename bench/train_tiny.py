@@ -301,7 +301,10 @@ def main(argv=None) -> int:
         }
     save_record()
     copy_weights(wdir, out)
-    plot_losses(record, out / "train_loss.png", log)
+    try:
+        plot_losses(record, out / "train_loss.png", log)
+    except Exception as e:  # noqa: BLE001  (a plot must never cost the run its weights)
+        log(f"no plot: {type(e).__name__}: {e}")
     log(f"done in {record['total_seconds']}s")
     return 0
 

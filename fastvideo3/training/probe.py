@@ -113,8 +113,7 @@ def caption_probe(dit, text_encoder, codec, data, clips: int = 32, sigmas=(0.6, 
     dit.eval()
     scenes = [data.scene(start + i) for i in range(clips)]
     video = data.render(scenes, device)
-    with _autocast(device, autocast):
-        x0 = torch.cat([codec.encode(video[i : i + 8]) for i in range(0, clips, 8)]).float()
+    x0 = torch.cat([codec.encode(video[i : i + 8]) for i in range(0, clips, 8)]).float()
     gen = torch.Generator().manual_seed(1234)
     eps = torch.randn(x0.shape, generator=gen).to(device)
     out: dict = {}

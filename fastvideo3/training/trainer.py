@@ -224,8 +224,7 @@ def train_dit(trainer: JointTrainer, codec, data: ShapesDataset, log=print, prob
         else:
             video, captions = data.batch(batch_index, c.batch_size, trainer.device)
         batch_index += 1
-        with trainer.autocast():
-            x0 = codec.encode(video).float()
+        x0 = codec.encode(video).float()  # fp32 targets (the VAE is cheap)
         weight = latent_shape_weight(video, c.shape_weight) if c.shape_weight else None
         for _ in range(c.reuse):
             progress = (elapsed / c.time_budget_s) if c.time_budget_s else step / c.steps
