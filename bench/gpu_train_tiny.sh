@@ -6,6 +6,8 @@
 #                                               #   guidance probe, 4-step student, final probes, quality.py)
 #   SMOKE=1 DEVICE=cpu OUT=/tmp/x bash bench/gpu_train_tiny.sh 1   # the same commands at smoke sizes on a CPU
 #
+# Chunk 2's split can move without code changes: DIT2 (DiT seconds, default 170; the DiT is cut
+# anyway so rollouts + distillation fit CS2=400 s), ROLL2 (rollouts, 50), DISTILL2 (student, 110).
 # Wheels missing from the machine (pydantic and its deps) are installed from .wheels/ when present.
 # What comes back: $OUT/c1 = log.txt train_log.json train_loss.png train_state.pt
 # wan-tiny/{transformer,text_encoder}.safetensors (6 files, each <= 10 MB);
@@ -33,10 +35,10 @@ if [ "$CHUNK" = 1 ]; then
     --ema-decay 0.999 --dir-probe-every 60 "${EXTRA[@]}" 2>&1 | grep -v "dit step [0-9]*[1-9]50 " | tail -n 70
 else
   timeout -k 5 ${T2:-440} $PY bench/train_tiny.py --device "$DEVICE" --resume "$PREV" --stages dit,probe,distill \
-    --out "$OUT/c2" --weights-dir /tmp/tiny_w2 --chunk-seconds ${CS2:-400} --dit-seconds 170 \
+    --out "$OUT/c2" --weights-dir /tmp/tiny_w2 --chunk-seconds ${CS2:-400} --dit-seconds ${DIT2:-170} \
     --dit-batch 256 --dit-lr 5e-4 --dit-warmup 100 --dit-reuse 2 --ema-decay 0.999 \
     --dir-probe-every 40 --stop-direction 0.85 --probe-guidance 2,3,5 --teacher-steps 25 \
-    --rollout-seconds 50 --rollout-wave 256 --max-pairs 8192 --distill-seconds 110 --distill-batch 128 \
+    --rollout-seconds ${ROLL2:-50} --rollout-wave 256 --max-pairs 8192 --distill-seconds ${DISTILL2:-110} --distill-batch 128 \
     --reserve-seconds 45 --final-probe --no-state "${EXTRA[@]}" 2>&1 | grep -v "step [0-9]*[1-9]50 " | tail -n 70
   QSEEDS=0,1
   [ -n "${SMOKE:-}" ] && QSEEDS=0
