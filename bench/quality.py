@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -35,8 +36,37 @@ from fastvideo3.training.rollout import Rollout  # noqa: E402
 RUNS = (("wan-tiny", 50), ("wan-tiny-4step", 4), ("wan-tiny-seeded", 50))
 
 
-def evaluate(card_name: str, steps: int, seeds: list[int], device: str | None, prompts: list[str]) -> dict:
+def run_card(card_name: str, run: Path):
+    """A tiny card as a training run's output directory made it: the run's weight files (the
+    package's VAE when the run did not retrain it) and its ``train_log.json`` card update (DiT
+    config, latent statistics, guidance) — what ``bench/ship_tiny.py`` would put in the package."""
     card = get_card(card_name)
+    if card_name not in ("wan-tiny", "wan-tiny-4step"):
+        return card
+    import tempfile
+
+    from fastvideo3.models.wan.components import WEIGHTS_DIR
+    upd = json.loads((run / "train_log.json").read_text())["card_update"]
+    root = Path(tempfile.mkdtemp(prefix="tiny_run_"))
+    for rel in ("wan-tiny/text_encoder.safetensors", "wan-tiny/transformer.safetensors", "wan-tiny/vae.safetensors",
+                "wan-tiny-4step/transformer.safetensors"):
+        src = run / rel if (run / rel).exists() else WEIGHTS_DIR / rel
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).symlink_to(src.resolve())
+    comps = dict(card.components)
+    if "TINY_DIT" in upd:
+        comps["transformer"] = comps["transformer"].model_copy(update={"config": dict(upd["TINY_DIT"])})
+    if "TINY_VAE_STATS" in upd:
+        comps["vae"] = comps["vae"].model_copy(update={"config": {**comps["vae"].config, **upd["TINY_VAE_STATS"]}})
+    update = {"components": comps, "checkpoint": card.checkpoint.model_copy(update={"root": str(root), "digests": {}})}
+    if card_name == "wan-tiny" and "TINY_GUIDANCE" in upd:
+        update["limits"] = card.limits.model_copy(update={"default_guidance": upd["TINY_GUIDANCE"]})
+    return card.model_copy(update=update)
+
+
+def evaluate(card_name: str, steps: int, seeds: list[int], device: str | None, prompts: list[str],
+             run: Path | None = None) -> dict:
+    card = run_card(card_name, run) if run is not None else get_card(card_name)
     scorer = AdherenceScorer()
     t0 = time.perf_counter()
     with Engine(card, device=device) as engine:
@@ -57,10 +87,12 @@ def evaluate(card_name: str, steps: int, seeds: list[int], device: str | None, p
         "guidance": r0.guidance, "cfg_policy": r0.cfg_policy, "clips": n,
         "adherence_pct": rate("adherent"), "color_pct": rate("color_ok"), "direction_pct": rate("direction_ok"),
         "shape_pct": rate("shape_ok"),
+        "median_travel": round(statistics.median(float(r.scores.get("travel", 0.0)) for r in recs), 4),
         "dit_evals_per_clip": counters["rows"] / n, "dit_forward_calls": counters["forwards"],
         "seconds": round(seconds, 1), "weights": r0.weights_version,
         "clips_detail": [{"prompt": r.prompt, "seed": r.seed, "color": r.scores["color"],
                           "direction": r.scores["direction"], "shape": r.scores["shape"],
+                          "travel": round(float(r.scores.get("travel", 0.0)), 4),
                           "adherent": r.scores["adherent"]} for r in recs],
     }
 
@@ -71,22 +103,31 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", default="0,1", help="comma-separated seeds per prompt")
     p.add_argument("--cards", default=",".join(f"{c}@{s}" for c, s in RUNS), help="card@steps,...")
     p.add_argument("--out", default=None, help="JSON path (default bench/results/quality_<device>.json)")
+    p.add_argument("--run", default=None,
+                   help="a bench/train_tiny.py output directory: score its weights and card update "
+                        "instead of the package's")
     a = p.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     seeds = [int(s) for s in a.seeds.split(",")]
     prompts = eval_prompts()
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     results = []
-    for item in a.cards.split(","):
-        name, steps = item.split("@")
-        res = evaluate(name, int(steps), seeds, device, prompts)
-        results.append(res)
-        print(f"{name:16s} steps={steps:>3s} adherence {res['adherence_pct']:5.1f}%  color {res['color_pct']:5.1f}%  "
-              f"direction {res['direction_pct']:5.1f}%  shape {res['shape_pct']:5.1f}%  "
-              f"DiT evals/clip {res['dit_evals_per_clip']:.0f}  ({res['seconds']:.0f}s)", flush=True)
     kind = "cuda" if device.startswith("cuda") else "cpu"
     out = Path(a.out or Path(__file__).parent / "results" / f"quality_{kind}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
+    for item in a.cards.split(","):
+        name, steps = item.split("@")
+        res = evaluate(name, int(steps), seeds, device, prompts, Path(a.run) if a.run else None)
+        results.append(res)
+        print(f"{name:16s} steps={steps:>3s} adherence {res['adherence_pct']:5.1f}%  color {res['color_pct']:5.1f}%  "
+              f"direction {res['direction_pct']:5.1f}%  shape {res['shape_pct']:5.1f}%  travel {res['median_travel']:.2f}  "
+              f"DiT evals/clip {res['dit_evals_per_clip']:.0f}  ({res['seconds']:.0f}s)", flush=True)
+        write_report(out, a, argv, device, seeds, results)  # after every card: a cut-off run keeps its cards
+    print(f"wrote {out}")
+    return 0
+
+
+def write_report(out: Path, a, argv, device: str, seeds, results) -> None:
     report = {
         "command": "python bench/quality.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "device": torch.cuda.get_device_name() if device.startswith("cuda") else (platform.processor() or "cpu"),
@@ -94,11 +135,10 @@ def main(argv=None) -> int:
         "prompt_set": "eval_prompts(): 20 prompts (every color x direction), seeds " + a.seeds,
         "criterion": "color AND direction detected from the decoded frames match the prompt",
         "chance_pct": round(100.0 / (5 * 4), 1),
+        "weights": a.run or "the package's (fastvideo3/weights)",
         "results": results,
     }
     out.write_text(json.dumps(report, indent=1))
-    print(f"wrote {out}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from fastvideo3.runtime.engine import Engine  # noqa: E402
 from fastvideo3.training.checkpoint import save_shipped  # noqa: E402
 from fastvideo3.training.data import ShapesDataset, eval_prompts  # noqa: E402
 from fastvideo3.training.distill import DistillConfig, PairSet, distill_student  # noqa: E402
+from fastvideo3.training.probe import caption_probe, direction_probe  # noqa: E402
 from fastvideo3.training.rollout import Rollout  # noqa: E402
 from fastvideo3.training.trainer import DiTTrainConfig, JointTrainer, train_dit  # noqa: E402
 from fastvideo3.training.vae import (  # noqa: E402
@@ -78,12 +79,64 @@ def parse(argv=None):
                         "guidance, and a DiT stage continues from its DiT and text encoder")
     p.add_argument("--guidance", type=float, default=None, help="guidance when the probe stage is skipped")
     p.add_argument("--final-probe", action="store_true", help="probe both trained cards at the end")
+    # -- chunks: a run that continues a previous chunk's checkpoint --------------------------
+    p.add_argument("--resume", default=None,
+                   help="a previous chunk's --out: its train_log.json, EMA weights and train_state.pt (raw "
+                        "weights, counters); implies --init-from DIR and continues its DiT training")
+    p.add_argument("--chunk-seconds", type=float, default=None,
+                   help="wall-clock budget of this whole run: the DiT stage is cut so the later stages "
+                        "(their own budgets plus --reserve-seconds) still fit")
+    p.add_argument("--reserve-seconds", type=float, default=30,
+                   help="with --chunk-seconds: time kept for probes, saving and start-up beyond the stage budgets")
+    p.add_argument("--no-state", action="store_true", help="do not write train_state.pt (a last chunk)")
+    # -- the DiT recipe -----------------------------------------------------------------------
+    p.add_argument("--patch", default="1,2,2",
+                   help="DiT patch (t,h,w); 1,2,2 gives 16 px tokens at 128 px (1,4,4: 32 px tokens, "
+                        "the shipped CPU weights)")
+    p.add_argument("--dit-config", default=None, help="JSON overrides of the DiT config (TINY_DIT)")
+    p.add_argument("--groups", action=argparse.BooleanOptionalAction, default=True,
+                   help="direction groups: every scene in all four directions in one batch, shared noise")
+    p.add_argument("--text-aux", type=float, default=0.1,
+                   help="weight of the auxiliary direction classifier on the text encoder's output (0: off)")
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                   help="bf16 autocast for the DiT stage (default: on with CUDA)")
+    p.add_argument("--dit-reuse", type=int, default=3, help="optimizer steps per rendered+encoded batch")
+    p.add_argument("--dit-warmup", type=int, default=200)
+    p.add_argument("--ema-decay", type=float, default=0.999)
+    p.add_argument("--dir-probe-every", type=float, default=60,
+                   help="seconds between direction probes in the DiT stage (0: only at the end)")
+    p.add_argument("--dir-probe-seeds", default="0,1", help="seeds per eval prompt of the direction probe")
+    p.add_argument("--dir-probe-steps", type=int, default=16, help="Euler steps of the direction probe")
+    p.add_argument("--dir-probe-guidance", type=float, default=3.0)
+    p.add_argument("--stop-direction", type=float, default=None,
+                   help="end the DiT stage once two probes in a row reach this direction rate")
     a = p.parse_args(argv)
+    if a.resume:
+        a.init_from = a.resume
     if a.smoke:
         a.frames, a.size, a.vae_frames, a.vae_batch, a.dit_batch = 5, 32, 5, 2, 4
         a.vae_seconds, a.dit_seconds, a.rollout_seconds, a.distill_seconds = 8, 10, 5, 5
         a.rollout_wave, a.max_pairs, a.distill_batch, a.teacher_steps, a.probe_prompts = 4, 8, 4, 4, 4
+        a.dir_probe_steps, a.dir_probe_seeds, a.dit_warmup = 4, "0", 10
     return a
+
+
+def dit_overrides(a, prev: dict) -> dict:
+    """The DiT config of this run: the registry's TINY_DIT with a previous chunk's or this run's changes."""
+    if prev.get("card_update", {}).get("TINY_DIT"):
+        return dict(prev["card_update"]["TINY_DIT"])
+    cfg = dict(registry.TINY_DIT)
+    cfg["patch_size"] = [int(x) for x in a.patch.split(",")]
+    if a.dit_config:
+        cfg.update(json.loads(a.dit_config))
+    return cfg
+
+
+def with_dit(card, dit_cfg: dict):
+    comps = dict(card.components)
+    t = comps["transformer"]
+    comps["transformer"] = t.model_copy(update={"config": dict(dit_cfg)})
+    return card.model_copy(update={"components": comps})
 
 
 class Logger:
@@ -98,12 +151,14 @@ class Logger:
         self.f.flush()
 
 
-def trained_card(stats: dict, guidance: float, weights_dir: Path):
-    """The wan-tiny cards as this run produced them (its weights, latent statistics, guidance)."""
+def trained_card(stats: dict, guidance: float, weights_dir: Path, dit_cfg: dict | None = None):
+    """The wan-tiny cards as this run produced them (its weights, DiT config, latent statistics, guidance)."""
     def patch(card):
         vae = card.components["vae"]
         comps = dict(card.components)
         comps["vae"] = vae.model_copy(update={"config": {**vae.config, **stats}})
+        if dit_cfg is not None:
+            comps["transformer"] = comps["transformer"].model_copy(update={"config": dict(dit_cfg)})
         return card.model_copy(update={
             "components": comps, "limits": card.limits.model_copy(update={"default_guidance": guidance}),
             "checkpoint": card.checkpoint.model_copy(update={"root": str(weights_dir.resolve())})})
@@ -145,7 +200,6 @@ def main(argv=None) -> int:
                     "args": vars(a), "device": torch.cuda.get_device_name() if dev.startswith("cuda") else platform.processor() or "cpu",
                     "torch": torch.__version__, "stages": {}}
     t_start = time.perf_counter()
-    seeded = registry.wan_tiny_seeded()
 
     def save_record() -> None:  # after every stage, so a run stopped early still leaves its log
         record["total_seconds"] = round(time.perf_counter() - t_start, 1)
@@ -154,11 +208,20 @@ def main(argv=None) -> int:
     stages = set(a.stages.split(","))
     init = Path(a.init_from) if a.init_from else None
     prev = json.loads((init / "train_log.json").read_text()) if init else {}
+    dit_cfg = dit_overrides(a, prev)
+    seeded = with_dit(registry.wan_tiny_seeded(), dit_cfg)
+    record["card_update"] = {"TINY_DIT": dit_cfg}
+    record["chunks"] = prev.get("chunks", []) + [{"command": record["command"], "stages": a.stages}]
     if init:
         record["init_from"] = {"dir": str(init), "command": prev.get("command"), "stages": {
             k: {f: v.get(f) for f in ("steps", "seconds", "samples", "pairs")} for k, v in prev.get("stages", {}).items()}}
 
     def take(component: str) -> None:  # a skipped stage's weights, from the previous run
+        if component == "vae" and (init is None or not (init / FILES["vae"]).exists()):
+            return  # the package's shipped VAE (unchanged)
+        if init is None and component == "student":
+            log("no 4-step student yet: a later chunk with --stages ...,distill makes it")
+            return
         if init is None:
             raise SystemExit(f"--stages without the stage that makes {component} needs --init-from")
         if component == "student" and not (init / FILES[component]).exists():
@@ -172,11 +235,19 @@ def main(argv=None) -> int:
     vae = build_vae(registry.TINY_VAE)
     if "vae" not in stages:
         take("vae")
-        stats = prev["card_update"]["TINY_VAE_STATS"]
+        if init is None or not (init / FILES["vae"]).exists():  # the shipped VAE and its statistics
+            stats = prev.get("card_update", {}).get("TINY_VAE_STATS") or dict(registry.TINY_VAE_STATS)
+            vae_file = WEIGHTS_DIR / FILES["vae"]
+        else:
+            stats = prev["card_update"]["TINY_VAE_STATS"]
+            vae_file = wdir / FILES["vae"]
         vae.register_to_config(**stats)
-        load_shipped(vae, wdir / FILES["vae"])
+        load_shipped(vae, vae_file)
+        if vae_file.resolve() != (wdir / FILES["vae"]).resolve():  # the served cards read it from wdir
+            (wdir / FILES["vae"]).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(vae_file, wdir / FILES["vae"])
         vae.to(dev).eval().requires_grad_(False)
-        record["card_update"] = {"TINY_VAE_STATS": stats}
+        record["card_update"]["TINY_VAE_STATS"] = stats
     else:
         stats = train_vae_stage(a, vae, wdir, record, dev, log)
     save_record()
@@ -187,6 +258,12 @@ def main(argv=None) -> int:
 
     # -- stage 2: DiT + text encoder (flow matching) ----------------------------------------
     if "dit" in stages:
+        later = (a.rollout_seconds + a.distill_seconds if "distill" in stages else 0) + a.reserve_seconds
+        if a.chunk_seconds is not None:
+            left = a.chunk_seconds - (time.perf_counter() - t_start) - later
+            if left < a.dit_seconds:
+                log(f"dit budget cut to {left:.0f}s to fit --chunk-seconds {a.chunk_seconds:.0f}")
+                a.dit_seconds = max(5.0, left)
         train_dit_stage(a, vae, seeded, wdir, init, record, dev, log)
     else:
         take("transformer")
@@ -197,7 +274,7 @@ def main(argv=None) -> int:
     prompts = eval_prompts()[: a.probe_prompts]
     if "probe" in stages:
         gvals = [float(g) for g in a.probe_guidance.split(",")]
-        teacher_card, _ = trained_card(stats, gvals[0], wdir)
+        teacher_card, _ = trained_card(stats, gvals[0], wdir, dit_cfg)
         probes = {g: probe(teacher_card, prompts, [101], dev, log, a.teacher_steps, g, a.size, a.frames) for g in gvals}
         # ties go to the guidance nearest 3 (a usual flow-model default), then the lower one
         best = max(gvals, key=lambda g: (probes[g]["adherence"], -abs(g - 3.0), -g))
@@ -205,8 +282,9 @@ def main(argv=None) -> int:
                                               "results": {str(g): r for g, r in probes.items()}}
         log(f"guidance picked: {best}")
     else:
-        best = a.guidance if a.guidance is not None else prev["card_update"]["TINY_GUIDANCE"]
-    teacher_card, student_card = trained_card(stats, best, wdir)
+        best = a.guidance if a.guidance is not None else prev.get("card_update", {}).get(
+            "TINY_GUIDANCE", registry.TINY_GUIDANCE)
+    teacher_card, student_card = trained_card(stats, best, wdir, dit_cfg)
     record["card_update"]["TINY_GUIDANCE"] = best
     save_record()
 
@@ -223,15 +301,22 @@ def main(argv=None) -> int:
         }
     save_record()
     copy_weights(wdir, out)
-    plot_losses(record, out / "train_loss.png", log)
+    try:
+        plot_losses(record, out / "train_loss.png", log)
+    except Exception as e:  # noqa: BLE001  (a plot must never cost the run its weights)
+        log(f"no plot: {type(e).__name__}: {e}")
     log(f"done in {record['total_seconds']}s")
     return 0
 
 
 def copy_weights(wdir: Path, out: Path) -> None:
-    """The run's weight files (those that exist) into ``out``, in the shipped layout."""
+    """The run's weight files (those that exist) into ``out``, in the shipped layout; a VAE that is
+    the package's own file is left out (the output directory stays a few files)."""
     for rel in FILES.values():
         src, dst = wdir / rel, out / rel
+        pkg = WEIGHTS_DIR / rel
+        if rel == FILES["vae"] and src.exists() and pkg.exists() and src.read_bytes() == pkg.read_bytes():
+            continue
         if src.exists() and src.resolve() != dst.resolve():
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dst)
@@ -259,20 +344,76 @@ def train_vae_stage(a, vae, wdir: Path, record: dict, dev: str, log) -> dict:
 def train_dit_stage(a, vae, seeded, wdir: Path, init: Path | None, record: dict, dev: str, log) -> None:
     dit, _ = load_dit(seeded, dev)
     text = TextEncoder(seeded, dev)
-    if init is not None and (init / FILES["transformer"]).exists():  # continue from the previous run's EMA
+    continued = init is not None and (init / FILES["transformer"]).exists()
+    state_file = init / "train_state.pt" if init is not None else None
+    resumed = bool(a.resume) and state_file is not None and state_file.exists()
+    if continued:  # continue from the previous run's EMA (and, resuming, its raw weights below)
         load_shipped(dit, init / FILES["transformer"])
         load_shipped(text.model, init / FILES["text_encoder"])
+    bf16 = a.bf16 if a.bf16 is not None else dev.startswith("cuda")
     dcfg = DiTTrainConfig(steps=10**9, batch_size=a.dit_batch, time_budget_s=a.dit_seconds, lr=a.dit_lr,
-                          text_lr=a.dit_lr / 2)
-    trainer = JointTrainer(dit, text, dcfg, dev)
-    seed = a.data_seed if a.data_seed is not None else 11 + (init is not None)
+                          text_lr=a.dit_lr / 2, warmup=a.dit_warmup, ema_decay=a.ema_decay, reuse=a.dit_reuse,
+                          groups=a.groups, text_aux=a.text_aux, autocast="bf16" if bf16 else None)
+    trainer = JointTrainer(dit, text, dcfg, dev)  # the EMAs start from the loaded (EMA) weights
+    if dcfg.autocast:  # one forward/backward under autocast first: on any error, train in fp32
+        try:
+            x = torch.randn(4, 16, (a.frames - 1) // 4 + 1, a.size // 8, a.size // 8, device=dev)
+            trainer.loss(x, eval_prompts()[:4]).backward()
+            trainer.opt.zero_grad(set_to_none=True)
+        except Exception as e:  # noqa: BLE001
+            log(f"bf16 autocast failed ({type(e).__name__}: {e}); training in fp32")
+            dcfg.autocast = None
+            trainer.opt.zero_grad(set_to_none=True)
+            bf16 = False
+    start_batch, prev_steps = 0, 0
+    if resumed:
+        st = torch.load(state_file, map_location="cpu", weights_only=False)
+        trainer.load_state(st)
+        start_batch, prev_steps = int(st["batch_index"]), int(st["steps"])
+        log(f"resumed from {state_file}: {prev_steps} steps, next batch {start_batch}")
+    seed = a.data_seed if a.data_seed is not None else (11 + (init is not None and not resumed))
     data = ShapesDataset(seed=seed, frames=a.frames, height=a.size, width=a.size)
-    dlog = train_dit(trainer, LatentCodec(vae, dev), data, log)
+    codec = LatentCodec(vae, dev)
+    ema_text = TextEncoder(seeded, dev)
+    ema_text.model = trainer.ema_text.shadow
+    seeds = [int(x) for x in a.dir_probe_seeds.split(",")]
+    prompts = eval_prompts()
+
+    held_out = ShapesDataset(seed=99, frames=a.frames, height=a.size, width=a.size)
+
+    def dir_probe() -> dict:  # the EMA: what ships
+        ac = torch.bfloat16 if bf16 else None
+        res = direction_probe(trainer.ema_dit.shadow, ema_text, codec, prompts, seeds, a.frames, a.size,
+                              steps=a.dir_probe_steps, guidance=a.dir_probe_guidance, device=dev, autocast=ac)
+        res.update(caption_probe(trainer.ema_dit.shadow, ema_text, codec, held_out, clips=4 if a.smoke else 32,
+                                 device=dev, autocast=ac))
+        return res
+
+    hits = []
+
+    def stop(res: dict) -> bool:
+        hits.append(a.stop_direction is not None and res["direction"] >= a.stop_direction)
+        return len(hits) >= 2 and hits[-1] and hits[-2]
+
+    dlog = train_dit(trainer, codec, data, log, probe=dir_probe, probe_every_s=a.dir_probe_every or None,
+                     stop=stop, start_batch=start_batch)
     save_shipped(trainer.ema_dit.shadow, wdir / FILES["transformer"], torch.float16)
     save_shipped(trainer.ema_text.shadow, wdir / FILES["text_encoder"])
+    if not a.no_state:
+        st = trainer.state()
+        st.update(batch_index=dlog.batch_index, steps=prev_steps + dlog.steps, dit_config=dict(seeded.components["transformer"].config))
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        torch.save(st, Path(a.out) / "train_state.pt")
+    prev_probes = []
+    if init is not None:
+        prev_log = json.loads((init / "train_log.json").read_text())
+        prev_probes = prev_log.get("direction_probes", [])
+    total = prev_steps
+    record["direction_probes"] = prev_probes + [{**p, "step": p["step"] + total} for p in dlog.probes]
     record["stages"]["dit"] = {"steps": dlog.steps, "seconds": round(dlog.seconds, 1), "samples": dlog.samples,
-                               "losses": dlog.losses, "config": dcfg.__dict__, "data_seed": seed,
-                               "continued": init is not None and (init / FILES["transformer"]).exists()}
+                               "losses": dlog.losses, "probes": dlog.probes, "config": dcfg.__dict__,
+                               "data_seed": seed, "start_batch": start_batch, "steps_before": prev_steps,
+                               "continued": continued, "resumed": resumed}
     log(f"dit: {dlog.steps} steps, {dlog.samples} clips in {dlog.seconds:.0f}s")
 
 
@@ -314,8 +455,19 @@ def plot_losses(record: dict, path: Path, log=print) -> None:
         log(f"wrote {path.name} (PIL)")
         return
     stages = [("vae", "VAE (rec + KL)"), ("dit", "DiT + text encoder (flow matching)"), ("distill", "4-step student (reflow)")]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
-    for ax, (key, title) in zip(axes, stages):
+    fig, axes = plt.subplots(1, 4, figsize=(18, 3.6))
+    probes = record.get("direction_probes", [])
+    ax = axes[3]
+    if probes:
+        for key, style in (("direction", "-o"), ("adherence", "-s"), ("median_travel", "--")):
+            ax.plot([p["step"] for p in probes], [p.get(key, 0) for p in probes], style, label=key)
+        ax.legend(fontsize=8)
+    ax.axhline(0.25, color="gray", lw=0.8)
+    ax.set_ylim(0, 1)
+    ax.set_title("direction probe (EMA, Euler + CFG)")
+    ax.set_xlabel("DiT step (all chunks)")
+    ax.grid(alpha=0.3)
+    for ax, (key, title) in zip(axes[:3], stages):
         pts = record["stages"].get(key, {}).get("losses", [])
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts])
@@ -331,30 +483,39 @@ def plot_losses(record: dict, path: Path, log=print) -> None:
 
 
 def plot_losses_pil(record: dict, path: Path) -> None:
-    """The same three panels with PIL only (log-scale loss against step)."""
+    """The same panels with PIL only (log-scale loss against step; the direction probe, linear)."""
     import math
 
     from PIL import Image, ImageDraw
     stages = [("vae", "VAE"), ("dit", "DiT + text encoder"), ("distill", "4-step student")]
     w, h, pad = 360, 260, 40
-    img = Image.new("RGB", (w * 3, h + 30), "white")
+    img = Image.new("RGB", (w * 4, h + 30), "white")
     d = ImageDraw.Draw(img)
     d.text((10, 5), f"tiny recipe training loss (log scale) on {record['device']}", fill="black")
-    for i, (key, title) in enumerate(stages):
-        pts = [(p[0], p[1]) for p in record["stages"].get(key, {}).get("losses", []) if p[1] > 0]
+
+    def panel(i, title, pts, log_scale, fixed=None, color=(30, 90, 200)):
         x0, y0 = i * w + pad, 30
         d.rectangle([x0, y0, x0 + w - 2 * pad, y0 + h - pad], outline="black")
         d.text((x0 + 4, y0 + 4), title, fill="black")
+        pts = [(a, math.log10(b) if log_scale else b) for a, b in pts if (b > 0 or not log_scale)]
         if len(pts) < 2:
-            continue
-        xs, ys = [p[0] for p in pts], [math.log10(p[1]) for p in pts]
-        lo, hi = min(ys), max(ys) + 1e-9
+            return
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        lo, hi = fixed or (min(ys), max(ys) + 1e-9)
+
         def xy(px, py):
             return (x0 + (px - xs[0]) / max(1, xs[-1] - xs[0]) * (w - 2 * pad),
                     y0 + h - pad - (py - lo) / (hi - lo) * (h - pad - 20))
-        d.line([xy(a, b) for a, b in zip(xs, ys)], fill=(30, 90, 200), width=2)
+        d.line([xy(a, b) for a, b in zip(xs, ys)], fill=color, width=2)
         d.text((x0, y0 + h - pad + 2), f"step {xs[0]}..{xs[-1]}", fill="black")
-        d.text((x0 + w - 2 * pad - 120, y0 + 4), f"{10**hi:.3g} .. {10**lo:.3g}", fill="black")
+        lab = f"{10**hi:.3g} .. {10**lo:.3g}" if log_scale else f"{lo:.2g} .. {hi:.2g}"
+        d.text((x0 + w - 2 * pad - 120, y0 + 4), lab, fill="black")
+
+    for i, (key, title) in enumerate(stages):
+        panel(i, title, [(p[0], p[1]) for p in record["stages"].get(key, {}).get("losses", [])], True)
+    probes = record.get("direction_probes", [])
+    panel(3, "direction probe (blue) / adherence (red)", [(p["step"], p["direction"]) for p in probes], False, (0.0, 1.0))
+    panel(3, "", [(p["step"], p["adherence"]) for p in probes], False, (0.0, 1.0), color=(200, 40, 40))
     img.save(path)
 
 

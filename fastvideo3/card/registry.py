@@ -31,6 +31,9 @@ TINY_DIT = dict(
     text_dim=64, freq_dim=64, ffn_dim=576, num_layers=4, cross_attn_norm=True,
     qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=64,
 )
+#: the DiT config of the shipped (trained) tiny weights; bench/ship_tiny.py rewrites it from a
+#: training run's log. The seeded baseline keeps TINY_DIT.
+TINY_SHIPPED_DIT = dict(TINY_DIT)
 #: the tiny recipe's VAE: a patch autoencoder with the Wan VAE's latent layout (models/wan/patch_vae.py)
 TINY_VAE = dict(arch="patch", z_dim=16, enc_dim=64, dec_dim=96)
 TINY_TEXT = dict(vocab_size=384, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
@@ -114,7 +117,7 @@ def _shipped(component: str, kind: str, config: dict, file: str, key_map: str | 
 def _tiny_shipped_components(transformer_file: str) -> dict[str, ComponentSpec]:
     return {
         "text_encoder": _shipped("text_encoder", "text_encoder", TINY_TEXT, "wan-tiny/text_encoder.safetensors"),
-        "transformer": _shipped("transformer", "dit", TINY_DIT, transformer_file, "wan_dit_diffusers_v1"),
+        "transformer": _shipped("transformer", "dit", TINY_SHIPPED_DIT, transformer_file, "wan_dit_diffusers_v1"),
         "vae": _shipped("vae", "vae", {**TINY_VAE, **TINY_VAE_STATS}, "wan-tiny/vae.safetensors"),
     }
 

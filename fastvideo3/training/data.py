@@ -139,6 +139,21 @@ class ShapesDataset:
         scenes = [self.scene(step * batch_size + i) for i in range(batch_size)]
         return self.render(scenes, device), [s.caption for s in scenes]
 
+    def group_batch(self, step: int, groups: int, device: str | torch.device = "cpu") -> tuple[torch.Tensor, list[str]]:
+        """``groups`` direction groups: each is one scene drawn in all four directions (same color,
+        shape, background, size and speed; its own start per direction), consecutive in the
+        batch. Inside a group only the direction word and the motion differ, so the direction is
+        the one thing the text must carry; every batch is balanced over directions."""
+        scenes = []
+        for g in range(groups):
+            idx = step * groups + g
+            base = self.scene(idx)
+            for k, motion in enumerate(MOTIONS):
+                fields = PromptFields(base.color, base.shape, motion, base.background)
+                sc = draw_scene(np.random.default_rng([self.seed, idx, 1 + k]), fields)
+                scenes.append(_with_size(sc, base))
+        return self.render(scenes, device), [s.caption for s in scenes]
+
     def render(self, scenes: list[Scene], device: str | torch.device = "cpu") -> torch.Tensor:
         return render(scenes, self.frames, self.height, self.width, device, self.span)
 
@@ -148,6 +163,22 @@ class ShapesDataset:
             sc = self.scene(i)
             yield self.render([sc])[0], sc.caption
             i += 1
+
+
+def _with_size(scene: Scene, like: Scene) -> Scene:
+    """``scene`` with ``like``'s radius and travel, its start moved so the path stays inside."""
+    dx, dy = MOTIONS[scene.motion]
+    r, travel = like.radius, like.travel
+    lo, hi = r, 1.0 - r
+    along_old = scene.start[0] if dx != 0 else scene.start[1]
+    across = scene.start[1] if dx != 0 else scene.start[0]
+    u = (along_old - scene.radius) / max(1e-6, 1.0 - 2 * scene.radius - scene.travel) if (dx > 0 or dy > 0) \
+        else (along_old - scene.radius - scene.travel) / max(1e-6, 1.0 - 2 * scene.radius - scene.travel)
+    u = min(1.0, max(0.0, u))
+    along = (lo + travel + u * (hi - lo - travel)) if (dx < 0 or dy < 0) else (lo + u * (hi - lo - travel))
+    across = min(hi, max(lo, across))
+    start = (along, across) if dx != 0 else (across, along)
+    return Scene(scene.shape, scene.color, scene.background, scene.motion, r, start, travel)
 
 
 def all_fields() -> list[PromptFields]:

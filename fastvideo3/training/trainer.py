@@ -9,6 +9,7 @@ with probability ``cond_dropout`` so the serving CFG's unconditional branch (neg
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fastvideo3.models.reward.adherence import MOTIONS, parse_prompt
 from fastvideo3.training.checkpoint import EMA
 from fastvideo3.training.data import ShapesDataset
 from fastvideo3.training.flow import SigmaSampler, flow_matching_loss
@@ -38,6 +40,15 @@ class DiTTrainConfig:
     seed: int = 2
     time_budget_s: float | None = None  # the lr schedule runs on elapsed/budget when set
     log_every: int = 50
+    # direction groups (ShapesDataset.group_batch): each scene in all four directions, one
+    # noise draw and one sigma per group, so the loss differences inside a group come from the
+    # direction word alone
+    groups: bool = False
+    # weight of an auxiliary direction classifier on the text encoder's mean-pooled output (the
+    # head is a training-only module): keeps the four direction words apart in what the DiT's
+    # cross-attention reads
+    text_aux: float = 0.0
+    autocast: str | None = None  # "bf16": the forward passes under CUDA bf16 autocast
 
 
 @dataclass
@@ -46,6 +57,8 @@ class TrainLog:
     seconds: float = 0.0
     samples: int = 0
     losses: list[tuple[int, float, float]] = field(default_factory=list)  # step, mean loss, seconds
+    probes: list[dict] = field(default_factory=list)
+    batch_index: int = 0  # the next batch a continuing run should draw
 
 
 class JointTrainer:
@@ -65,6 +78,16 @@ class JointTrainer:
         self.rng = random.Random(cfg.seed)
         self.ema_dit = EMA(dit, cfg.ema_decay)
         self.ema_text = EMA(text_encoder.model, cfg.ema_decay)
+        self.aux_head = torch.nn.Linear(text_encoder.dim, len(MOTIONS)).to(device)
+        if cfg.text_aux:
+            self.opt.add_param_group({"params": list(self.aux_head.parameters()), "lr": cfg.text_lr,
+                                      "base_lr": cfg.text_lr, "weight_decay": 0.0})
+        self.last_aux: float | None = None
+
+    def autocast(self):
+        if self.cfg.autocast == "bf16" and str(self.device).startswith("cuda"):
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     def set_progress(self, step: int, progress: float) -> float:
         """Warm-up then cosine decay to ``min_lr_ratio``; ``progress`` in [0, 1]."""
@@ -79,10 +102,62 @@ class JointTrainer:
         return ["" if self.rng.random() < self.cfg.cond_dropout else c for c in captions]
 
     def loss(self, x0: torch.Tensor, captions: list[str], weight: torch.Tensor | None = None) -> torch.Tensor:
-        text = self.text.forward(captions)
-        sigma, t = self.sigmas(x0.shape[0], self.gen)
-        eps = torch.randn(x0.shape, generator=self.gen, device=x0.device)
-        return flow_matching_loss(self.dit, x0, text, sigma, t, eps, weight)
+        with self.autocast():
+            text = self.text.forward(captions)
+        b = x0.shape[0]
+        if self.cfg.groups and b % len(MOTIONS) == 0:  # one noise draw and sigma per direction group
+            g = len(MOTIONS)
+            sigma, t = self.sigmas(b // g, self.gen)
+            sigma, t = sigma.repeat_interleave(g), t.repeat_interleave(g)
+            eps = torch.randn((b // g, *x0.shape[1:]), generator=self.gen, device=x0.device).repeat_interleave(g, 0)
+        else:
+            sigma, t = self.sigmas(b, self.gen)
+            eps = torch.randn(x0.shape, generator=self.gen, device=x0.device)
+        with self.autocast():
+            loss = flow_matching_loss(self.dit, x0, text, sigma, t, eps, weight)
+        if self.cfg.text_aux:
+            loss = loss + self.cfg.text_aux * self.aux_loss(text, captions)
+        return loss
+
+    def aux_loss(self, text: torch.Tensor, captions: list[str]) -> torch.Tensor:
+        """Cross-entropy of the direction read from the mean-pooled text embedding (captions
+        dropped to "" are left out)."""
+        names = list(MOTIONS)
+        keep = [i for i, c in enumerate(captions) if c]
+        labels = []
+        for i in keep:
+            f = parse_prompt(captions[i])
+            labels.append(names.index(f.motion) if f is not None else -100)
+        if not keep:
+            return text.sum() * 0.0
+        t = text[keep].float()
+        n = t.abs().sum(-1).gt(0).sum(1, keepdim=True).clamp(min=1)
+        logits = self.aux_head(t.sum(1) / n)
+        loss = torch.nn.functional.cross_entropy(logits, torch.tensor(labels, device=logits.device), ignore_index=-100)
+        self.last_aux = float(loss.detach())
+        return loss
+
+    def state(self) -> dict:
+        """What a later chunk needs to continue: raw weights (fp16), EMA bookkeeping, the aux head
+        and the generators. The EMA weights themselves are the shipped files. The optimizer's
+        moments are not kept (they would triple the file); a resumed chunk warms up again."""
+        half = lambda m: {k: (v.half() if v.is_floating_point() else v).cpu() for k, v in m.state_dict().items()}  # noqa: E731
+        return {"dit": half(self.dit), "text": half(self.text.model), "aux_head": self.aux_head.state_dict(),
+                "ema_updates": self.ema_dit.updates, "gen": self.gen.get_state(), "rng": self.rng.getstate()}
+
+    def load_state(self, st: dict) -> None:
+        with torch.no_grad():
+            for mod, key in ((self.dit, "dit"), (self.text.model, "text")):
+                own = mod.state_dict()
+                for k, v in st[key].items():
+                    own[k].copy_(v.to(own[k].dtype))
+        self.aux_head.load_state_dict(st["aux_head"])
+        self.ema_dit.updates = self.ema_text.updates = int(st["ema_updates"])
+        try:
+            self.gen.set_state(st["gen"])
+        except (RuntimeError, TypeError):  # another device's generator: keep this one's seed
+            pass
+        self.rng.setstate(st["rng"])
 
     def step(self, x0: torch.Tensor, captions: list[str], weight: torch.Tensor | None = None) -> float:
         loss = self.loss(x0, self.captions(captions), weight)
@@ -107,34 +182,66 @@ def latent_shape_weight(video: torch.Tensor, extra: float) -> torch.Tensor:
     return 1.0 + extra * m
 
 
-def train_dit(trainer: JointTrainer, codec, data: ShapesDataset, log=print) -> TrainLog:
-    """Render -> encode (frozen VAE) -> flow-matching updates, until steps or the time budget end."""
+def train_dit(trainer: JointTrainer, codec, data: ShapesDataset, log=print, probe=None,
+              probe_every_s: float | None = None, stop=None, start_batch: int = 0) -> TrainLog:
+    """Render -> encode (frozen VAE) -> flow-matching updates, until steps or the time budget end.
+
+    ``probe()`` (a dict) runs every ``probe_every_s`` seconds and once at the end; its results go
+    into ``TrainLog.probes``; training stops early when ``stop(result)`` is true. Batches are
+    numbered from ``start_batch`` (a resumed chunk sees new clips). The time spent probing counts
+    against the budget."""
     c = trainer.cfg
     out = TrainLog()
     t0 = time.perf_counter()
     window: list[float] = []
     step = 0
-    batch_index = 0
+    batch_index = start_batch
+    next_probe = probe_every_s if probe_every_s else None
+    stopped = False
+
+    def run_probe() -> bool:
+        t = time.perf_counter()
+        res = probe()
+        res = {"step": step, "seconds": round(time.perf_counter() - t0, 1),
+               "probe_seconds": round(time.perf_counter() - t, 1), **res}
+        out.probes.append(res)
+        log(f"probe at step {step}: direction {res.get('direction')} color {res.get('color')} "
+            f"caption-probe direction {res.get('direction_acc')} gap {res.get('direction_gap')} color {res.get('color_acc')} "
+            f"adherence {res.get('adherence')} travel {res.get('median_travel')} ({res['probe_seconds']}s)")
+        return bool(stop and stop(res))
+
     while step < c.steps:
         elapsed = time.perf_counter() - t0
         if c.time_budget_s is not None and elapsed > c.time_budget_s:
             break
-        video, captions = data.batch(batch_index, c.batch_size, trainer.device)
+        if probe is not None and next_probe is not None and elapsed >= next_probe:
+            next_probe = elapsed + probe_every_s
+            if run_probe():
+                stopped = True
+                break
+        if c.groups:
+            video, captions = data.group_batch(batch_index, max(1, c.batch_size // len(MOTIONS)), trainer.device)
+        else:
+            video, captions = data.batch(batch_index, c.batch_size, trainer.device)
         batch_index += 1
-        x0 = codec.encode(video)
+        x0 = codec.encode(video).float()  # fp32 targets (the VAE is cheap)
         weight = latent_shape_weight(video, c.shape_weight) if c.shape_weight else None
         for _ in range(c.reuse):
             progress = (elapsed / c.time_budget_s) if c.time_budget_s else step / c.steps
             trainer.set_progress(step, progress)
             window.append(trainer.step(x0, captions, weight))
-            out.samples += c.batch_size
+            out.samples += len(captions)
             if step % c.log_every == 0:
                 out.losses.append((step, sum(window) / len(window), round(time.perf_counter() - t0, 2)))
-                log(f"dit step {step} loss {out.losses[-1][1]:.4f} ({out.losses[-1][2]:.0f}s)")
+                aux = f" aux {trainer.last_aux:.3f}" if trainer.last_aux is not None else ""
+                log(f"dit step {step} loss {out.losses[-1][1]:.4f}{aux} ({out.losses[-1][2]:.0f}s)")
                 window = []
             step += 1
             if step >= c.steps:
                 break
+    if probe is not None and not stopped:
+        run_probe()
     out.steps = step
+    out.batch_index = batch_index
     out.seconds = time.perf_counter() - t0
     return out

@@ -144,3 +144,55 @@ def test_shipped_weights_load_strictly(tmp_path):
     text = TextEncoder(SEEDED)
     with pytest.raises(CardError):
         load_shipped(text.model, path)  # a file of another architecture is refused
+
+
+def test_direction_groups_differ_only_in_direction_and_stay_in_frame():
+    from fastvideo3.models.reward.adherence import MOTIONS, parse_prompt
+    data = ShapesDataset(seed=3, frames=9, height=64, width=64)
+    video, captions = data.group_batch(0, 3)
+    assert video.shape == (12, 3, 9, 64, 64) and len(captions) == 12
+    scorer = AdherenceScorer()
+    for g in range(3):
+        fields = [parse_prompt(c) for c in captions[4 * g : 4 * g + 4]]
+        assert [f.motion for f in fields] == list(MOTIONS)  # every direction once, in order
+        assert len({(f.color, f.shape, f.background) for f in fields}) == 1
+    for v, c in zip(video, captions):  # each clip moves the way its caption says, inside the frame
+        assert scorer.score(to_frames(v), c)["adherent"] == 1.0
+    again, _ = data.group_batch(0, 3)
+    assert torch.equal(video, again)
+
+
+@pytest.mark.timeout(60)
+def test_grouped_step_with_text_aux_and_resume_state_round_trip():
+    torch.manual_seed(0)
+    cfg = DiTTrainConfig(lr=1e-3, text_lr=1e-3, warmup=1, groups=True, text_aux=0.1, cond_dropout=0.0)
+    dit, _ = load_dit(SEEDED)
+    text = TextEncoder(SEEDED)
+    trainer = JointTrainer(dit, text, cfg)
+    _, captions = ShapesDataset(seed=1, frames=5, height=32, width=32).group_batch(0, 2)
+    x0 = torch.randn(8, 16, 2, 4, 4)
+    loss = trainer.step(x0, captions)
+    assert np.isfinite(loss) and trainer.last_aux is not None
+    assert float(trainer.aux_head.weight.abs().sum()) > 0
+    st = trainer.state()
+    dit2, _ = load_dit(SEEDED)
+    other = JointTrainer(dit2, TextEncoder(SEEDED), cfg)
+    other.load_state(st)
+    assert torch.equal(other.dit.proj_out.weight, dit.proj_out.weight.half().float())
+    assert torch.equal(other.aux_head.weight, trainer.aux_head.weight)
+    assert other.ema_dit.updates == trainer.ema_dit.updates
+
+
+@pytest.mark.timeout(60)
+def test_probes_run_on_a_tiny_model():
+    from fastvideo3.training.probe import caption_probe, direction_probe
+    from fastvideo3.training.vae import LatentCodec
+    vae = PatchVAE(z_dim=16, enc_dim=8, dec_dim=8)
+    vae.register_to_config(latents_mean=[0.0] * 16, latents_std=[1.0] * 16)
+    codec = LatentCodec(vae)
+    dit, _ = load_dit(SEEDED)
+    text = TextEncoder(SEEDED)
+    res = direction_probe(dit, text, codec, eval_prompts()[:2], [0], frames=5, size=32, steps=2)
+    assert res["clips"] == 2 and 0.0 <= res["direction"] <= 1.0 and "median_travel" in res
+    cp = caption_probe(dit, text, codec, ShapesDataset(seed=9, frames=5, height=32, width=32), clips=2, sigmas=(0.9,))
+    assert 0.0 <= cp["direction_acc"] <= 1.0 and 0.0 <= cp["color_acc"] <= 1.0
