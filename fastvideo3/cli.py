@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from fastvideo3.errors import FastVideoError, InvalidRequest
+from fastvideo3.vocab import EventKind
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -139,7 +140,7 @@ def cmd_generate(args) -> int:
         bar = tqdm(total=0, desc="denoise", unit="step", file=sys.stderr, leave=False)
 
     def on_event(ev):
-        if bar is not None and ev.kind == "progress" and ev.data.get("phase") == "denoise":
+        if bar is not None and ev.kind == EventKind.PROGRESS and ev.data.get("phase") == "denoise":
             bar.total = ev.data["total"]
             bar.n = ev.data["step"]
             bar.refresh()

@@ -21,6 +21,7 @@ from fastvideo3.card.spec import (
     FP8, CheckpointManifest, ComponentSpec, ExpertsSpec, ExtensionContract, Fp8Spec, Limits, LoopSpec, ModelCard,
     ParallelismContract, PrecisionContract, RecipeSpec, SamplerSpec,
 )
+from fastvideo3.vocab import LoopId, Sampler, Task
 
 #: every Wan card may run its denoiser on several ranks (fastvideo3.parallel)
 _WAN_PARALLELISM = ParallelismContract(plans=["single", "sp_ulysses", "sp_ring", "hybrid"], cfg_parallel=True)
@@ -68,19 +69,19 @@ WAN_1_3B_DIT = dict(
 )
 WAN_14B_DIT = dict(WAN_1_3B_DIT, num_attention_heads=40, ffn_dim=13824, num_layers=40)
 
-_T2V_TASKS = {"text_to_video": ["text_encoder", "transformer", "vae"], "vae_decode": ["vae"]}
+_T2V_TASKS = {Task.TEXT_TO_VIDEO: ["text_encoder", "transformer", "vae"], Task.VAE_DECODE: ["vae"]}
 
 
-def _denoise(default_steps: int, flow_shift: float, sampler: str = "unipc") -> LoopSpec:
-    return LoopSpec(loop_id="diffusion_denoise", default_steps=default_steps,
+def _denoise(default_steps: int, flow_shift: float, sampler: str = Sampler.UNIPC) -> LoopSpec:
+    return LoopSpec(loop_id=LoopId.DIFFUSION_DENOISE, default_steps=default_steps,
                     sampler=SamplerSpec(name=sampler, flow_shift=flow_shift))
 
 
 def _loops(default_steps: int, flow_shift: float) -> dict[str, LoopSpec]:
     return {
-        "text_encode": LoopSpec(loop_id="text_encode"),
-        "diffusion_denoise": _denoise(default_steps, flow_shift),
-        "vae_decode": LoopSpec(loop_id="vae_decode"),
+        LoopId.TEXT_ENCODE: LoopSpec(loop_id=LoopId.TEXT_ENCODE),
+        LoopId.DIFFUSION_DENOISE: _denoise(default_steps, flow_shift),
+        LoopId.VAE_DECODE: LoopSpec(loop_id=LoopId.VAE_DECODE),
     }
 
 
@@ -130,7 +131,7 @@ def wan_tiny() -> ModelCard:
         "weights ship in the package.",
         _tiny_shipped_components("wan-tiny/transformer.safetensors"),
         _loops(default_steps=50, flow_shift=3.0),
-        RecipeSpec(method="flow_matching", data_contract="procedural shapes v1", assumes_loop="diffusion_denoise",
+        RecipeSpec(method="flow_matching", data_contract="procedural shapes v1", assumes_loop=LoopId.DIFFUSION_DENOISE,
                    assumes_precision="fp32", consistency_required="C1", training_command=TINY_TRAINING_COMMAND),
         guidance=TINY_GUIDANCE,
         precision=_TRAINED_FP32,
@@ -146,13 +147,13 @@ def wan_tiny_4step() -> ModelCard:
         "wan-tiny distilled to 4 Euler steps without guidance (reflow on the teacher's guided rollouts); "
         "served only at 4 steps with the euler sampler.",
         _tiny_shipped_components("wan-tiny-4step/transformer.safetensors"),
-        {"text_encode": LoopSpec(loop_id="text_encode"),
-         "diffusion_denoise": LoopSpec(loop_id="diffusion_denoise", default_steps=4,
-                                       sampler=SamplerSpec(name="euler", flow_shift=3.0)),
-         "vae_decode": LoopSpec(loop_id="vae_decode")},
+        {LoopId.TEXT_ENCODE: LoopSpec(loop_id=LoopId.TEXT_ENCODE),
+         LoopId.DIFFUSION_DENOISE: LoopSpec(loop_id=LoopId.DIFFUSION_DENOISE, default_steps=4,
+                                       sampler=SamplerSpec(name=Sampler.EULER, flow_shift=3.0)),
+         LoopId.VAE_DECODE: LoopSpec(loop_id=LoopId.VAE_DECODE)},
         RecipeSpec(method="step_distill", parents=["wan-tiny"], data_contract="procedural shapes v1 "
-                   "(teacher rollouts: wan-tiny, 25 unipc steps, guided)", assumes_loop="diffusion_denoise",
-                   assumes_steps=4, assumes_sampler="euler", assumes_precision="fp32", consistency_required="C1",
+                   "(teacher rollouts: wan-tiny, 25 unipc steps, guided)", assumes_loop=LoopId.DIFFUSION_DENOISE,
+                   assumes_steps=4, assumes_sampler=Sampler.EULER, assumes_precision="fp32", consistency_required="C1",
                    training_command=TINY_TRAINING_COMMAND),
         guidance=1.0,  # guidance is distilled in: one conditional forward per step
         precision=_TRAINED_FP32,
@@ -195,8 +196,8 @@ def _wan_real(model_id: str, dit: dict, desc: str) -> ModelCard:
         recipe=RecipeSpec(method="base", data_contract="Wan2.1 pretraining (upstream)"),
         checkpoint=CheckpointManifest(
             root=None,
-            required_for={"text_to_video": ["tokenizer", "text_encoder", "transformer", "vae", "scheduler"],
-                          "vae_decode": ["vae"]},
+            required_for={Task.TEXT_TO_VIDEO: ["tokenizer", "text_encoder", "transformer", "vae", "scheduler"],
+                          Task.VAE_DECODE: ["vae"]},
         ),
         limits=Limits(max_frames=129, max_height=1280, max_width=1280),
         parallelism=_WAN_PARALLELISM,
@@ -217,8 +218,8 @@ def wan22_moe(model_id: str, dit: dict, desc: str, *, boundary_ratio: float, flo
     data = base.model_dump(mode="json")
     data["components"]["transformer_2"] = dict(data["components"]["transformer"], component_id="transformer_2",
                                                subfolder="transformer_2")
-    data["checkpoint"]["required_for"]["text_to_video"].append("transformer_2")
-    data["loops"]["diffusion_denoise"] = _denoise(default_steps, flow_shift).model_copy(update={
+    data["checkpoint"]["required_for"][Task.TEXT_TO_VIDEO].append("transformer_2")
+    data["loops"][LoopId.DIFFUSION_DENOISE] = _denoise(default_steps, flow_shift).model_copy(update={
         "experts": ExpertsSpec(boundary_ratio=boundary_ratio, default_guidance_2=guidance_2)}).model_dump(mode="json")
     data["recipe"]["data_contract"] = "Wan2.2 pretraining (upstream)"
     data["limits"]["default_guidance"] = guidance
@@ -237,7 +238,7 @@ def wan22_ti2v(model_id: str, dit: dict, desc: str, *, flow_shift: float = 5.0, 
     base = _wan_real(model_id, dit, desc)
     data = base.model_dump(mode="json")
     data["components"]["vae"]["config"] = dict(WAN22_VAE)
-    data["loops"]["diffusion_denoise"] = _denoise(default_steps, flow_shift).model_dump(mode="json")
+    data["loops"][LoopId.DIFFUSION_DENOISE] = _denoise(default_steps, flow_shift).model_dump(mode="json")
     data["recipe"]["data_contract"] = "Wan2.2 pretraining (upstream)"
     # sizes: multiples of 32 (the VAE's 16x times the DiT's 2x2 patch); 1280x704 is the published 720p
     data["limits"] = Limits(max_frames=129, min_size=32, max_height=1280, max_width=1280, size_multiple=32,

@@ -20,13 +20,14 @@ import yaml
 
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import CardError
+from fastvideo3.vocab import Role
 
 #: the component kinds each role pool loads (the reward pool's scorers ship in code)
 ROLE_KINDS: dict[str, frozenset[str]] = {
-    "encoder": frozenset({"text_encoder", "tokenizer"}),
-    "denoiser": frozenset({"dit", "scheduler"}),
-    "decoder": frozenset({"vae"}),
-    "reward": frozenset(),
+    Role.ENCODER: frozenset({"text_encoder", "tokenizer"}),
+    Role.DENOISER: frozenset({"dit", "scheduler"}),
+    Role.DECODER: frozenset({"vae"}),
+    Role.REWARD: frozenset(),
 }
 ALL_KINDS = frozenset().union(*ROLE_KINDS.values())
 _CONFIG_FILE = {"scheduler": "scheduler_config.json", "tokenizer": None}

@@ -11,6 +11,7 @@ from typing import Any
 from fastvideo3.errors import NumericFault
 from fastvideo3.loop.protocol import Done, LoopResult, LoopState, Resources, StepResult, WorkPlan
 from fastvideo3.loop.samplers import make_schedule
+from fastvideo3.vocab import LoopId, Role, UnitKind
 
 
 #: output / input names of the latent and sampler history handed from one expert's pool to the other's
@@ -59,7 +60,7 @@ class DenoiseState(LoopState):
 
 
 class DenoiseLoop:
-    loop_id = "diffusion_denoise"
+    loop_id = LoopId.DIFFUSION_DENOISE
 
     def init(self, request, card, ctx: dict) -> DenoiseState:
         from fastvideo3.models.wan.components import latent_shape
@@ -116,7 +117,7 @@ class DenoiseLoop:
                 inputs.update(state.handoff)
                 params["handoff_meta"] = state.handoff_meta
         return WorkPlan(
-            loop_id=self.loop_id, request_id=state.request_id, kind="diffusion_step", role="denoiser",
+            loop_id=self.loop_id, request_id=state.request_id, kind=UnitKind.DIFFUSION_STEP, role=Role.DENOISER,
             shape_sig=self.shape_sig(state, expert), inputs=inputs, step=k, total=state.num_steps,
             params=params, resources=Resources(),
         )

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fastvideo3.vocab import Sampler
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -25,7 +27,7 @@ class Schedule:
 
 def make_schedule(sampler: str, steps: int, flow_shift: float, num_train_timesteps: int = 1000) -> Schedule:
     n = num_train_timesteps
-    if sampler == "unipc":
+    if sampler == Sampler.UNIPC:
         sig = np.linspace(1, 1 / n, steps + 1)[:-1]
         sig = flow_shift * sig / (1 + (flow_shift - 1) * sig)
         if abs(sig[0] - 1) < 1e-6:
@@ -33,7 +35,7 @@ def make_schedule(sampler: str, steps: int, flow_shift: float, num_train_timeste
         ts = (sig * n).copy().astype(np.int64)  # the reference truncates to integer timesteps
         sigmas = np.concatenate([sig, [0.0]]).astype(np.float32)
         return Schedule([float(t) for t in ts], [float(s) for s in sigmas])
-    if sampler == "euler":
+    if sampler == Sampler.EULER:
         s_min = flow_shift * (1 / n) / (1 + (flow_shift - 1) * (1 / n))
         ts = np.linspace(1.0 * n, s_min * n, steps)
         sig = ts / n
@@ -178,8 +180,8 @@ def euler_step(model_output: torch.Tensor, sample: torch.Tensor, step: int, sigm
 
 
 def sampler_step(name: str, hist: SamplerHistory, model_output, sample, step: int, sigmas: list[float]):
-    if name == "unipc":
+    if name == Sampler.UNIPC:
         return unipc_step(hist, model_output, sample, step, sigmas)
-    if name == "euler":
+    if name == Sampler.EULER:
         return euler_step(model_output, sample, step, sigmas)
     raise ValueError(f"unknown sampler {name!r}")

@@ -36,10 +36,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from fastvideo3.errors import InvalidRequest
+from fastvideo3.vocab import Role, UnitKind
 
 COST_MODEL_VERSION = 1
 
-UNIT_KINDS = ("diffusion_step", "encoder_chunk", "vae_tile", "reward_batch")
+UNIT_KINDS = (UnitKind.DIFFUSION_STEP, UnitKind.ENCODER_CHUNK, UnitKind.VAE_TILE, UnitKind.REWARD_BATCH)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,7 +254,7 @@ def dit_resident_memory(config: DitConfig, shape: StepShape, *, sampler_history:
 class DiffusionStepFeatures:
     config: DitConfig
     shape: StepShape
-    pool: str = "denoiser"
+    pool: str = Role.DENOISER
     sampler_history: int = 2
     weight_bytes_per_param: int = 2
     act_bytes: int = 2
@@ -272,7 +273,7 @@ class EncoderChunkFeatures:
     batch: int = 1
     hidden: int = 4096
     ffn_dim: int = 10240
-    pool: str = "encoder"
+    pool: str = Role.ENCODER
     weight_bytes_per_param: int = 2
     act_bytes: int = 2
 
@@ -285,22 +286,22 @@ class VaeTileFeatures:
     height: int
     width: int
     batch: int = 1
-    pool: str = "decoder"
+    pool: str = Role.DECODER
 
 
 @dataclass(frozen=True)
 class RewardBatchFeatures:
     frames: int
     batch: int = 1
-    pool: str = "reward"
+    pool: str = Role.REWARD
 
 
 Features = DiffusionStepFeatures | EncoderChunkFeatures | VaeTileFeatures | RewardBatchFeatures
 _FEATURES_BY_KIND: dict[str, type] = {
-    "diffusion_step": DiffusionStepFeatures,
-    "encoder_chunk": EncoderChunkFeatures,
-    "vae_tile": VaeTileFeatures,
-    "reward_batch": RewardBatchFeatures,
+    UnitKind.DIFFUSION_STEP: DiffusionStepFeatures,
+    UnitKind.ENCODER_CHUNK: EncoderChunkFeatures,
+    UnitKind.VAE_TILE: VaeTileFeatures,
+    UnitKind.REWARD_BATCH: RewardBatchFeatures,
 }
 
 

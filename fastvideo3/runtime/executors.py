@@ -25,6 +25,7 @@ from fastvideo3.request.schema import ID_CHARS
 from fastvideo3.runtime.adapters import adapter_refs
 from fastvideo3.runtime.workunit import WorkUnit
 from fastvideo3.transport.ref import TensorRef
+from fastvideo3.vocab import OUTPUT_FORMATS, Role
 
 FETCH_DEADLINE_S = 30.0
 
@@ -87,7 +88,7 @@ class _Base:
 
 
 class EncoderExecutor(_Base):
-    role = "encoder"
+    role = Role.ENCODER
 
     def __init__(self, card: ModelCard, transport, device=None, precision=None, cache=None):
         super().__init__(card, transport, device, precision)
@@ -144,7 +145,7 @@ class Region:
 class DenoiserExecutor(_Base):
     """Runs diffusion steps; batches compatible units across requests into one DiT forward."""
 
-    role = "denoiser"
+    role = Role.DENOISER
 
     def __init__(self, card: ModelCard, transport, device=None, precision=None, batching: bool = True,
                  fast: bool | None = None, experts: list[str] | None = None,
@@ -554,7 +555,7 @@ class DecoderExecutor(_Base):
     dtype everywhere.
     """
 
-    role = "decoder"
+    role = Role.DECODER
 
     def __init__(self, card: ModelCard, transport, device=None, precision=None, frames_dtype: str = "auto"):
         # the VAE decodes in fp32 on CPU and keeps fp32 by default (as the reference pipeline's VAE does)
@@ -595,7 +596,7 @@ class DecoderExecutor(_Base):
         return out
 
 
-MEDIA_FORMATS = ("mp4", "npy")
+MEDIA_FORMATS = OUTPUT_FORMATS
 
 
 def encode_media(frames, fmt: str, fps: int) -> bytes:

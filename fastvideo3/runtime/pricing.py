@@ -17,6 +17,7 @@ from fastvideo3.runtime.cost import (
     CalibratedCostModel, DiffusionStepFeatures, DitConfig, EncoderChunkFeatures, Prediction,
     RewardBatchFeatures, StepShape, VaeTileFeatures, split_measured,
 )
+from fastvideo3.vocab import LoopId, Role, UnitKind
 
 _BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -57,21 +58,21 @@ class Pricer:
         self._lock = threading.Lock()
 
     def features(self, kind: str, card, request, *, prompts: int = 1) -> Any:
-        if kind == "diffusion_step":
+        if kind == UnitKind.DIFFUSION_STEP:
             branches = 1 if request.cfg_policy == "none" else 2
             s = vae_spatial_scale(card)
             shape = StepShape.from_video(request.num_frames, request.height, request.width, cfg_branches=branches,
                                          stride=(4, s, s))
             b = _BYTES.get(request.precision, 2)
-            plan = self.plans.get("denoiser")
+            plan = self.plans.get(Role.DENOISER)
             if plan is not None and plan.world > 1:
                 from fastvideo3.parallel.cost import link_ratio
                 return DiffusionStepFeatures(dit_config(card), shape, weight_bytes_per_param=b, act_bytes=b,
                                              plan=plan, link_ratio=link_ratio(self.cost_model.device))
             return DiffusionStepFeatures(dit_config(card), shape, weight_bytes_per_param=b, act_bytes=b)
-        if kind == "encoder_chunk":
+        if kind == UnitKind.ENCODER_CHUNK:
             return _encoder_features(card, prompts)
-        if kind == "vae_tile":
+        if kind == UnitKind.VAE_TILE:
             return VaeTileFeatures(request.num_frames, request.height, request.width)
         return RewardBatchFeatures(request.num_frames)
 
@@ -90,12 +91,12 @@ class Pricer:
         """What a request holds while it runs. Compute: one denoise step in flight at a time (the
         unit that repeats and bounds iteration latency; encode and decode run once, on their own
         pools). Memory: the largest resident and peak bytes of any of its loops."""
-        kinds = {"text_encode": "encoder_chunk", "diffusion_denoise": "diffusion_step",
-                 "vae_decode": "vae_tile", "reward_score": "reward_batch"}
+        kinds = {LoopId.TEXT_ENCODE: UnitKind.ENCODER_CHUNK, LoopId.DIFFUSION_DENOISE: UnitKind.DIFFUSION_STEP,
+                 LoopId.VAE_DECODE: UnitKind.VAE_TILE, LoopId.REWARD_SCORE: UnitKind.REWARD_BATCH}
         preds = {kinds[loop]: self.predict(kinds[loop], f"admission|{kinds[loop]}", card, request,
                                            prompts=1 if request.cfg_policy == "none" else 2)
                  for loop in program if loop in kinds}
-        step = preds.get("diffusion_step") or max(preds.values(), key=lambda p: p.gpu_seconds)
+        step = preds.get(UnitKind.DIFFUSION_STEP) or max(preds.values(), key=lambda p: p.gpu_seconds)
         return Reservation(step.gpu_seconds, max(p.resident_bytes for p in preds.values()),
                            max(p.peak_bytes for p in preds.values()))
 

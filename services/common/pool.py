@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from fastvideo3.v1 import common_pb2, pool_pb2, pool_pb2_grpc
+from fastvideo3.vocab import KIND_OF_ROLE, Role
 from services.common.server import ServiceHost, flatten, setup_logging
 
 log = logging.getLogger("fastvideo3.pool")
 
 SERVICE = pool_pb2.DESCRIPTOR.services_by_name["RolePool"].full_name
-KINDS = {"encoder": ["encoder_chunk"], "denoiser": ["diffusion_step"], "decoder": ["vae_tile"],
-         "reward": ["reward_batch"]}
+KINDS = {role: [kind] for role, kind in KIND_OF_ROLE.items()}
 
 
 @dataclass(frozen=True)
@@ -110,11 +110,11 @@ def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
     p.add_argument("--drain-timeout", type=float, default=30.0, dest="drain_timeout_s")
     p.add_argument("--fake", action="store_true", help="no-op executor: results without math (overhead tests)")
     p.add_argument("--fake-step-seconds", type=float, default=0.0, help="simulated compute per batch in --fake")
-    if role == "encoder":
+    if role == Role.ENCODER:
         p.add_argument("--feature-cache-mb", type=float, default=256.0, help="prompt cache budget (0 = off)")
-    if role == "reward":
+    if role == Role.REWARD:
         p.add_argument("--scorers", default="", help="comma list of scorers to host (default: all built-in)")
-    if role == "denoiser":
+    if role == Role.DENOISER:
         p.add_argument("--no-batching", action="store_true", help="run each unit of a batch as its own forward")
         p.add_argument("--lora-slots", type=int, default=8, help="LoRA adapters resident on the device at once")
         p.add_argument("--lora-max-rank", type=int, default=64, help="largest LoRA rank accepted (a power of two)")
@@ -136,7 +136,7 @@ def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
     a["inject_fault"] = tuple(a["inject_fault"])
     if a["load_failure_hold_s"] < 0:
         p.error(f"--load-failure-hold must be >= 0 (got {a['load_failure_hold_s']})")
-    if role == "denoiser":
+    if role == Role.DENOISER:
         if not 1 <= a["lora_slots"] <= 1024:
             p.error(f"--lora-slots must be in [1, 1024] (got {a['lora_slots']})")
         r = a["lora_max_rank"]

@@ -23,10 +23,10 @@ from pathlib import Path
 import yaml
 
 from fastvideo3.errors import InvalidRequest
+from fastvideo3.vocab import ROLES, Role
 
-ROLES = ("encoder", "denoiser", "decoder", "reward")
-REQUIRED_ROLES = ("encoder", "denoiser", "decoder")
-EDGES = (("encoder", "denoiser"), ("denoiser", "decoder"), ("decoder", "reward"))
+REQUIRED_ROLES = (Role.ENCODER, Role.DENOISER, Role.DECODER)
+EDGES = ((Role.ENCODER, Role.DENOISER), (Role.DENOISER, Role.DECODER), (Role.DECODER, Role.REWARD))
 TRANSPORTS = ("auto", "cuda_ipc", "shm", "grpc", "nixl")
 
 
@@ -97,7 +97,7 @@ class SchedulerConfig:
 def _pool_spec(text: str) -> tuple[str, tuple[str, ...]]:
     role, sep, targets = text.partition("=")
     base, colon, expert = role.partition(":")  # denoiser:EXPERT: the pools of one denoising expert
-    if not sep or base not in ROLES or (colon and (base != "denoiser" or not expert.isidentifier())):
+    if not sep or base not in ROLES or (colon and (base != Role.DENOISER or not expert.isidentifier())):
         raise InvalidRequest(f"bad --pools value {text!r}", field="pools",
                              limit=f"ROLE=HOST:PORT[,HOST:PORT] with ROLE in {', '.join(ROLES)} or denoiser:EXPERT")
     addrs = tuple(a.strip() for a in targets.split(",") if a.strip())
