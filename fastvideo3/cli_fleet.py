@@ -35,7 +35,7 @@ def _replicas(text: str) -> tuple[str, int]:
 
 def add_commands(sub) -> None:
     """Register fleet commands on the CLI's subparsers."""
-    from fastvideo3.cli import _float, _Parser, _size
+    from fastvideo3.cli_args import _float, _Parser, _size
 
     s = sub.add_parser("serve", help="start a local fleet (one process per role pool + the scheduler)")
     s.add_argument("--card", default="wan-tiny", help="a card name, card file or diffusers-format directory")

@@ -224,7 +224,8 @@ class ExtensionContract(_Spec):
 
 class ModelCard(_Spec):
     model_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
-    family: Literal["wan"] = "wan"
+    #: the model family (fastvideo3.card.family) whose rules read this card; it must be registered
+    family: str = "wan"
     description: str = ""
     components: dict[str, ComponentSpec]
     loops: dict[str, LoopSpec]
@@ -238,6 +239,14 @@ class ModelCard(_Spec):
     extensions: ExtensionContract = Field(default_factory=ExtensionContract)
     #: text encoder sequence length (Wan: 512)
     max_text_tokens: int = Field(512, ge=1, le=4096)
+
+    @field_validator("family")
+    @classmethod
+    def _registered_family(cls, v: str) -> str:
+        from fastvideo3.card.family import families
+        if v not in families():
+            raise ValueError(f"unknown model family {v!r} (registered: {', '.join(families()) or 'none'})")
+        return v
 
     @model_validator(mode="after")
     def _check_consistency(self) -> "ModelCard":

@@ -38,8 +38,8 @@ def weights_root(card: ModelCard) -> Path:
     """The directory relative paths of the manifest are taken from."""
     if card.checkpoint.root:
         return Path(card.checkpoint.root)
-    from fastvideo3.models.wan.components import WEIGHTS_DIR
-    return WEIGHTS_DIR
+    from fastvideo3.card.family import family_of
+    return family_of(card).weights_dir()
 
 
 def file_digest(path: Path) -> str:

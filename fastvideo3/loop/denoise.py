@@ -63,7 +63,7 @@ class DenoiseLoop:
     loop_id = LoopId.DIFFUSION_DENOISE
 
     def init(self, request, card, ctx: dict) -> DenoiseState:
-        from fastvideo3.models.wan.components import latent_shape
+        from fastvideo3.card.family import family_of
         spec = card.denoise.sampler
         sched = make_schedule(request.sampler, request.num_inference_steps, request.flow_shift,
                               spec.num_train_timesteps if spec else 1000)
@@ -72,7 +72,7 @@ class DenoiseLoop:
             num_steps=request.num_inference_steps, timesteps=sched.timesteps, sigmas=sched.sigmas,
             guidance=request.guidance_scale, cfg_policy=request.cfg_policy, sampler=request.sampler,
             solver_order=spec.solver_order if spec else 2, seed=request.seed,
-            latent_shape=list(latent_shape(card, request.num_frames, request.height, request.width)),
+            latent_shape=list(family_of(card).latent_shape(card, request.num_frames, request.height, request.width)),
             precision=request.precision,
             embeds={k: ctx[k] for k in ("prompt_embeds", "negative_embeds") if k in ctx},
             adapters=[dict(a) for a in getattr(request, "adapters", ())],

@@ -13,9 +13,10 @@ from typing import Any
 
 from fastvideo3.loop.protocol import Resources
 from fastvideo3.runtime.admission import Reservation
+from fastvideo3.card.family import family_of
 from fastvideo3.runtime.cost import (
-    CalibratedCostModel, DiffusionStepFeatures, DitConfig, EncoderChunkFeatures, Prediction,
-    RewardBatchFeatures, StepShape, VaeTileFeatures, split_measured,
+    CalibratedCostModel, DiffusionStepFeatures, EncoderChunkFeatures, Prediction, RewardBatchFeatures,
+    VaeTileFeatures, split_measured,
 )
 from fastvideo3.vocab import LoopId, Role, UnitKind
 
@@ -23,18 +24,13 @@ _BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 def vae_spatial_scale(card) -> int:
-    """The VAE's spatial compression the card declares (Wan2.1: 8; Wan2.2 TI2V-5B: 16)."""
-    return int(card.components["vae"].config.get("scale_factor_spatial", 8)) if "vae" in card.components else 8
+    """The VAE's spatial compression (the card's family says: Wan2.1's is 8, Wan2.2 TI2V-5B's 16)."""
+    return family_of(card).latent_stride(card)[1]
 
 
-def dit_config(card) -> DitConfig:
-    c = card.components["transformer"].config
-    return DitConfig(
-        num_layers=int(c["num_layers"]), num_heads=int(c["num_attention_heads"]), head_dim=int(c["attention_head_dim"]),
-        ffn_dim=int(c["ffn_dim"]), text_dim=int(c.get("text_dim", 4096)), freq_dim=int(c.get("freq_dim", 256)),
-        in_channels=int(c.get("in_channels", 16)), out_channels=int(c.get("out_channels", 16)),
-        patch_size=tuple(c.get("patch_size", (1, 2, 2))), text_len=int(card.max_text_tokens),
-    )
+def dit_config(card):
+    """The card's DiT in the form its family's FLOP formulas read."""
+    return family_of(card).dit_config(card)
 
 
 def _encoder_features(card, prompts: int) -> EncoderChunkFeatures:
@@ -60,15 +56,14 @@ class Pricer:
     def features(self, kind: str, card, request, *, prompts: int = 1) -> Any:
         if kind == UnitKind.DIFFUSION_STEP:
             branches = 1 if request.cfg_policy == "none" else 2
-            s = vae_spatial_scale(card)
-            shape = StepShape.from_video(request.num_frames, request.height, request.width, cfg_branches=branches,
-                                         stride=(4, s, s))
+            fam = family_of(card)
+            shape = fam.step_shape(request.num_frames, request.height, request.width, cfg_branches=branches,
+                                   stride=fam.latent_stride(card))
             b = _BYTES.get(request.precision, 2)
             plan = self.plans.get(Role.DENOISER)
             if plan is not None and plan.world > 1:
-                from fastvideo3.parallel.cost import link_ratio
                 return DiffusionStepFeatures(dit_config(card), shape, weight_bytes_per_param=b, act_bytes=b,
-                                             plan=plan, link_ratio=link_ratio(self.cost_model.device))
+                                             plan=plan, link_ratio=plan.link_ratio(self.cost_model.device))
             return DiffusionStepFeatures(dit_config(card), shape, weight_bytes_per_param=b, act_bytes=b)
         if kind == UnitKind.ENCODER_CHUNK:
             return _encoder_features(card, prompts)

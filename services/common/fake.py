@@ -11,6 +11,7 @@ import math
 import threading
 import time
 
+from fastvideo3.card.family import family_of
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.vocab import OutputFormat, UnitKind
 
@@ -77,7 +78,10 @@ class FakeExecutor:
         elif unit.kind == UnitKind.VAE_TILE:
             c, f, h, w = unit.inputs["latents"]["shape"][1:]
             dtype = "float32" if p.get("frames_dtype") == "float32" else "uint8"  # as the real decoder
-            res.outputs = {"frames": fake_ref(owner, rid, "frames", [(f - 1) * 4 + 1, h * 8, w * 8, 3], dtype)}
+            fam = family_of(self.card)
+            _, sh, sw = fam.latent_stride(self.card)
+            shape = [fam.frames_of_latent(self.card, f), h * sh, w * sw, 3]
+            res.outputs = {"frames": fake_ref(owner, rid, "frames", shape, dtype)}
             if p.get("encode"):
                 res.inline = self._npy
                 res.payload = {"media_format": OutputFormat.NPY, "media_bytes": len(self._npy)}

@@ -98,7 +98,7 @@ def test_taps_and_limits_match_the_reference():
 
 def test_denoiser_executor_keeps_the_reference_path_on_cpu():
     pytest.importorskip("pydantic")  # the card layer (absent on some GPU images)
-    from fastvideo3.card.registry import wan_tiny
+    from fastvideo3.models.wan.cards import wan_tiny
     from fastvideo3.runtime.executors import DenoiserExecutor
     from fastvideo3.transport import make_transport
 

@@ -158,8 +158,9 @@ def card_for_directory(root: Path):
     """Build a card for a diffusers-format Wan T2V directory (Wan2.1, or Wan2.2's two experts),
     starting from the built-in card whose architecture matches; an unknown size gets a custom card
     from its own config. Layouts we do not implement are refused by name (models/wan/layout.py)."""
-    from fastvideo3.card.registry import (
-        WAN22_5B_DIT, WAN22_A14B_T2V, WAN_1_3B_DIT, WAN_14B_DIT, _wan_real, bind_checkpoint, wan22_moe, wan22_ti2v,
+    from fastvideo3.card.registry import bind_checkpoint
+    from fastvideo3.models.wan.cards import (
+        WAN22_5B_DIT, WAN22_A14B_T2V, WAN_1_3B_DIT, WAN_14B_DIT, _wan_real, wan22_moe, wan22_ti2v,
     )
     from fastvideo3.card.spec import Limits, LoopSpec, SamplerSpec
     from fastvideo3.models.wan.layout import inspect_directory
@@ -203,7 +204,7 @@ def card_for_directory(root: Path):
     loops[LoopId.DIFFUSION_DENOISE] = LoopSpec(loop_id=LoopId.DIFFUSION_DENOISE, default_steps=d.default_steps,
                                                sampler=sampler, experts=d.experts)
     # rope tables bound the latent grid: max pixels = rope_max_seq_len * patch * vae scale (8, or 16)
-    from fastvideo3.runtime.pricing import vae_spatial_scale
+    from fastvideo3.models.wan.family import vae_spatial_scale
     max_px = min(1280, int(arch.get("rope_max_seq_len", 1024)) * int(arch["patch_size"][1]) * vae_spatial_scale(base))
     max_px -= max_px % base.limits.size_multiple
     lim = base.limits.model_copy(update={
