@@ -155,9 +155,3 @@ def rebuild_run(record: RunRecord, card, *, rewind_decode: bool = True):
             run.loop_index, run.driver = at, None
             run.ctx.get("payloads", {}).pop(LoopId.VAE_DECODE, None)
     return run
-
-
-def restart_loop(run) -> None:
-    """Drop the current loop's progress so its ``init`` runs again (a pool lost its state and
-    there is no snapshot): deterministic loops reproduce the same result."""
-    run.driver = None
