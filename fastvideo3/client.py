@@ -25,28 +25,15 @@ from typing import Any, Callable, Iterator
 
 import grpc
 
-from fastvideo3.errors import ErrorInfo, FastVideoError, Internal, from_code
+from fastvideo3.errors import FastVideoError, Internal, from_code
+from fastvideo3.rpc import (  # noqa: F401  (error_from_rpc, make_channel and the rest are part of this API)
+    AUTH_HEADER, ERROR_TRAILER, TokenInterceptor, error_from_rpc, make_channel,
+)
 from fastvideo3.vocab import EventKind, OutputFormat, RunStatus
 
-ERROR_TRAILER = "fv3-error-bin"  # binary trailer carrying the typed error as JSON
 MAX_MESSAGE_BYTES = 64 << 20
 _OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
 STATES = ("UNSPECIFIED", "QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
-
-
-def error_from_rpc(err: grpc.RpcError) -> FastVideoError:
-    """The typed error behind a failed RPC (status name == the core's error code)."""
-    code = err.code().name if hasattr(err, "code") and err.code() is not None else "INTERNAL"
-    for key, value in (err.trailing_metadata() or ()) if hasattr(err, "trailing_metadata") else ():
-        if key == ERROR_TRAILER:
-            try:
-                d = json.loads(value)
-                return ErrorInfo(d["code"], d["message"], d.get("field"), d.get("limit"), d.get("step"),
-                                 d.get("retry_after_s"), d.get("details") or {}).to_exception()
-            except (ValueError, KeyError, TypeError):
-                break
-    details = err.details() if hasattr(err, "details") else str(err)
-    return from_code(code, details or code)
 
 
 def stream_broken(err: FastVideoError, request_id: str | None) -> FastVideoError:
@@ -172,56 +159,6 @@ def _event(msg) -> FleetEvent:
     else:
         data = {"step": getattr(body, "step", 0)}
     return FleetEvent(kind, msg.request_id, msg.seq, data)
-
-
-AUTH_HEADER = "authorization"
-
-
-class TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
-                       grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
-    """Adds ``authorization: Bearer <token>`` to every call of a channel."""
-
-    def __init__(self, token: str):
-        self._header = (AUTH_HEADER, f"Bearer {token}")
-
-    def _with_token(self, details):
-        metadata = [*(details.metadata or ()), self._header]
-        return details._replace(metadata=metadata) if hasattr(details, "_replace") else _Details(details, metadata)
-
-    def intercept_unary_unary(self, continuation, details, request):
-        return continuation(self._with_token(details), request)
-
-    def intercept_unary_stream(self, continuation, details, request):
-        return continuation(self._with_token(details), request)
-
-    def intercept_stream_unary(self, continuation, details, request_iterator):
-        return continuation(self._with_token(details), request_iterator)
-
-    def intercept_stream_stream(self, continuation, details, request_iterator):
-        return continuation(self._with_token(details), request_iterator)
-
-
-class _Details(grpc.ClientCallDetails):
-    def __init__(self, base, metadata):
-        self.method, self.timeout, self.credentials = base.method, base.timeout, base.credentials
-        self.wait_for_ready, self.compression = base.wait_for_ready, base.compression
-        self.metadata = metadata
-
-
-def make_channel(target: str, options=None, *, root_certificates: bytes | None = None,
-                 private_key: bytes | None = None, certificate_chain: bytes | None = None,
-                 token: str | None = None) -> grpc.Channel:
-    """A channel to ``target``: TLS when ``root_certificates`` is given (with a client certificate
-    when ``private_key``/``certificate_chain`` are), plaintext otherwise; ``token`` is sent as a
-    bearer token on every call."""
-    options = list(options or [])
-    if root_certificates is not None:
-        creds = grpc.ssl_channel_credentials(root_certificates=root_certificates, private_key=private_key,
-                                             certificate_chain=certificate_chain)
-        channel = grpc.secure_channel(target, creds, options=options)
-    else:
-        channel = grpc.insecure_channel(target, options=options)
-    return grpc.intercept_channel(channel, TokenInterceptor(token)) if token else channel
 
 
 class FleetClient:
