@@ -20,7 +20,7 @@ from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import FastVideoError, Unavailable
 from fastvideo3.request.schema import GenerateRequest, ResolvedRequest, resolve
 from fastvideo3.runtime.scheduler import TERMINAL, CoreScheduler, Event, RequestRun
-from fastvideo3.vocab import LoopId, Role, RunStatus
+from fastvideo3.vocab import Role, RunStatus
 
 
 @dataclass
@@ -141,25 +141,13 @@ class Engine:
         return self.result(run)
 
     def _provenance(self, run: RequestRun) -> dict:
-        r = run.request
-        return {
-            "card": self.card.model_id,
-            "recipe": self.card.recipe.model_dump(mode="json"),
-            "request": r.to_dict(),
-            "weights": {"transformer": "+".join(d.weights_digest for d in self.denoisers.values()),
-                        "text_encoder": self.encoder.encoder.digest,
-                        "vae": self.decoder.vae.digest},
-            "adapters": [dict(a) for a in r.adapters],
-            "runtime": {"fingerprint": self.denoiser.runtime.fingerprint_hex,
-                        "adapters": list(r.adapter_versions),
-                        "adapter_mode": self.denoiser.adapters.describe()["mode"]},
-            "timings_s": {k: round(v, 4) for k, v in run.phase_seconds.items()},
-            "latent_norms": run.ctx.get("payloads", {}).get(LoopId.DIFFUSION_DENOISE, {}).get("latent_norms", []),
-            # every output-changing interceptor setting, and what it reused
-            "cache": run.ctx.get("payloads", {}).get(LoopId.DIFFUSION_DENOISE, {}).get("cache"),
-            "fps": self.card.limits.fps,
-            "fastvideo3_version": __import__("fastvideo3").__version__,
-        }
+        from fastvideo3.runtime.provenance import provenance
+        return provenance(
+            self.card, run, phase_seconds=run.phase_seconds, fps=self.card.limits.fps,
+            weights={"transformer": "+".join(d.weights_digest for d in self.denoisers.values()),
+                     "text_encoder": self.encoder.encoder.digest, "vae": self.decoder.vae.digest},
+            runtime={"fingerprint": self.denoiser.runtime.fingerprint_hex,
+                     "adapter_mode": self.denoiser.adapters.describe()["mode"]})
 
     def describe(self) -> dict:
         return {"card": self.card.model_id, "precision": self.precision,

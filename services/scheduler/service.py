@@ -13,7 +13,6 @@ import threading
 import time
 from typing import Any
 
-import fastvideo3
 from fastvideo3.errors import FailedPrecondition, FastVideoError, InvalidRequest, NotFound, Unavailable
 from fastvideo3.models.reward.scorers import check_scorer_names
 from fastvideo3.request.schema import GenerateRequest, resolve
@@ -179,22 +178,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     def sidecar(self, run, data: dict) -> dict:
         """Provenance of one output, as the embedded engine writes it (plus the fleet's view)."""
-        r = run.request
+        from fastvideo3.runtime.provenance import provenance
+        fingerprints = {role: self.replicas[role][i].fingerprint for role, i in run.placement.items()
+                        if role == Role.DENOISER}
         return {
-            "card": self.card.model_id,
-            "recipe": self.card.recipe.model_dump(mode="json"),
-            "request": r.to_dict(),
-            "weights": {k: v for k, v in self.weights.items() if k != Role.REWARD},
-            "adapters": [dict(a) for a in r.adapters],
-            "runtime": {"adapters": list(r.adapter_versions),
-                        "fingerprints": {role: self.replicas[role][i].fingerprint for role, i in run.placement.items()
-                                         if role == Role.DENOISER}},
-            "timings_s": {k: round(v, 4) for k, v in data.get("phase_seconds", {}).items()},
-            "latent_norms": run.ctx.get("payloads", {}).get(LoopId.DIFFUSION_DENOISE, {}).get("latent_norms", []),
-            # every output-changing interceptor setting, and what it reused
-            "cache": run.ctx.get("payloads", {}).get(LoopId.DIFFUSION_DENOISE, {}).get("cache"),
-            "fps": run.ctx.get("fps", self.card.limits.fps),
-            "fastvideo3_version": fastvideo3.__version__,
+            **provenance(self.card, run, phase_seconds=data.get("phase_seconds", {}),
+                         fps=run.ctx.get("fps", self.card.limits.fps),
+                         weights={k: v for k, v in self.weights.items() if k != Role.REWARD},
+                         runtime={"fingerprints": fingerprints}),
             "output_format": run.ctx.get("encode"),
             "rewards": run.ctx.get("payloads", {}).get(LoopId.REWARD_SCORE, {}).get("scores", {}),
             "metadata": run.ctx.get("metadata", {}),
