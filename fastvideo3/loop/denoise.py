@@ -10,6 +10,7 @@ from typing import Any
 
 from fastvideo3.errors import NumericFault
 from fastvideo3.loop.protocol import Done, LoopResult, LoopState, Resources, StepResult, WorkPlan
+from fastvideo3.loop.params import DiffusionStepParams
 from fastvideo3.loop.samplers import make_schedule
 from fastvideo3.vocab import LoopId, Role, UnitKind
 
@@ -98,24 +99,24 @@ class DenoiseLoop:
         k = state.step
         expert = self.expert(state, k)
         low = bool(state.experts) and expert == state.experts[1]
-        params = {
-            "step": k, "timestep": state.timesteps[k], "sigmas": state.sigmas,
-            "guidance": state.guidance_2 if low else state.guidance,
-            "cfg_policy": state.cfg_policy, "sampler": state.sampler, "solver_order": state.solver_order,
-            "seed": state.seed, "latent_shape": state.latent_shape, "final": k == state.num_steps - 1,
-        }
+        params = DiffusionStepParams(
+            step=k, timestep=state.timesteps[k], sigmas=state.sigmas,
+            guidance=state.guidance_2 if low else state.guidance,
+            cfg_policy=state.cfg_policy, sampler=state.sampler, solver_order=state.solver_order,
+            seed=state.seed, latent_shape=state.latent_shape, final=k == state.num_steps - 1,
+        )
         if state.adapters:
-            params["adapters"] = [dict(a) for a in state.adapters]
+            params.adapters = [dict(a) for a in state.adapters]
         if state.cache:
-            params.update(cache=state.cache, plugin_state=state.plugin_state, num_steps=state.num_steps)
+            params.cache, params.plugin_state, params.num_steps = state.cache, state.plugin_state, state.num_steps
         inputs = dict(state.embeds)
         if state.experts:
-            params["expert"] = expert
+            params.expert = expert
             # the step after which the other expert runs: its pool may not hold this request
-            params["handoff"] = k + 1 < state.num_steps and self.expert(state, k + 1) != expert
+            params.handoff = k + 1 < state.num_steps and self.expert(state, k + 1) != expert
             if state.handoff and low:
                 inputs.update(state.handoff)
-                params["handoff_meta"] = state.handoff_meta
+                params.handoff_meta = state.handoff_meta
         return WorkPlan(
             loop_id=self.loop_id, request_id=state.request_id, kind=UnitKind.DIFFUSION_STEP, role=Role.DENOISER,
             shape_sig=self.shape_sig(state, expert), inputs=inputs, step=k, total=state.num_steps,

@@ -5,6 +5,7 @@ context); the frames stay in the decoder pool and the reward pool pulls them by 
 """
 from __future__ import annotations
 
+from fastvideo3.loop.params import RewardBatchParams
 from fastvideo3.loop.protocol import Done, LoopResult, LoopState, StepResult, WorkPlan
 from fastvideo3.vocab import LoopId, Role, UnitKind
 
@@ -29,7 +30,7 @@ class RewardScoreLoop:
         f, h, w = (list(state.frames.get("shape", [])) + [0, 0, 0])[:3]
         return WorkPlan(loop_id=self.loop_id, request_id=state.request_id, kind=UnitKind.REWARD_BATCH, role=Role.REWARD,
                         shape_sig=f"reward_batch|{state.model_id}|{f}x{h}x{w}|{','.join(state.scorers)}",
-                        inputs={"frames": state.frames}, params={"scorers": list(state.scorers)})
+                        inputs={"frames": state.frames}, params=RewardBatchParams(scorers=list(state.scorers)))
 
     def advance(self, state: RewardScoreState, result: StepResult) -> RewardScoreState:
         scores = dict(result.payload.get("scores") or {})

@@ -2,6 +2,7 @@
 held by the encoder pool; the loop keeps only their references."""
 from __future__ import annotations
 
+from fastvideo3.loop.params import EncoderChunkParams
 from fastvideo3.loop.protocol import Done, LoopResult, LoopState, StepResult, WorkPlan
 from fastvideo3.vocab import LoopId, Role, UnitKind
 
@@ -31,8 +32,8 @@ class TextEncodeLoop:
         return WorkPlan(loop_id=self.loop_id, request_id=state.request_id, kind=UnitKind.ENCODER_CHUNK,
                         role=Role.ENCODER,
                         shape_sig=f"encoder_chunk|{state.model_id}|{state.max_len}",
-                        params={"prompts": state.prompts,
-                                **({"adapter_versions": state.adapter_versions} if state.adapter_versions else {})})
+                        params=EncoderChunkParams(prompts=state.prompts,
+                                                  adapter_versions=state.adapter_versions or None))
 
     def advance(self, state: TextEncodeState, result: StepResult) -> TextEncodeState:
         missing = set(state.prompts) - set(result.outputs)
