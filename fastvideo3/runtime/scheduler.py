@@ -30,6 +30,7 @@ from fastvideo3.errors import (
 from fastvideo3.loop import LOOPS, LoopDriver
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.request.schema import ResolvedRequest
+from fastvideo3.runtime.executor import Executor
 from fastvideo3.runtime.workunit import WorkUnit
 from fastvideo3.vocab import EventKind, LoopId, PROGRAM_LOOPS, Program, Role, RunStatus, TERMINAL_STATUSES, UnitKind
 
@@ -108,7 +109,7 @@ class RequestRun:
 class CoreScheduler:
     def __init__(
         self,
-        executors: dict[str, list[Any]],
+        executors: dict[str, list[Executor]],
         *,
         max_batch: int = 16,
         max_running: int = 64,

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from fastvideo3.runtime.executor import Executor, is_resumable
 from fastvideo3.v1 import common_pb2, pool_pb2, pool_pb2_grpc
 from fastvideo3.vocab import KIND_OF_ROLE, Role
 from services.common.args import add_service_args
@@ -152,7 +153,7 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
         self.cfg = cfg
         self.host = host
         self.replica_id = replica_id
-        self.executor: Any = None
+        self.executor: Executor | None = None
         self.transport: Any = None
         self.card: Any = None
         self.fingerprint = ""
@@ -247,7 +248,7 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
             with self.host.work():
                 if not request.request_id:
                     raise InvalidRequest("must not be empty", field="request_id")
-                if not hasattr(self.executor, "snapshot"):
+                if not is_resumable(self.executor):
                     context.abort(grpc_status("UNIMPLEMENTED"), f"a {self.cfg.role} pool keeps no resident state")
                 blob = self.executor.snapshot(request.request_id)
                 self.counters["snapshots"] = self.counters.get("snapshots", 0) + 1
@@ -270,7 +271,7 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
             with self.host.work():
                 if not request.request_id:
                     raise InvalidRequest("must not be empty", field="request_id")
-                if not hasattr(self.executor, "restore"):
+                if not is_resumable(self.executor):
                     context.abort(grpc_status("UNIMPLEMENTED"), f"a {self.cfg.role} pool keeps no resident state")
                 if request.runtime_fingerprint and request.runtime_fingerprint != self.fingerprint:
                     raise FingerprintMismatch(f"snapshot from runtime {request.runtime_fingerprint}",
