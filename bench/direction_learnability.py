@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from fastvideo3.card import registry  # noqa: E402
+from fastvideo3.models.wan import cards as registry  # noqa: E402
 from fastvideo3.models.wan.components import WEIGHTS_DIR, TextEncoder, load_dit, load_shipped  # noqa: E402
 from fastvideo3.training.data import ShapesDataset, eval_prompts  # noqa: E402
 from fastvideo3.training.probe import caption_probe, direction_probe  # noqa: E402

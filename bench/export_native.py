@@ -79,7 +79,7 @@ def main() -> int:
 
 
 def run(a, result: dict) -> None:
-    from fastvideo3.card.registry import wan_tiny
+    from fastvideo3.models.wan.cards import wan_tiny
     from fastvideo3.export import arena_views
     from fastvideo3.export.native import STATE_BUFFER, NativeModelRuntime
     from fastvideo3.models.wan.components import latent_shape

@@ -5,7 +5,7 @@
 
 Copies ``wan-tiny/{transformer,text_encoder,vae}.safetensors`` and
 ``wan-tiny-4step/transformer.safetensors`` (those the run has) into ``fastvideo3/weights/`` and
-rewrites, in ``fastvideo3/card/registry.py``, ``TINY_SHIPPED_DIT`` (the run's DiT config; the
+rewrites, in ``fastvideo3/models/wan/cards.py``, ``TINY_SHIPPED_DIT`` (the run's DiT config; the
 seeded baseline card keeps ``TINY_DIT``),
 ``TINY_VAE_STATS``, ``TINY_GUIDANCE`` (from the run's ``train_log.json`` card update) and
 ``SHIPPED_DIGESTS`` (full-content sha256 of the shipped files). Refuses a file over 10 MB.
@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from fastvideo3.card.verify import file_digest  # noqa: E402
 
 WEIGHTS = ROOT / "fastvideo3" / "weights"
-REGISTRY = ROOT / "fastvideo3" / "card" / "registry.py"
+REGISTRY = ROOT / "fastvideo3" / "models" / "wan" / "cards.py"
 FILES = ("wan-tiny/text_encoder.safetensors", "wan-tiny/transformer.safetensors", "wan-tiny/vae.safetensors",
          "wan-tiny-4step/transformer.safetensors")
 MAX_BYTES = 10_000_000
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"{rel} is {n} bytes, over the {MAX_BYTES} byte limit of a shipped component")
     print("files:", ", ".join(have) or "none")
     src = REGISTRY.read_text()
-    from fastvideo3.card import registry
+    from fastvideo3.models.wan import cards as registry
     if "TINY_DIT" in upd:  # the shipped cards' DiT; the seeded baseline keeps TINY_DIT
         new = fmt_dict("TINY_SHIPPED_DIT", upd["TINY_DIT"])
         if re.search(r"^TINY_SHIPPED_DIT = dict\(TINY_DIT\)$", src, flags=re.M):

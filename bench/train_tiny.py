@@ -14,7 +14,7 @@ under ``--weights-dir`` (default: the package's ``fastvideo3/weights``) and copi
 with ``train_log.json`` (config, timings, loss curves, latent statistics, probe results) and
 ``train_loss.png`` when matplotlib is importable. The trained cards (``wan-tiny``,
 ``wan-tiny-4step``) read those files; the VAE's latent statistics and the picked guidance go
-into ``fastvideo3/card/registry.py`` (TINY_VAE_STATS, TINY_GUIDANCE) from the log.
+into ``fastvideo3/models/wan/cards.py`` (TINY_VAE_STATS, TINY_GUIDANCE) from the log.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from fastvideo3.card import registry  # noqa: E402
+from fastvideo3.models.wan import cards as registry  # noqa: E402
 from fastvideo3.models.reward.adherence import AdherenceScorer  # noqa: E402
 from fastvideo3.models.wan.components import WEIGHTS_DIR, TextEncoder, load_dit, load_shipped  # noqa: E402
 from fastvideo3.runtime.engine import Engine  # noqa: E402

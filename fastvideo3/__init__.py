@@ -5,6 +5,8 @@ services and the scheduler service in ``services/`` run the same code as a gRPC 
 """
 __version__ = "0.1.0"
 
+from fastvideo3.models import families as _families  # noqa: E402,F401  registers the built-in model families
+
 __all__ = ["Engine", "Video", "__version__"]
 
 

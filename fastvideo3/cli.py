@@ -15,31 +15,12 @@ import sys
 import time
 from pathlib import Path
 
+from fastvideo3.cli_args import EXIT_BAD_INPUT, _float, _Parser, _size
 from fastvideo3.errors import FastVideoError, InvalidRequest
+from fastvideo3.vocab import EventKind
 
-EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
 _BAD_INPUT_CODES = ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "NOT_FOUND")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, status 2
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
-
-
-def _size(text: str) -> tuple[int, int]:
-    try:
-        w, h = text.lower().split("x")
-        return int(w), int(h)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"size must be WIDTHxHEIGHT, e.g. 832x480 (got {text!r})") from None
-
-
-def _float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,7 +120,7 @@ def cmd_generate(args) -> int:
         bar = tqdm(total=0, desc="denoise", unit="step", file=sys.stderr, leave=False)
 
     def on_event(ev):
-        if bar is not None and ev.kind == "progress" and ev.data.get("phase") == "denoise":
+        if bar is not None and ev.kind == EventKind.PROGRESS and ev.data.get("phase") == "denoise":
             bar.total = ev.data["total"]
             bar.n = ev.data["step"]
             bar.refresh()

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from fastvideo3.errors import InvalidRequest
+from fastvideo3.vocab import EventKind, OutputFormat, Role
 
 
 def _replicas(text: str) -> tuple[str, int]:
@@ -34,7 +35,7 @@ def _replicas(text: str) -> tuple[str, int]:
 
 def add_commands(sub) -> None:
     """Register fleet commands on the CLI's subparsers."""
-    from fastvideo3.cli import _float, _Parser, _size
+    from fastvideo3.cli_args import _float, _Parser, _size
 
     s = sub.add_parser("serve", help="start a local fleet (one process per role pool + the scheduler)")
     s.add_argument("--card", default="wan-tiny", help="a card name, card file or diffusers-format directory")
@@ -113,7 +114,7 @@ def run(args) -> int:
 def cmd_serve(args) -> int:
     from fleet.launcher import FleetError, LocalFleet
 
-    roles = ("encoder", "denoiser", "decoder") + (() if args.no_reward else ("reward",))
+    roles = (Role.ENCODER, Role.DENOISER, Role.DECODER) + (() if args.no_reward else (Role.REWARD,))
     replicas = dict(args.replicas)
     bad = set(replicas) - set(roles)
     if bad:
@@ -227,7 +228,7 @@ def cmd_client(args) -> int:
 def _client_generate(client, args) -> int:
     out = Path(args.output)
     fmt = out.suffix.lower().lstrip(".")
-    if fmt not in ("mp4", "npy"):
+    if fmt not in (OutputFormat.MP4, OutputFormat.NPY):
         raise InvalidRequest(f"unsupported output {args.output!r}", field="output", limit=".mp4 or .npy")
     width, height = args.size if args.size else (None, None)
     rewards = [r.strip() for r in args.rewards.split(",") if r.strip()]
@@ -239,7 +240,7 @@ def _client_generate(client, args) -> int:
     def on_event(ev):
         if bar is None:
             return
-        if ev.kind == "progress":
+        if ev.kind == EventKind.PROGRESS:
             bar.set_description(ev.data["phase"])
             if ev.data["phase"] == "denoise":
                 bar.total = ev.data["total"]

@@ -25,27 +25,15 @@ from typing import Any, Callable, Iterator
 
 import grpc
 
-from fastvideo3.errors import ErrorInfo, FastVideoError, Internal, from_code
+from fastvideo3.errors import FastVideoError, Internal, from_code
+from fastvideo3.rpc import (  # noqa: F401  (error_from_rpc, make_channel and the rest are part of this API)
+    AUTH_HEADER, ERROR_TRAILER, TokenInterceptor, error_from_rpc, make_channel,
+)
+from fastvideo3.vocab import EventKind, OutputFormat, RunStatus
 
-ERROR_TRAILER = "fv3-error-bin"  # binary trailer carrying the typed error as JSON
 MAX_MESSAGE_BYTES = 64 << 20
 _OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
 STATES = ("UNSPECIFIED", "QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
-
-
-def error_from_rpc(err: grpc.RpcError) -> FastVideoError:
-    """The typed error behind a failed RPC (status name == the core's error code)."""
-    code = err.code().name if hasattr(err, "code") and err.code() is not None else "INTERNAL"
-    for key, value in (err.trailing_metadata() or ()) if hasattr(err, "trailing_metadata") else ():
-        if key == ERROR_TRAILER:
-            try:
-                d = json.loads(value)
-                return ErrorInfo(d["code"], d["message"], d.get("field"), d.get("limit"), d.get("step"),
-                                 d.get("retry_after_s"), d.get("details") or {}).to_exception()
-            except (ValueError, KeyError, TypeError):
-                break
-    details = err.details() if hasattr(err, "details") else str(err)
-    return from_code(code, details or code)
 
 
 def stream_broken(err: FastVideoError, request_id: str | None) -> FastVideoError:
@@ -118,9 +106,9 @@ class FleetVideo:
     def frames(self):
         """Decoded frames (float32 [F, H, W, 3]) of an ``npy`` artifact."""
         import numpy as np
-        if self.format != "npy":
+        if self.format != OutputFormat.NPY:
             raise FastVideoError(f"frames are only decodable from npy output, not {self.format}",
-                                 field="output_format", limit="npy")
+                                 field="output_format", limit=OutputFormat.NPY)
         return np.load(io.BytesIO(self.data), allow_pickle=False)
 
     def save(self, path: str | os.PathLike[str]) -> list[Path]:
@@ -150,77 +138,27 @@ class FleetVideo:
 def _event(msg) -> FleetEvent:
     kind = msg.WhichOneof("event")
     body = getattr(msg, kind)
-    if kind == "accepted":
+    if kind == EventKind.ACCEPTED:
         data = {"card_id": body.card_id, "program": body.program, "seed": body.seed,
                 "num_inference_steps": body.num_inference_steps,
                 "resolved": json.loads(body.resolved_params_json or b"{}")}
-    elif kind == "queued":
+    elif kind == EventKind.QUEUED:
         data = {"position": body.position, "estimated_wait_s": body.estimated_wait_s}
-    elif kind == "progress":
+    elif kind == EventKind.PROGRESS:
         data = {"phase": body.phase, "step": body.step, "total": body.total, "elapsed_s": body.elapsed_s,
                 "metrics": dict(body.metrics)}
-    elif kind == "artifact":
+    elif kind == EventKind.ARTIFACT:
         data = {"name": body.name, "mime_type": body.mime_type, "chunk_index": body.chunk_index, "last": body.last,
                 "data": bytes(body.data), "total_bytes": body.total_bytes, "checksum": body.checksum,
                 "sidecar": json.loads(body.sidecar_json) if body.sidecar_json else None}
-    elif kind == "error":
+    elif kind == EventKind.ERROR:
         data = error_data(body.error)
-    elif kind == "finished":
+    elif kind == EventKind.FINISHED:
         data = {"state": STATES[body.state], "timings": dict(body.timings), "rewards": dict(body.rewards),
                 "gpu_seconds": body.gpu_seconds}
     else:
         data = {"step": getattr(body, "step", 0)}
     return FleetEvent(kind, msg.request_id, msg.seq, data)
-
-
-AUTH_HEADER = "authorization"
-
-
-class TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
-                       grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
-    """Adds ``authorization: Bearer <token>`` to every call of a channel."""
-
-    def __init__(self, token: str):
-        self._header = (AUTH_HEADER, f"Bearer {token}")
-
-    def _with_token(self, details):
-        metadata = [*(details.metadata or ()), self._header]
-        return details._replace(metadata=metadata) if hasattr(details, "_replace") else _Details(details, metadata)
-
-    def intercept_unary_unary(self, continuation, details, request):
-        return continuation(self._with_token(details), request)
-
-    def intercept_unary_stream(self, continuation, details, request):
-        return continuation(self._with_token(details), request)
-
-    def intercept_stream_unary(self, continuation, details, request_iterator):
-        return continuation(self._with_token(details), request_iterator)
-
-    def intercept_stream_stream(self, continuation, details, request_iterator):
-        return continuation(self._with_token(details), request_iterator)
-
-
-class _Details(grpc.ClientCallDetails):
-    def __init__(self, base, metadata):
-        self.method, self.timeout, self.credentials = base.method, base.timeout, base.credentials
-        self.wait_for_ready, self.compression = base.wait_for_ready, base.compression
-        self.metadata = metadata
-
-
-def make_channel(target: str, options=None, *, root_certificates: bytes | None = None,
-                 private_key: bytes | None = None, certificate_chain: bytes | None = None,
-                 token: str | None = None) -> grpc.Channel:
-    """A channel to ``target``: TLS when ``root_certificates`` is given (with a client certificate
-    when ``private_key``/``certificate_chain`` are), plaintext otherwise; ``token`` is sent as a
-    bearer token on every call."""
-    options = list(options or [])
-    if root_certificates is not None:
-        creds = grpc.ssl_channel_credentials(root_certificates=root_certificates, private_key=private_key,
-                                             certificate_chain=certificate_chain)
-        channel = grpc.secure_channel(target, creds, options=options)
-    else:
-        channel = grpc.insecure_channel(target, options=options)
-    return grpc.intercept_channel(channel, TokenInterceptor(token)) if token else channel
 
 
 class FleetClient:
@@ -241,7 +179,7 @@ class FleetClient:
     def request(self, prompt: str, *, negative_prompt: str | None = None, num_frames: int | None = None,
                 height: int | None = None, width: int | None = None, num_inference_steps: int | None = None,
                 guidance_scale: float | None = None, seed: int | None = None, flow_shift: float | None = None,
-                sampler: str | None = None, cfg_policy: str | None = None, output_format: str = "mp4",
+                sampler: str | None = None, cfg_policy: str | None = None, output_format: str = OutputFormat.MP4,
                 guidance_scale_2: float | None = None,
                 rewards: list[str] | tuple[str, ...] = (), request_id: str | None = None, model: str = "",
                 deadline_s: float | None = None, fps: int | None = None, slo_class: str = "",
@@ -285,7 +223,7 @@ class FleetClient:
         try:
             for msg in call:
                 ev = _event(msg)
-                accepted = accepted or ev.kind == "accepted"
+                accepted = accepted or ev.kind == EventKind.ACCEPTED
                 rid = rid or ev.request_id
                 yield ev
         except grpc.RpcError as err:
@@ -305,17 +243,17 @@ class FleetClient:
         for ev in self.stream(prompt, **kw):
             if on_event is not None:
                 on_event(ev)
-            if ev.kind == "artifact":
+            if ev.kind == EventKind.ARTIFACT:
                 if ev.data["chunk_index"] == 0:
                     chunks, meta = [], dict(ev.data)
                 chunks.append(ev.data["data"])
                 if ev.data["last"]:
                     meta["checksum"] = ev.data["checksum"]
-            elif ev.kind == "error":
+            elif ev.kind == EventKind.ERROR:
                 error = ev
-            elif ev.kind == "finished":
+            elif ev.kind == EventKind.FINISHED:
                 finished = ev
-        if finished is None or finished.data["state"] != "SUCCEEDED":
+        if finished is None or finished.data["state"] != RunStatus.SUCCEEDED:
             if error is not None:
                 d = error.data
                 raise from_code(d["code"], d["message"], field=d["field"], limit=d["limit"], step=d["step"],

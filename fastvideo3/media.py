@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from fastvideo3.errors import Internal, InvalidRequest
+from fastvideo3.vocab import OutputFormat
 
 SUPPORTED_OUTPUTS = ".mp4, .npy, or a directory (PNG frames)"
 SIDECAR_IN_DIR = "video.json"
@@ -135,7 +136,7 @@ def _write_mp4(frames: np.ndarray, dest: Path, fps: float, crf: int) -> None:
         "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{width}x{height}", "-framerate", f"{fps:g}",
         "-i", "pipe:0",
         "-an", "-c:v", "libx264", "-pix_fmt", "yuv420p", "-crf", str(crf), "-preset", "medium",
-        "-movflags", "+faststart", "-f", "mp4", str(dest),
+        "-movflags", "+faststart", "-f", OutputFormat.MP4, str(dest),
     ]
     # stderr goes to a file, not a pipe: a chatty ffmpeg can never block on a full pipe while
     # we are still feeding it frames.
@@ -221,7 +222,7 @@ def save_video(
     try:
         tmp = _temp_file(parent, dest.name)
         written.append((tmp, dest))
-        if kind == "mp4":
+        if kind == OutputFormat.MP4:
             _write_mp4(clean, tmp, float(fps), crf)
         else:
             _write_npy(clean, tmp)

@@ -35,18 +35,18 @@ from fastvideo3 import __version__
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import InvalidRequest
 from fastvideo3.runtime.cost import COST_MODEL_VERSION, CalibratedCostModel
+from fastvideo3 import vocab
+from fastvideo3.vocab import KIND_OF_ROLE, PROGRAM_LOOPS, Program, ROLES, Role, Sampler, Task
 
 SCHEMA_VERSION = "1"
 HEALTH_LABEL_PREFIX = "health.serving/"
-ROLES = ("encoder", "denoiser", "decoder", "reward")
 #: WorkUnit kinds each role executes (the pool service's table).
-ROLE_KINDS = {"encoder": ["encoder_chunk"], "denoiser": ["diffusion_step"], "decoder": ["vae_tile"],
-              "reward": ["reward_batch"]}
+ROLE_KINDS = {role: [kind] for role, kind in KIND_OF_ROLE.items()}
 #: program name -> loops it runs, in order.
-PROGRAMS = {"t2v": ["text_encode", "diffusion_denoise", "vae_decode"]}
+PROGRAMS = {Program.T2V: list(PROGRAM_LOOPS[Program.T2V])}
 SCHEDULER_SERVICE = "fastvideo3.v1.Scheduler"
 POOL_SERVICE = "fastvideo3.v1.RolePool"
-OUTPUT_FORMATS = ["mp4", "npy"]
+OUTPUT_FORMATS = list(vocab.OUTPUT_FORMATS)
 
 _I32 = 2**31 - 1
 U32 = Annotated[int, Field(ge=0, le=_I32)]  # a non-negative int32 on the wire
@@ -120,7 +120,7 @@ class DeviceNeeds(_Part):
 
 
 class RolePoolSpec(_Part):
-    role: Literal["encoder", "denoiser", "decoder", "reward"]
+    role: Literal[Role.ENCODER, Role.DENOISER, Role.DECODER, Role.REWARD]
     replicas: U32 = 1
     device: DeviceNeeds = Field(default_factory=DeviceNeeds)
     card_ids: list[str] = Field(default_factory=list)
@@ -356,9 +356,9 @@ def summarize_card(card: ModelCard, *, precision: str | None = None, fingerprint
     steps = rec.assumes_steps or den.default_steps or 50
     lo, hi = (rec.assumes_steps, rec.assumes_steps) if rec.assumes_steps else (den.min_steps, den.max_steps)
     caps = []
-    if "text_to_video" in card.capabilities.tasks:
-        caps.append("t2v")
-    caps += [t for t in card.capabilities.tasks if t != "text_to_video"]
+    if Task.TEXT_TO_VIDEO in card.capabilities.tasks:
+        caps.append(Program.T2V)
+    caps += [t for t in card.capabilities.tasks if t != Task.TEXT_TO_VIDEO]
     return ModelCardSummary(
         card_id=card.model_id, family=card.family, capabilities=caps,
         limits=RequestLimits(
@@ -366,12 +366,12 @@ def summarize_card(card: ModelCard, *, precision: str | None = None, fingerprint
             min_height=lim.min_size, max_height=lim.max_height, min_width=lim.min_size, max_width=lim.max_width,
             size_multiple=lim.size_multiple, min_steps=lo, max_steps=hi, min_guidance_scale=0.0,
             max_guidance_scale=lim.max_guidance, max_prompt_tokens=card.max_text_tokens,
-            samplers=[rec.assumes_sampler] if rec.assumes_sampler else ["unipc", "euler"],
+            samplers=[rec.assumes_sampler] if rec.assumes_sampler else [Sampler.UNIPC, Sampler.EULER],
             output_formats=list(OUTPUT_FORMATS)),
         defaults=RequestDefaults(
             num_frames=lim.default_frames, height=lim.default_height, width=lim.default_width,
             num_inference_steps=steps, guidance_scale=lim.default_guidance,
-            flow_shift=sampler.flow_shift if sampler else 3.0, sampler=sampler.name if sampler else "unipc",
+            flow_shift=sampler.flow_shift if sampler else 3.0, sampler=sampler.name if sampler else Sampler.UNIPC,
             fps=lim.fps, negative_prompt=""),
         recipe=f"{rec.method}-{rec.assumes_steps}step" if rec.assumes_steps else rec.method,
         precision=precision or card.precision.default_cpu,
@@ -383,13 +383,13 @@ def capability_cells(card: ModelCard, roles: set[str]) -> list[CapabilityCell]:
     """The card's row of the capability matrix, given the roles the fleet runs."""
     caps = card.capabilities
     rows: list[tuple[str, bool, str]] = [
-        ("t2v", "text_to_video" in caps.tasks and {"encoder", "denoiser", "decoder"} <= roles,
+        (Program.T2V, Task.TEXT_TO_VIDEO in caps.tasks and {Role.ENCODER, Role.DENOISER, Role.DECODER} <= roles,
          "needs encoder, denoiser and decoder pools"),
         ("negative_prompt", caps.negative_prompt, ""),
         ("seed", caps.seeds, "bit-reproducible for a fixed seed, card and fingerprint"),
         ("cross_request_batching", caps.batching, "compatible denoise steps share one DiT call"),
         ("cfg_parallel", card.parallelism.cfg_parallel, ""),
-        ("reward_scoring", "reward" in roles, "needs a reward pool"),
+        ("reward_scoring", Role.REWARD in roles, "needs a reward pool"),
         ("cancellation", True, "takes effect at the next step boundary"),
     ]
     return [CapabilityCell(card_id=card.model_id, capability=name, level="supported", note=note)
@@ -446,7 +446,7 @@ def build_deployment_card(
     ids = [c.model_id for c in cards]
     pools = [_pool(p, ids) for p in pools]
     roles = {p.role for p in pools}
-    on_gpu = any(p.device.gpus > 0 for p in pools if p.role == "denoiser")
+    on_gpu = any(p.device.gpus > 0 for p in pools if p.role == Role.DENOISER)
     fingerprints = dict(fingerprints or {})
     models = [summarize_card(c, precision=c.precision.default_cuda if on_gpu else c.precision.default_cpu,
                              fingerprint=fingerprints.get(c.model_id, "")) for c in cards]
@@ -462,7 +462,7 @@ def build_deployment_card(
                  for k, plan in plans.items()}
         pools = [p if p.parallel_plan not in shared else
                  p.model_copy(update={"parallel_plan": f"{p.parallel_plan}@{p.role}"}) for p in pools]
-    t2v_cards = [c.model_id for c in cards if "text_to_video" in c.capabilities.tasks]
+    t2v_cards = [c.model_id for c in cards if Task.TEXT_TO_VIDEO in c.capabilities.tasks]
     programs = [ProgramSpec(name=name, loops=list(loops), card_ids=t2v_cards)
                 for name, loops in PROGRAMS.items() if t2v_cards]
     transfer = [RoleEndpoints(role=role, endpoints=[TransferEndpoint(backend=e[0], address=e[1],
@@ -585,6 +585,7 @@ def card_for_model(name: str, *, cost_model: CalibratedCostModel | None = None) 
     from fastvideo3.card.registry import resolve_card
 
     card = resolve_card(name)
-    pools = [dict(role=r, replicas=1, transport_backends=["shm", "grpc"]) for r in ("encoder", "denoiser", "decoder")]
+    pools = [dict(role=r, replicas=1, transport_backends=["shm", "grpc"])
+             for r in (Role.ENCODER, Role.DENOISER, Role.DECODER)]
     return build_deployment_card([card], pools, cost_model or CalibratedCostModel(), None,
                                  engine_id=f"fastvideo3/{card.model_id}")

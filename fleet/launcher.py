@@ -29,8 +29,10 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from fastvideo3.vocab import ROLES, Role
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-POOL_ROLES = ("encoder", "denoiser", "decoder", "reward")
+POOL_ROLES = ROLES
 STATUS_NAMES = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
 WATCH_DEADLINE_S = 3600.0
 
@@ -143,7 +145,7 @@ class LocalFleet:
                 "--transport", self.transport, "--replica-id", f"{role}-{index}", "--exit-with-parent"]
         if self.device:
             argv += ["--device", self.device]
-        if self.precision and role != "decoder":
+        if self.precision and role != Role.DECODER:
             argv += ["--precision", self.precision]
         if self.fake:
             argv.append("--fake")
@@ -171,7 +173,7 @@ class LocalFleet:
             # the scheduler first: it listens NOT_SERVING until every pool it needs is SERVING
             self.pools = {}
             for role, n in self.replicas.items():
-                if role == "denoiser" and self.denoiser_experts:
+                if role == Role.DENOISER and self.denoiser_experts:
                     for e in self.denoiser_experts:
                         self.pools[f"denoiser:{e}"] = [self._pool_process(role, i, e) for i in range(n)]
                 else:

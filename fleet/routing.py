@@ -23,6 +23,7 @@ from types import SimpleNamespace
 from typing import Any, Iterable
 
 from fastvideo3.errors import InvalidRequest, Unavailable
+from fastvideo3.vocab import Program, Role
 from fleet.deployment_card import DeploymentCard
 
 POLICIES = ("cost", "least-loaded", "round-robin", "random")
@@ -40,7 +41,7 @@ def request_fields(card: DeploymentCard, card_id: str, params: dict[str, Any]) -
         precision=card.model(card_id).precision or "bf16", slo_class=params.get("slo_class") or "interactive")
 
 
-def refusal(card: DeploymentCard, card_id: str, params: dict[str, Any], task: str = "t2v") -> str:
+def refusal(card: DeploymentCard, card_id: str, params: dict[str, Any], task: str = Program.T2V) -> str:
     """Why ``card`` cannot serve this request ("" when it can). Checks what the card declares."""
     ids = [m.card_id for m in card.models]
     if card_id not in ids:
@@ -185,7 +186,7 @@ class FleetRouter:
         """Held while changing a fleet's card or reported load from outside (a refresher)."""
         return self._lock
 
-    def pick(self, request_id: str, card_id: str, params: dict[str, Any], task: str = "t2v") -> FleetState:
+    def pick(self, request_id: str, card_id: str, params: dict[str, Any], task: str = Program.T2V) -> FleetState:
         """Choose a fleet for the request and reserve its predicted cost there.
 
         Raises InvalidRequest when no fleet's card can serve it (naming why, per fleet) and
@@ -208,7 +209,7 @@ class FleetRouter:
                                   retry_after_s=5.0)
             costs = {f.name: f.predict(card_id, params) for f in live}
             chosen = self._choose(live, costs)
-            cost = costs[chosen.name] or {"denoiser": 0.0}
+            cost = costs[chosen.name] or {Role.DENOISER: 0.0}
             chosen.owed[request_id] = {r: s for r, s in cost.items() if not r.startswith("_")}
             chosen.dispatched += 1
             return chosen
@@ -229,9 +230,9 @@ class FleetRouter:
             roles = self.fleets[fleet].owed.get(request_id)
             if roles is None or total_steps <= 0:
                 return
-            entry = roles.setdefault("_denoise_total", roles.get("denoiser", 0.0))
-            roles["denoiser"] = entry * max(0.0, 1.0 - done_steps / total_steps)
-            roles["encoder"] = 0.0  # denoising has started: the prompt is encoded
+            entry = roles.setdefault("_denoise_total", roles.get(Role.DENOISER, 0.0))
+            roles[Role.DENOISER] = entry * max(0.0, 1.0 - done_steps / total_steps)
+            roles[Role.ENCODER] = 0.0  # denoising has started: the prompt is encoded
 
     def done(self, fleet: str, request_id: str) -> None:
         with self._lock:

@@ -69,7 +69,7 @@ def _ref(d):
 def run_plans(rank: int, world: int, port: int, specs: list[str], out: str) -> None:
     import torch.distributed as dist
 
-    from fastvideo3.card.registry import wan_tiny
+    from fastvideo3.models.wan.cards import wan_tiny
     from fastvideo3.parallel.executor import ParallelDenoiserExecutor
     from fastvideo3.parallel.mesh import build_mesh
     from fastvideo3.parallel.plan import ParallelPlan
@@ -120,7 +120,7 @@ def run_plans(rank: int, world: int, port: int, specs: list[str], out: str) -> N
 def run_spmd(rank: int, world: int, port: int, spec: str, out: str) -> None:
     """Rank 0 drives a :class:`LeaderExecutor` with the script (inputs exist on rank 0 only: the
     others get them with each broadcast batch); every other rank serves what it broadcasts."""
-    from fastvideo3.card.registry import wan_tiny
+    from fastvideo3.models.wan.cards import wan_tiny
     from fastvideo3.parallel.executor import ParallelDenoiserExecutor
     from fastvideo3.parallel.mesh import init_mesh
     from fastvideo3.parallel.plan import ParallelPlan

@@ -1,13 +1,9 @@
-"""Built-in card registry and card file loading.
+"""The card registry: built-in cards of every registered model family, and card file loading.
 
-``wan-tiny`` is the embedded default: the Wan2.1 architecture at a tiny size, trained by the
-tiny recipe (``bench/train_tiny.py``: flow matching on procedural shape clips) and shipped inside
-the package, so it runs anywhere with no download. ``wan-tiny-4step`` is its 4-step distilled
-student (served only at 4 Euler steps), and ``wan-tiny-seeded`` the same architecture with
-untrained weights drawn from a seed. The Wan2.1 1.3B / 14B cards describe the real
-architectures; they are bound to a user's diffusers-format directory with
-:func:`bind_checkpoint` (or ``--model DIR`` on the CLI, see :func:`resolve_card`). ``wan-tiny``,
-``wan2.1-t2v-1.3b`` and ``wan2.1-t2v-14b`` each have an ``-fp8`` variant (:func:`fp8_variant`).
+The cards themselves belong to their families (``fastvideo3/models/<family>/``), which register
+with :mod:`fastvideo3.card.family`; this module knows them only through it. :func:`resolve_card`
+takes a built-in card name, a card file or a checkpoint directory (each family is asked whether the
+directory is in its layout). :func:`fp8_variant` derives an FP8 card from any card with a DiT.
 """
 from __future__ import annotations
 
@@ -17,236 +13,9 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from fastvideo3.card.spec import (
-    FP8, CheckpointManifest, ComponentSpec, ExpertsSpec, ExtensionContract, Fp8Spec, Limits, LoopSpec, ModelCard,
-    ParallelismContract, PrecisionContract, RecipeSpec, SamplerSpec,
-)
-
-#: every Wan card may run its denoiser on several ranks (fastvideo3.parallel)
-_WAN_PARALLELISM = ParallelismContract(plans=["single", "sp_ulysses", "sp_ring", "hybrid"], cfg_parallel=True)
+from fastvideo3.card.family import families
+from fastvideo3.card.spec import FP8, Fp8Spec, ModelCard, PrecisionContract
 from fastvideo3.errors import CardError, NotFound
-
-TINY_DIT = dict(
-    patch_size=[1, 4, 4], num_attention_heads=9, attention_head_dim=32, in_channels=16, out_channels=16,
-    text_dim=64, freq_dim=64, ffn_dim=576, num_layers=4, cross_attn_norm=True,
-    qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=64,
-)
-#: the DiT config of the shipped (trained) tiny weights; bench/ship_tiny.py rewrites it from a
-#: training run's log. The seeded baseline keeps TINY_DIT.
-TINY_SHIPPED_DIT = dict(TINY_DIT)
-#: the tiny recipe's VAE: a patch autoencoder with the Wan VAE's latent layout (models/wan/patch_vae.py)
-TINY_VAE = dict(arch="patch", z_dim=16, enc_dim=64, dec_dim=96)
-TINY_TEXT = dict(vocab_size=384, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
-                 relative_attention_num_buckets=32, relative_attention_max_distance=64,
-                 dropout_rate=0.0, tokenizer="bytes")
-#: per-channel latent statistics of the trained tiny VAE (measured by bench/train_tiny.py); the
-#: decoder de-normalises with them, so they belong to the shipped VAE's config
-TINY_VAE_STATS = dict(
-    latents_mean=[-0.564, -0.05388, 0.02332, 0.24649, -0.42514, -0.7023, 0.81051, 1.31144, 0.29235,
-        0.67625, -0.04795, 0.02488, -0.71571, -0.64437, -0.12039, 1.50419],
-    latents_std=[1.24603, 1.82572, 1.07532, 0.6958, 0.73215, 1.19762, 1.8137, 1.0869, 0.92468,
-        1.63938, 0.39097, 1.83864, 1.16929, 1.72197, 0.55681, 1.37951],
-)
-#: the guidance scale the trained card serves with by default (picked by the training run's probe)
-TINY_GUIDANCE = 2.0
-TINY_TRAINING_COMMAND = ("python bench/train_tiny.py --device cpu --size 128: --stages vae, then --stages dit,probe "
-                         "twice, then --stages distill, each with --init-from the previous run "
-                         "(exact commands: bench/results/train_cpu.json)")
-
-#: full-content digests of the shipped weight files (relative to fastvideo3/weights). A pool checks
-#: the files it loads against them at start; after retraining, regenerate with
-#: ``python -m fastvideo3.card.verify --card wan-tiny --print-digests`` (and wan-tiny-4step).
-SHIPPED_DIGESTS = {
-    "wan-tiny/text_encoder.safetensors": "sha256:fd4b1bf38d87751443a6c665a1e76d884d2394306d94264785c78e3a68eb012e",
-    "wan-tiny/transformer.safetensors": "sha256:5105101f6543714434be230c93541eb99c17346acd01d6714d0a413d040dfe44",
-    "wan-tiny/vae.safetensors": "sha256:4a29bdce528e5771a370b31c1877f8664ecf046feb2d6e39cc5b77c3925b14d1",
-    "wan-tiny-4step/transformer.safetensors":
-        "sha256:85eb9de6d1837ab9fab7430757ea8098f85f178ce9af2b90acc52701333c2d9d",
-}
-
-WAN_1_3B_DIT = dict(
-    patch_size=[1, 2, 2], num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
-    text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
-    qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024,
-)
-WAN_14B_DIT = dict(WAN_1_3B_DIT, num_attention_heads=40, ffn_dim=13824, num_layers=40)
-
-_T2V_TASKS = {"text_to_video": ["text_encoder", "transformer", "vae"], "vae_decode": ["vae"]}
-
-
-def _denoise(default_steps: int, flow_shift: float, sampler: str = "unipc") -> LoopSpec:
-    return LoopSpec(loop_id="diffusion_denoise", default_steps=default_steps,
-                    sampler=SamplerSpec(name=sampler, flow_shift=flow_shift))
-
-
-def _loops(default_steps: int, flow_shift: float) -> dict[str, LoopSpec]:
-    return {
-        "text_encode": LoopSpec(loop_id="text_encode"),
-        "diffusion_denoise": _denoise(default_steps, flow_shift),
-        "vae_decode": LoopSpec(loop_id="vae_decode"),
-    }
-
-
-def _tiny(model_id: str, description: str, components: dict[str, ComponentSpec], loops: dict[str, LoopSpec],
-          recipe: RecipeSpec, guidance: float, precision: PrecisionContract | None = None,
-          extensions: ExtensionContract | None = None) -> ModelCard:
-    return ModelCard(
-        model_id=model_id,
-        description=description,
-        components=components,
-        loops=loops,
-        recipe=recipe,
-        precision=precision or PrecisionContract(),
-        parallelism=_WAN_PARALLELISM,
-        checkpoint=CheckpointManifest(root=None, seed=0, required_for=_T2V_TASKS, digests={
-            c.subfolder: SHIPPED_DIGESTS[c.subfolder] for c in components.values()
-            if c.source == "shipped" and c.subfolder in SHIPPED_DIGESTS}),
-        # sizes are multiples of 32: the VAE's 8x times the DiT's 4x4 latent patch
-        limits=Limits(max_frames=65, min_size=32, max_height=512, max_width=512, size_multiple=32,
-                      default_frames=33, default_height=128, default_width=128, default_guidance=guidance),
-        extensions=extensions or ExtensionContract(),
-        max_text_tokens=64,
-    )
-
-
-def _shipped(component: str, kind: str, config: dict, file: str, key_map: str | None = None) -> ComponentSpec:
-    return ComponentSpec(component_id=component, kind=kind, source="shipped", subfolder=file, config=config,
-                         key_map=key_map)
-
-
-def _tiny_shipped_components(transformer_file: str) -> dict[str, ComponentSpec]:
-    return {
-        "text_encoder": _shipped("text_encoder", "text_encoder", TINY_TEXT, "wan-tiny/text_encoder.safetensors"),
-        "transformer": _shipped("transformer", "dit", TINY_SHIPPED_DIT, transformer_file, "wan_dit_diffusers_v1"),
-        "vae": _shipped("vae", "vae", {**TINY_VAE, **TINY_VAE_STATS}, "wan-tiny/vae.safetensors"),
-    }
-
-
-_TRAINED_FP32 = PrecisionContract(supported=["fp32"], default_cpu="fp32", default_cuda="fp32")
-
-
-def wan_tiny() -> ModelCard:
-    return _tiny(
-        "wan-tiny",
-        "Wan2.1 architecture at a tiny size, trained with flow matching on procedural shape clips "
-        "(a colored circle, square or triangle moving left, right, up or down on a plain background); "
-        "weights ship in the package.",
-        _tiny_shipped_components("wan-tiny/transformer.safetensors"),
-        _loops(default_steps=50, flow_shift=3.0),
-        RecipeSpec(method="flow_matching", data_contract="procedural shapes v1", assumes_loop="diffusion_denoise",
-                   assumes_precision="fp32", consistency_required="C1", training_command=TINY_TRAINING_COMMAND),
-        guidance=TINY_GUIDANCE,
-        precision=_TRAINED_FP32,
-        # tuned on this card's 50-step schedule (bench/cache_quality.py): about half the block
-        # evaluations skipped at >= 30 dB PSNR against uncached frames
-        extensions=ExtensionContract(params={"dbcache": {"threshold": 0.2, "warmup_steps": 4, "taylorseer": True}}),
-    )
-
-
-def wan_tiny_4step() -> ModelCard:
-    return _tiny(
-        "wan-tiny-4step",
-        "wan-tiny distilled to 4 Euler steps without guidance (reflow on the teacher's guided rollouts); "
-        "served only at 4 steps with the euler sampler.",
-        _tiny_shipped_components("wan-tiny-4step/transformer.safetensors"),
-        {"text_encode": LoopSpec(loop_id="text_encode"),
-         "diffusion_denoise": LoopSpec(loop_id="diffusion_denoise", default_steps=4,
-                                       sampler=SamplerSpec(name="euler", flow_shift=3.0)),
-         "vae_decode": LoopSpec(loop_id="vae_decode")},
-        RecipeSpec(method="step_distill", parents=["wan-tiny"], data_contract="procedural shapes v1 "
-                   "(teacher rollouts: wan-tiny, 25 unipc steps, guided)", assumes_loop="diffusion_denoise",
-                   assumes_steps=4, assumes_sampler="euler", assumes_precision="fp32", consistency_required="C1",
-                   training_command=TINY_TRAINING_COMMAND),
-        guidance=1.0,  # guidance is distilled in: one conditional forward per step
-        precision=_TRAINED_FP32,
-        extensions=ExtensionContract(allowed=[]),  # 4 distilled steps: reusing any of them is refused
-    )
-
-
-def wan_tiny_seeded() -> ModelCard:
-    return _tiny(
-        "wan-tiny-seeded",
-        "The wan-tiny architecture with untrained weights drawn from a seed (no files): a baseline.",
-        {
-            "text_encoder": ComponentSpec(component_id="text_encoder", kind="text_encoder", config=TINY_TEXT),
-            "transformer": ComponentSpec(component_id="transformer", kind="dit", config=TINY_DIT,
-                                         key_map="wan_dit_diffusers_v1"),
-            "vae": ComponentSpec(component_id="vae", kind="vae", config=TINY_VAE),
-        },
-        _loops(default_steps=8, flow_shift=3.0),
-        RecipeSpec(method="seeded", data_contract="none: weights drawn from a seeded generator"),
-        guidance=5.0,
-    )
-
-
-def _wan_real(model_id: str, dit: dict, desc: str) -> ModelCard:
-    def comp(cid: str, kind: str, sub: str, config: dict | None = None, key_map: str | None = None):
-        return ComponentSpec(component_id=cid, kind=kind, source="diffusers_dir", subfolder=sub,
-                             config=config or {}, precision="bf16", key_map=key_map)
-
-    return ModelCard(
-        model_id=model_id,
-        description=desc,
-        components={
-            "tokenizer": comp("tokenizer", "tokenizer", "tokenizer"),
-            "text_encoder": comp("text_encoder", "text_encoder", "text_encoder"),
-            "transformer": comp("transformer", "dit", "transformer", dit, "wan_dit_diffusers_v1"),
-            "vae": comp("vae", "vae", "vae"),
-            "scheduler": comp("scheduler", "scheduler", "scheduler"),
-        },
-        loops=_loops(default_steps=50, flow_shift=3.0),
-        recipe=RecipeSpec(method="base", data_contract="Wan2.1 pretraining (upstream)"),
-        checkpoint=CheckpointManifest(
-            root=None,
-            required_for={"text_to_video": ["tokenizer", "text_encoder", "transformer", "vae", "scheduler"],
-                          "vae_decode": ["vae"]},
-        ),
-        limits=Limits(max_frames=129, max_height=1280, max_width=1280),
-        parallelism=_WAN_PARALLELISM,
-        max_text_tokens=512,
-    )
-
-
-#: Wan2.2 A14B text-to-video: two Wan2.1-14B-shaped experts, the switch at 0.875 of the training
-#: timesteps, UniPC with flow shift 12, guidance 4.0 (high noise) and 3.0 (low noise), 40 steps
-WAN22_A14B_T2V = dict(boundary_ratio=0.875, flow_shift=12.0, default_steps=40, guidance=4.0, guidance_2=3.0)
-
-
-def wan22_moe(model_id: str, dit: dict, desc: str, *, boundary_ratio: float, flow_shift: float = 12.0,
-              default_steps: int = 40, guidance: float = 4.0, guidance_2: float | None = 3.0) -> ModelCard:
-    """A two-expert Wan2.2 T2V card (diffusers' WanPipeline with ``transformer_2`` and
-    ``boundary_ratio``): ``transformer`` denoises high noise, ``transformer_2`` low noise."""
-    base = _wan_real(model_id, dit, desc)
-    data = base.model_dump(mode="json")
-    data["components"]["transformer_2"] = dict(data["components"]["transformer"], component_id="transformer_2",
-                                               subfolder="transformer_2")
-    data["checkpoint"]["required_for"]["text_to_video"].append("transformer_2")
-    data["loops"]["diffusion_denoise"] = _denoise(default_steps, flow_shift).model_copy(update={
-        "experts": ExpertsSpec(boundary_ratio=boundary_ratio, default_guidance_2=guidance_2)}).model_dump(mode="json")
-    data["recipe"]["data_contract"] = "Wan2.2 pretraining (upstream)"
-    data["limits"]["default_guidance"] = guidance
-    return ModelCard.model_validate(data)
-
-
-#: Wan2.2 TI2V-5B's DiT: 24 heads x 128 = 3072 wide, 30 layers, 48 latent channels
-WAN22_5B_DIT = dict(WAN_1_3B_DIT, num_attention_heads=24, in_channels=48, out_channels=48, ffn_dim=14336)
-
-
-def wan22_ti2v(model_id: str, dit: dict, desc: str, *, flow_shift: float = 5.0, default_steps: int = 50,
-               guidance: float = 5.0) -> ModelCard:
-    """A Wan2.2 TI2V-5B card served as text-to-video (diffusers' WanPipeline with
-    ``expand_timesteps``): the 48-channel VAE with 16x spatial compression, 24 fps, 720p."""
-    from fastvideo3.models.wan.layout import WAN22_VAE
-    base = _wan_real(model_id, dit, desc)
-    data = base.model_dump(mode="json")
-    data["components"]["vae"]["config"] = dict(WAN22_VAE)
-    data["loops"]["diffusion_denoise"] = _denoise(default_steps, flow_shift).model_dump(mode="json")
-    data["recipe"]["data_contract"] = "Wan2.2 pretraining (upstream)"
-    # sizes: multiples of 32 (the VAE's 16x times the DiT's 2x2 patch); 1280x704 is the published 720p
-    data["limits"] = Limits(max_frames=129, min_size=32, max_height=1280, max_width=1280, size_multiple=32,
-                            default_frames=121, default_height=704, default_width=1280, default_guidance=guidance,
-                            fps=24).model_dump(mode="json")
-    return ModelCard.model_validate(data)
 
 
 def fp8_variant(card: ModelCard, model_id: str, fp8: Fp8Spec | None = None) -> ModelCard:
@@ -264,25 +33,11 @@ def fp8_variant(card: ModelCard, model_id: str, fp8: Fp8Spec | None = None) -> M
 
 
 def builtin_cards() -> dict[str, ModelCard]:
-    w13 = _wan_real("wan2.1-t2v-1.3b", WAN_1_3B_DIT, "Wan2.1 text-to-video 1.3B (diffusers-format directory)")
-    w14 = _wan_real("wan2.1-t2v-14b", WAN_14B_DIT, "Wan2.1 text-to-video 14B (diffusers-format directory)")
-    tiny = wan_tiny()
-    w22 = wan22_moe("wan2.2-t2v-a14b", WAN_14B_DIT, "Wan2.2 text-to-video A14B: two 14B experts split by noise "
-                    "level (diffusers-format directory with transformer_2)", **WAN22_A14B_T2V)
-    cards = [
-        tiny,
-        w22,
-        wan22_ti2v("wan2.2-ti2v-5b", WAN22_5B_DIT, "Wan2.2 TI2V-5B served as text-to-video: 48-channel VAE, 16x "
-                   "spatial compression (diffusers-format directory with expand_timesteps)"),
-        wan_tiny_4step(),
-        wan_tiny_seeded(),
-        w13,
-        w14,
-        fp8_variant(tiny, "wan-tiny-fp8"),
-        fp8_variant(w13, "wan2.1-t2v-1.3b-fp8"),
-        fp8_variant(w14, "wan2.1-t2v-14b-fp8"),
-    ]
-    return {c.model_id: c for c in cards}
+    """Every registered family's built-in cards by model id."""
+    cards: dict[str, ModelCard] = {}
+    for fam in families().values():
+        cards.update(fam.builtin_cards())
+    return cards
 
 
 def get_card(name: str) -> ModelCard:
@@ -342,7 +97,6 @@ def resolve_card(model: str) -> ModelCard:
     """A built-in card name, a card file (.yaml/.yml/.json) or a diffusers-format directory."""
     p = Path(model)
     if p.is_dir():
-        from fastvideo3.models.wan.checkpoint import card_for_directory
         return card_for_directory(p)
     if p.suffix in (".yaml", ".yml", ".json") and p.exists():
         card = load_card_file(p)
@@ -350,3 +104,18 @@ def resolve_card(model: str) -> ModelCard:
             card = bind_checkpoint(card, p.parent / card.checkpoint.root)
         return card
     return get_card(model)
+
+
+def card_for_directory(root: str | Path) -> ModelCard:
+    """The card of the first family (latest registered first) that reads ``root`` as its layout;
+    the first-registered family is the fallback and reports what is wrong with the directory."""
+    fams = list(families().values())
+    for fam in reversed(fams[1:]):
+        card = fam.card_for_directory(Path(root))
+        if card is not None:
+            return card
+    card = fams[0].card_for_directory(Path(root)) if fams else None
+    if card is None:
+        raise CardError(f"{root} is not a checkpoint directory of any registered family", field="model",
+                        limit=", ".join(f.name for f in fams))
+    return card

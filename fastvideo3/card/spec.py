@@ -13,13 +13,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fastvideo3.errors import RecipeMismatch
+from fastvideo3.vocab import LoopId, Sampler, Task
 
 #: ``fp8_e4m3``: the DiT's block Linear layers in e4m3 (weights per output channel, activations per
 #: token or per tensor, dynamic), everything else in bf16; see :mod:`fastvideo3.models.wan.fp8`.
 #: Needs a CUDA GPU with FP8 tensor cores (compute capability >= 8.9).
 Precision = Literal["fp32", "bf16", "fp16", "fp8_e4m3"]
 FP8 = "fp8_e4m3"
-Task = Literal["text_to_video", "vae_decode", "reward"]
+TaskName = Literal[Task.TEXT_TO_VIDEO, Task.VAE_DECODE, Task.REWARD]
 ComponentKind = Literal["dit", "vae", "text_encoder", "tokenizer", "scheduler", "reward_head"]
 
 
@@ -99,7 +100,7 @@ def check_digests(digests: dict[str, str]) -> None:
 
 
 class SamplerSpec(_Spec):
-    name: Literal["unipc", "euler"] = "unipc"
+    name: Literal[Sampler.UNIPC, Sampler.EULER] = Sampler.UNIPC
     flow_shift: float = Field(3.0, gt=0.0, le=100.0)
     solver_order: int = Field(2, ge=1, le=3)
     num_train_timesteps: int = 1000
@@ -121,7 +122,7 @@ class ExpertsSpec(_Spec):
 class LoopSpec(_Spec):
     """A loop the card serves and its limits. ``loop_id`` names the loop class in fastvideo3.loop."""
 
-    loop_id: Literal["text_encode", "diffusion_denoise", "vae_decode", "reward_score"]
+    loop_id: Literal[LoopId.TEXT_ENCODE, LoopId.DIFFUSION_DENOISE, LoopId.VAE_DECODE, LoopId.REWARD_SCORE]
     default_steps: int | None = Field(None, ge=1)
     min_steps: int = Field(1, ge=1)
     max_steps: int = Field(1000, ge=1)
@@ -138,7 +139,7 @@ class RecipeSpec(_Spec):
     method: str = "base"  # "base" | "seeded" | "flow_matching" | "step_distill" | ...
     parents: list[str] = Field(default_factory=list)
     data_contract: str = ""
-    assumes_loop: str = "diffusion_denoise"
+    assumes_loop: str = LoopId.DIFFUSION_DENOISE
     #: a distilled recipe pins the step count it was trained for; None = any in the loop's range
     assumes_steps: int | None = None
     assumes_sampler: str | None = None
@@ -196,7 +197,7 @@ class Limits(_Spec):
 
 
 class CapabilityMatrix(_Spec):
-    tasks: list[Task] = Field(default_factory=lambda: ["text_to_video", "vae_decode"])
+    tasks: list[TaskName] = Field(default_factory=lambda: [Task.TEXT_TO_VIDEO, Task.VAE_DECODE])
     negative_prompt: bool = True
     seeds: bool = True
     batching: bool = True
@@ -223,7 +224,8 @@ class ExtensionContract(_Spec):
 
 class ModelCard(_Spec):
     model_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
-    family: Literal["wan"] = "wan"
+    #: the model family (fastvideo3.card.family) whose rules read this card; it must be registered
+    family: str = "wan"
     description: str = ""
     components: dict[str, ComponentSpec]
     loops: dict[str, LoopSpec]
@@ -237,6 +239,14 @@ class ModelCard(_Spec):
     extensions: ExtensionContract = Field(default_factory=ExtensionContract)
     #: text encoder sequence length (Wan: 512)
     max_text_tokens: int = Field(512, ge=1, le=4096)
+
+    @field_validator("family")
+    @classmethod
+    def _registered_family(cls, v: str) -> str:
+        from fastvideo3.card.family import families
+        if v not in families():
+            raise ValueError(f"unknown model family {v!r} (registered: {', '.join(families()) or 'none'})")
+        return v
 
     @model_validator(mode="after")
     def _check_consistency(self) -> "ModelCard":
@@ -253,7 +263,7 @@ class ModelCard(_Spec):
         for task in self.capabilities.tasks:
             if task not in self.checkpoint.required_for:
                 raise ValueError(f"capability {task!r} has no checkpoint.required_for entry")
-        d = self.loops.get("diffusion_denoise")
+        d = self.loops.get(LoopId.DIFFUSION_DENOISE)
         if d is not None:
             if d.min_steps > d.max_steps:
                 raise ValueError("loops.diffusion_denoise.min_steps exceeds max_steps")
@@ -319,12 +329,12 @@ class ModelCard(_Spec):
 
     @property
     def denoise(self) -> LoopSpec:
-        return self.loops["diffusion_denoise"]
+        return self.loops[LoopId.DIFFUSION_DENOISE]
 
     def dit_components(self) -> list[str]:
         """The DiT components the denoise loop runs: its two experts (high noise first), or
         ``transformer``."""
-        d = self.loops.get("diffusion_denoise")
+        d = self.loops.get(LoopId.DIFFUSION_DENOISE)
         if d is not None and d.experts is not None:
             return [d.experts.high_noise, d.experts.low_noise]
         return ["transformer"]

@@ -20,13 +20,14 @@ import yaml
 
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import CardError
+from fastvideo3.vocab import Role
 
 #: the component kinds each role pool loads (the reward pool's scorers ship in code)
 ROLE_KINDS: dict[str, frozenset[str]] = {
-    "encoder": frozenset({"text_encoder", "tokenizer"}),
-    "denoiser": frozenset({"dit", "scheduler"}),
-    "decoder": frozenset({"vae"}),
-    "reward": frozenset(),
+    Role.ENCODER: frozenset({"text_encoder", "tokenizer"}),
+    Role.DENOISER: frozenset({"dit", "scheduler"}),
+    Role.DECODER: frozenset({"vae"}),
+    Role.REWARD: frozenset(),
 }
 ALL_KINDS = frozenset().union(*ROLE_KINDS.values())
 _CONFIG_FILE = {"scheduler": "scheduler_config.json", "tokenizer": None}
@@ -37,8 +38,8 @@ def weights_root(card: ModelCard) -> Path:
     """The directory relative paths of the manifest are taken from."""
     if card.checkpoint.root:
         return Path(card.checkpoint.root)
-    from fastvideo3.models.wan.components import WEIGHTS_DIR
-    return WEIGHTS_DIR
+    from fastvideo3.card.family import family_of
+    return family_of(card).weights_dir()
 
 
 def file_digest(path: Path) -> str:

@@ -5,11 +5,12 @@ from fastvideo3.loop.driver import LoopDriver, run_loop
 from fastvideo3.loop.protocol import Done, Loop, LoopResult, LoopState, Resources, StepResult, WorkPlan
 from fastvideo3.loop.reward_score import RewardScoreLoop, RewardScoreState
 from fastvideo3.loop.text_encode import TextEncodeLoop, TextEncodeState
+from fastvideo3.vocab import LoopId
 
-LOOPS = {"text_encode": TextEncodeLoop, "diffusion_denoise": DenoiseLoop, "vae_decode": DecodeLoop,
-         "reward_score": RewardScoreLoop}
-STATES = {"text_encode": TextEncodeState, "diffusion_denoise": DenoiseState, "vae_decode": DecodeState,
-          "reward_score": RewardScoreState}
+LOOPS = {LoopId.TEXT_ENCODE: TextEncodeLoop, LoopId.DIFFUSION_DENOISE: DenoiseLoop, LoopId.VAE_DECODE: DecodeLoop,
+         LoopId.REWARD_SCORE: RewardScoreLoop}
+STATES = {LoopId.TEXT_ENCODE: TextEncodeState, LoopId.DIFFUSION_DENOISE: DenoiseState, LoopId.VAE_DECODE: DecodeState,
+          LoopId.REWARD_SCORE: RewardScoreState}
 
 __all__ = [
     "DecodeLoop", "DecodeState", "DenoiseLoop", "DenoiseState", "Done", "LOOPS", "Loop", "LoopDriver",

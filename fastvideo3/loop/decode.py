@@ -6,7 +6,9 @@ to the scheduler.
 """
 from __future__ import annotations
 
+from fastvideo3.loop.params import VaeTileParams
 from fastvideo3.loop.protocol import Done, LoopResult, LoopState, StepResult, WorkPlan
+from fastvideo3.vocab import LoopId, Role, UnitKind
 
 
 class DecodeState(LoopState):
@@ -20,7 +22,7 @@ class DecodeState(LoopState):
 
 
 class DecodeLoop:
-    loop_id = "vae_decode"
+    loop_id = LoopId.VAE_DECODE
 
     def init(self, request, card, ctx: dict) -> DecodeState:
         ref = ctx["latents"]
@@ -32,8 +34,8 @@ class DecodeLoop:
         if state.done:
             return Done(self.finalize(state))
         c, f, h, w = state.latent_shape
-        params = {"encode": state.encode, "fps": state.fps} if state.encode else {}
-        return WorkPlan(loop_id=self.loop_id, request_id=state.request_id, kind="vae_tile", role="decoder",
+        params = VaeTileParams(encode=state.encode, fps=state.fps) if state.encode else VaeTileParams()
+        return WorkPlan(loop_id=self.loop_id, request_id=state.request_id, kind=UnitKind.VAE_TILE, role=Role.DECODER,
                         shape_sig=f"vae_tile|{state.model_id}|{c}x{f}x{h}x{w}", inputs={"latents": state.latent},
                         params=params)
 

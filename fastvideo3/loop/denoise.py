@@ -10,7 +10,9 @@ from typing import Any
 
 from fastvideo3.errors import NumericFault
 from fastvideo3.loop.protocol import Done, LoopResult, LoopState, Resources, StepResult, WorkPlan
+from fastvideo3.loop.params import DiffusionStepParams
 from fastvideo3.loop.samplers import make_schedule
+from fastvideo3.vocab import LoopId, Role, UnitKind
 
 
 #: output / input names of the latent and sampler history handed from one expert's pool to the other's
@@ -59,10 +61,10 @@ class DenoiseState(LoopState):
 
 
 class DenoiseLoop:
-    loop_id = "diffusion_denoise"
+    loop_id = LoopId.DIFFUSION_DENOISE
 
     def init(self, request, card, ctx: dict) -> DenoiseState:
-        from fastvideo3.models.wan.components import latent_shape
+        from fastvideo3.card.family import family_of
         spec = card.denoise.sampler
         sched = make_schedule(request.sampler, request.num_inference_steps, request.flow_shift,
                               spec.num_train_timesteps if spec else 1000)
@@ -71,7 +73,7 @@ class DenoiseLoop:
             num_steps=request.num_inference_steps, timesteps=sched.timesteps, sigmas=sched.sigmas,
             guidance=request.guidance_scale, cfg_policy=request.cfg_policy, sampler=request.sampler,
             solver_order=spec.solver_order if spec else 2, seed=request.seed,
-            latent_shape=list(latent_shape(card, request.num_frames, request.height, request.width)),
+            latent_shape=list(family_of(card).latent_shape(card, request.num_frames, request.height, request.width)),
             precision=request.precision,
             embeds={k: ctx[k] for k in ("prompt_embeds", "negative_embeds") if k in ctx},
             adapters=[dict(a) for a in getattr(request, "adapters", ())],
@@ -97,26 +99,26 @@ class DenoiseLoop:
         k = state.step
         expert = self.expert(state, k)
         low = bool(state.experts) and expert == state.experts[1]
-        params = {
-            "step": k, "timestep": state.timesteps[k], "sigmas": state.sigmas,
-            "guidance": state.guidance_2 if low else state.guidance,
-            "cfg_policy": state.cfg_policy, "sampler": state.sampler, "solver_order": state.solver_order,
-            "seed": state.seed, "latent_shape": state.latent_shape, "final": k == state.num_steps - 1,
-        }
+        params = DiffusionStepParams(
+            step=k, timestep=state.timesteps[k], sigmas=state.sigmas,
+            guidance=state.guidance_2 if low else state.guidance,
+            cfg_policy=state.cfg_policy, sampler=state.sampler, solver_order=state.solver_order,
+            seed=state.seed, latent_shape=state.latent_shape, final=k == state.num_steps - 1,
+        )
         if state.adapters:
-            params["adapters"] = [dict(a) for a in state.adapters]
+            params.adapters = [dict(a) for a in state.adapters]
         if state.cache:
-            params.update(cache=state.cache, plugin_state=state.plugin_state, num_steps=state.num_steps)
+            params.cache, params.plugin_state, params.num_steps = state.cache, state.plugin_state, state.num_steps
         inputs = dict(state.embeds)
         if state.experts:
-            params["expert"] = expert
+            params.expert = expert
             # the step after which the other expert runs: its pool may not hold this request
-            params["handoff"] = k + 1 < state.num_steps and self.expert(state, k + 1) != expert
+            params.handoff = k + 1 < state.num_steps and self.expert(state, k + 1) != expert
             if state.handoff and low:
                 inputs.update(state.handoff)
-                params["handoff_meta"] = state.handoff_meta
+                params.handoff_meta = state.handoff_meta
         return WorkPlan(
-            loop_id=self.loop_id, request_id=state.request_id, kind="diffusion_step", role="denoiser",
+            loop_id=self.loop_id, request_id=state.request_id, kind=UnitKind.DIFFUSION_STEP, role=Role.DENOISER,
             shape_sig=self.shape_sig(state, expert), inputs=inputs, step=k, total=state.num_steps,
             params=params, resources=Resources(),
         )

@@ -14,7 +14,7 @@ pool-resident regions it names by reference. The only place iteration lives is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -56,7 +56,8 @@ class WorkPlan:
     kind: str  # encoder_chunk | diffusion_step | vae_tile | reward_batch
     role: str  # the pool that runs it: encoder | denoiser | decoder | reward
     shape_sig: str
-    params: dict[str, Any] = field(default_factory=dict)
+    #: the kind's typed params (fastvideo3.loop.params), or a plain mapping for ad-hoc loops
+    params: Mapping[str, Any] = field(default_factory=dict)
     inputs: dict[str, dict] = field(default_factory=dict)  # name -> TensorRef.to_dict()
     resources: Resources = field(default_factory=Resources)
     step: int | None = None

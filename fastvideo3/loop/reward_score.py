@@ -5,7 +5,9 @@ context); the frames stay in the decoder pool and the reward pool pulls them by 
 """
 from __future__ import annotations
 
+from fastvideo3.loop.params import RewardBatchParams
 from fastvideo3.loop.protocol import Done, LoopResult, LoopState, StepResult, WorkPlan
+from fastvideo3.vocab import LoopId, Role, UnitKind
 
 
 class RewardScoreState(LoopState):
@@ -16,7 +18,7 @@ class RewardScoreState(LoopState):
 
 
 class RewardScoreLoop:
-    loop_id = "reward_score"
+    loop_id = LoopId.REWARD_SCORE
 
     def init(self, request, card, ctx: dict) -> RewardScoreState:
         return RewardScoreState(request_id=request.request_id, loop_id=self.loop_id, model_id=card.model_id,
@@ -26,9 +28,9 @@ class RewardScoreLoop:
         if state.done or not state.scorers:
             return Done(self.finalize(state))
         f, h, w = (list(state.frames.get("shape", [])) + [0, 0, 0])[:3]
-        return WorkPlan(loop_id=self.loop_id, request_id=state.request_id, kind="reward_batch", role="reward",
+        return WorkPlan(loop_id=self.loop_id, request_id=state.request_id, kind=UnitKind.REWARD_BATCH, role=Role.REWARD,
                         shape_sig=f"reward_batch|{state.model_id}|{f}x{h}x{w}|{','.join(state.scorers)}",
-                        inputs={"frames": state.frames}, params={"scorers": list(state.scorers)})
+                        inputs={"frames": state.frames}, params=RewardBatchParams(scorers=list(state.scorers)))
 
     def advance(self, state: RewardScoreState, result: StepResult) -> RewardScoreState:
         scores = dict(result.payload.get("scores") or {})

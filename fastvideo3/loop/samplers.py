@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fastvideo3.vocab import Sampler
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -25,7 +27,7 @@ class Schedule:
 
 def make_schedule(sampler: str, steps: int, flow_shift: float, num_train_timesteps: int = 1000) -> Schedule:
     n = num_train_timesteps
-    if sampler == "unipc":
+    if sampler == Sampler.UNIPC:
         sig = np.linspace(1, 1 / n, steps + 1)[:-1]
         sig = flow_shift * sig / (1 + (flow_shift - 1) * sig)
         if abs(sig[0] - 1) < 1e-6:
@@ -33,7 +35,7 @@ def make_schedule(sampler: str, steps: int, flow_shift: float, num_train_timeste
         ts = (sig * n).copy().astype(np.int64)  # the reference truncates to integer timesteps
         sigmas = np.concatenate([sig, [0.0]]).astype(np.float32)
         return Schedule([float(t) for t in ts], [float(s) for s in sigmas])
-    if sampler == "euler":
+    if sampler == Sampler.EULER:
         s_min = flow_shift * (1 / n) / (1 + (flow_shift - 1) * (1 / n))
         ts = np.linspace(1.0 * n, s_min * n, steps)
         sig = ts / n
@@ -116,22 +118,30 @@ def unipc_step(hist: SamplerHistory, model_output: torch.Tensor, sample: torch.T
     return prev
 
 
-def _unipc_predict(hist: SamplerHistory, x: torch.Tensor, step: int, sig: torch.Tensor) -> torch.Tensor:
+def _unipc_terms(hist: SamplerHistory, sig: torch.Tensor, at: int):
+    """The terms predictor and corrector share, for the step from ``sig[at - 1]`` to ``sig[at]``:
+    the last model output, the two sigmas, ``alpha_t``, the ratios ``r_k`` (and their stack with a
+    final 1), the scaled output differences ``D1_k`` and the B(h) coefficients."""
     order = hist.this_order
     m0 = hist.model_outputs[-1]
-    s_t, s_0 = sig[step + 1], sig[step]
+    s_t, s_0 = sig[at], sig[at - 1]
     alpha_t = 1 - s_t
     lam_t, lam_0 = _lam(s_t), _lam(s_0)
     h = lam_t - lam_0
     rks, d1s = [], []
     for i in range(1, order):
         mi = hist.model_outputs[-(i + 1)]
-        rk = (_lam(sig[step - i]) - lam_0) / h
+        rk = (_lam(sig[at - 1 - i]) - lam_0) / h
         rks.append(rk)
         d1s.append((mi - m0) / rk)
     rks.append(torch.ones(()))
     rks_t = torch.stack(rks)
     h_phi_1, b_h, b = _coeffs(order, -h)
+    return order, m0, s_t, s_0, alpha_t, rks_t, d1s, h_phi_1, b_h, b
+
+
+def _unipc_predict(hist: SamplerHistory, x: torch.Tensor, step: int, sig: torch.Tensor) -> torch.Tensor:
+    order, m0, s_t, s_0, alpha_t, rks_t, d1s, h_phi_1, b_h, b = _unipc_terms(hist, sig, step + 1)
     x_t_ = s_t / s_0 * x - alpha_t * h_phi_1 * m0
     if d1s:
         if order == 2:
@@ -146,22 +156,8 @@ def _unipc_predict(hist: SamplerHistory, x: torch.Tensor, step: int, sig: torch.
 
 def _unipc_correct(hist: SamplerHistory, model_t: torch.Tensor, x_t: torch.Tensor, step: int,
                    sig: torch.Tensor) -> torch.Tensor:
-    order = hist.this_order
-    m0 = hist.model_outputs[-1]
     x = hist.last_sample
-    s_t, s_0 = sig[step], sig[step - 1]
-    alpha_t = 1 - s_t
-    lam_t, lam_0 = _lam(s_t), _lam(s_0)
-    h = lam_t - lam_0
-    rks, d1s = [], []
-    for i in range(1, order):
-        mi = hist.model_outputs[-(i + 1)]
-        rk = (_lam(sig[step - (i + 1)]) - lam_0) / h
-        rks.append(rk)
-        d1s.append((mi - m0) / rk)
-    rks.append(torch.ones(()))
-    rks_t = torch.stack(rks)
-    h_phi_1, b_h, b = _coeffs(order, -h)
+    order, m0, s_t, s_0, alpha_t, rks_t, d1s, h_phi_1, b_h, b = _unipc_terms(hist, sig, step)
     if order == 1:
         rhos = torch.ones(1, dtype=x.dtype, device=x.device) * 0.5
     else:
@@ -178,8 +174,8 @@ def euler_step(model_output: torch.Tensor, sample: torch.Tensor, step: int, sigm
 
 
 def sampler_step(name: str, hist: SamplerHistory, model_output, sample, step: int, sigmas: list[float]):
-    if name == "unipc":
+    if name == Sampler.UNIPC:
         return unipc_step(hist, model_output, sample, step, sigmas)
-    if name == "euler":
+    if name == Sampler.EULER:
         return euler_step(model_output, sample, step, sigmas)
     raise ValueError(f"unknown sampler {name!r}")

@@ -2,7 +2,9 @@
 held by the encoder pool; the loop keeps only their references."""
 from __future__ import annotations
 
+from fastvideo3.loop.params import EncoderChunkParams
 from fastvideo3.loop.protocol import Done, LoopResult, LoopState, StepResult, WorkPlan
+from fastvideo3.vocab import LoopId, Role, UnitKind
 
 
 class TextEncodeState(LoopState):
@@ -14,7 +16,7 @@ class TextEncodeState(LoopState):
 
 
 class TextEncodeLoop:
-    loop_id = "text_encode"
+    loop_id = LoopId.TEXT_ENCODE
 
     def init(self, request, card, ctx: dict) -> TextEncodeState:
         prompts = {"prompt_embeds": request.prompt}
@@ -27,10 +29,11 @@ class TextEncodeLoop:
     def next(self, state: TextEncodeState) -> WorkPlan | Done:
         if state.done:
             return Done(self.finalize(state))
-        return WorkPlan(loop_id=self.loop_id, request_id=state.request_id, kind="encoder_chunk", role="encoder",
+        return WorkPlan(loop_id=self.loop_id, request_id=state.request_id, kind=UnitKind.ENCODER_CHUNK,
+                        role=Role.ENCODER,
                         shape_sig=f"encoder_chunk|{state.model_id}|{state.max_len}",
-                        params={"prompts": state.prompts,
-                                **({"adapter_versions": state.adapter_versions} if state.adapter_versions else {})})
+                        params=EncoderChunkParams(prompts=state.prompts,
+                                                  adapter_versions=state.adapter_versions or None))
 
     def advance(self, state: TextEncodeState, result: StepResult) -> TextEncodeState:
         missing = set(state.prompts) - set(result.outputs)

@@ -105,7 +105,6 @@ class ParallelDenoiserExecutor(DenoiserExecutor):
     @torch.no_grad()
     def _run(self, chunk, results) -> None:
         policy = chunk[0][0].params["cfg_policy"]
-        names = {"cond": "prompt_embeds", "uncond": "negative_embeds"}
         branches = cfg_policy.branches(policy)
         # with a CFG degree both branches run in one forward (one per rank of the CFG group)
         passes = [branches] if policy in ("batched", "none") or self.plan.cfg > 1 else [(b,) for b in branches]
@@ -113,18 +112,10 @@ class ParallelDenoiserExecutor(DenoiserExecutor):
         shape = self.shapes[chunk[0][0].request_id]
         grid = grid_of(shape, self.patch)
         for branch_set in passes:
-            lat, ts, txt, index = [], [], [], []
-            for i, (unit, reg) in enumerate(chunk):
-                for b in branch_set:
-                    lat.append(reg.latent)
-                    ts.append(float(unit.params["timestep"]))
-                    txt.append(reg.embeds[names[b]])
-                    index.append((i, b))
+            lat, ts, txt, index = cfg_policy.branch_rows(chunk, branch_set)
             t = torch.tensor(ts, dtype=torch.float32, device=self.device)
             out = self.sharded(torch.cat(lat).to(self.dtype), t, torch.cat(txt), grid)
-            self.counters["forwards"] += 1
-            self.counters["rows"] += len(index)
-            self.counters["max_batch_rows"] = max(self.counters["max_batch_rows"], len(index))
+            self._count_forward(len(index))
             for row, (i, b) in enumerate(index):
                 preds[i][b] = out[row:row + 1]
         for i, (unit, reg) in enumerate(chunk):

@@ -134,6 +134,17 @@ class ParallelPlan:
             return -(-tokens // s) * s
         return tokens
 
+    def link_ratio(self, device) -> float:
+        """What one byte between this plan's ranks costs, in device-memory bytes, on ``device``
+        (a cost model's DeviceProfile): the pricer asks the plan, so it needs no parallel import."""
+        from fastvideo3.parallel.cost import link_ratio
+        return link_ratio(device)
+
+    def price(self, work, weight_bytes: float, config, shape, act_bytes: int, ratio: float):
+        """``work`` (one step on one device) as this plan runs it (fastvideo3.parallel.cost)."""
+        from fastvideo3.parallel.cost import parallel_work
+        return parallel_work(work, weight_bytes, config, shape, self, act_bytes, ratio)
+
     def check_world(self, world: int) -> None:
         if world != self.world:
             raise InvalidRequest(f"plan {self.spec} needs {self.world} ranks, {world} started", field="nproc",

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import InvalidRequest, NotFound
+from fastvideo3.vocab import LoopId, Sampler
 
 MAX_SEED = 2**63 - 1
 MAX_ADAPTERS = 4
@@ -159,8 +160,8 @@ def resolve(req: GenerateRequest, card: ModelCard, *, precision: str = "fp32",
     guidance_2 = _guidance_2(req, card, guidance)
     seed = _int("seed", 0 if req.seed is None else req.seed, 0, MAX_SEED)
     sampler_spec = den.sampler
-    sampler = req.sampler or (sampler_spec.name if sampler_spec else "unipc")
-    if sampler not in ("unipc", "euler"):
+    sampler = req.sampler or (sampler_spec.name if sampler_spec else Sampler.UNIPC)
+    if sampler not in (Sampler.UNIPC, Sampler.EULER):
         raise InvalidRequest(f"unknown sampler {sampler!r}", field="sampler", limit="unipc, euler")
     shift = _float("flow_shift", (sampler_spec.flow_shift if sampler_spec else 3.0) if req.flow_shift is None else req.flow_shift,
                    0.01, 100.0)
@@ -175,7 +176,7 @@ def resolve(req: GenerateRequest, card: ModelCard, *, precision: str = "fp32",
     rid = req.request_id or uuid.uuid4().hex
     if not isinstance(rid, str) or not 1 <= len(rid) <= 128 or not set(rid) <= ID_CHARS:
         raise InvalidRequest("must be 1-128 characters of [A-Za-z0-9-_.:]", field="request_id", limit="1..128 chars")
-    card.check_recipe(loop="diffusion_denoise", steps=steps, sampler=sampler, precision=precision)
+    card.check_recipe(loop=LoopId.DIFFUSION_DENOISE, steps=steps, sampler=sampler, precision=precision)
     lora = resolve_adapters(req.adapters, adapters)
     from fastvideo3.extend.settings import resolve_cache
     cache = resolve_cache(req.cache, card, steps)

@@ -34,11 +34,12 @@ from typing import Any
 
 from fastvideo3.errors import ErrorInfo, FastVideoError, Unavailable
 from fastvideo3.runtime.resume import RunRecord, rebuild_run, record_of, request_meta
+from fastvideo3.vocab import EventKind, LoopId, OutputFormat, Role, RunStatus
 
 log = logging.getLogger("fastvideo3.checkpointer")
 
-DENOISE = "diffusion_denoise"
-SNAPSHOT_ROLES = {DENOISE: "denoiser"}  # loops whose pool keeps resident state between steps
+DENOISE = LoopId.DIFFUSION_DENOISE
+SNAPSHOT_ROLES = {DENOISE: Role.DENOISER}  # loops whose pool keeps resident state between steps
 
 
 def _healthy(ex: Any) -> bool:
@@ -214,7 +215,7 @@ class Checkpointer:
             self.counters["parked"] += 1
             log.warning("request %s waits up to %.0fs for a %s replica (%s)", rid, self.replica_wait_s, role,
                         err.message)
-            self.sched._emit(run, "resumed", {"role": role, "replica": -1, "step": run.progress()[0],
+            self.sched._emit(run, EventKind.RESUMED, {"role": role, "replica": -1, "step": run.progress()[0],
                                               "reason": err.message, "waiting": True})
             return True
         if not order:
@@ -240,7 +241,7 @@ class Checkpointer:
         self.counters["recovered"] += 1
         log.warning("request %s resumes on %s replica %d from step %d (%s)", rid, role, target, from_step,
                     err.message)
-        self.sched._emit(run, "resumed", {"role": role, "replica": target, "step": from_step,
+        self.sched._emit(run, EventKind.RESUMED, {"role": role, "replica": target, "step": from_step,
                                           "reason": err.message})
         return True
 
@@ -254,9 +255,9 @@ class Checkpointer:
         if self.recoveries.get(rid, 0) >= self.max_recoveries or DENOISE not in program:
             return False
         den = program.index(DENOISE)
-        denoisers = self.executors.get("denoiser") or []
+        denoisers = self.executors.get(Role.DENOISER) or []
         if run.loop_index > den:  # the final latents were lost with their denoiser
-            lost = run.placement.get("denoiser")
+            lost = run.placement.get(Role.DENOISER)
             order = sorted((i for i in range(len(denoisers)) if _healthy(denoisers[i])), key=lambda i: i == lost)
             if not order:
                 return False
@@ -266,23 +267,23 @@ class Checkpointer:
             for loop_id in program[den:]:
                 run.ctx.get("payloads", {}).pop(loop_id, None)
             if target is None:  # no snapshot: the denoise loop runs again (deterministic)
-                self._release_role(rid, "denoiser")
+                self._release_role(rid, Role.DENOISER)
                 run.driver, target, from_step = None, order[0], 0
             else:
                 self._rewind(run, rec)
                 from_step = rec.step
-            run.placement["denoiser"] = target
+            run.placement[Role.DENOISER] = target
             what = "final latents"
-        elif run.loop_index == den and "text_encode" in program[:den]:  # the encoder output was lost
+        elif run.loop_index == den and LoopId.TEXT_ENCODE in program[:den]:  # the encoder output was lost
             rec = self.latest.get(rid)
-            run.loop_index, run.driver = program.index("text_encode"), None
-            run.placement.pop("encoder", None)
+            run.loop_index, run.driver = program.index(LoopId.TEXT_ENCODE), None
+            run.placement.pop(Role.ENCODER, None)
             if rec is not None and rec.snapshot and rec.loop_id == DENOISE:
                 run.continue_loop = (DENOISE, lambda r, fresh: self._continue_denoise(r, rec, fresh))
                 from_step = rec.step
             else:
-                self._release_role(rid, "denoiser")
-                run.placement.pop("denoiser", None)
+                self._release_role(rid, Role.DENOISER)
+                run.placement.pop(Role.DENOISER, None)
                 from_step = 0
             what = "encoder output"
         else:
@@ -291,22 +292,23 @@ class Checkpointer:
         self.counters["inputs_remade"] += 1
         log.warning("request %s lost its %s (%s): made again, denoising from step %d", rid, what, err.message,
                     from_step)
-        self.sched._emit(run, "resumed", {"role": unit.role, "step": from_step, "reason": err.message, "remade": what})
+        self.sched._emit(run, EventKind.RESUMED,
+                         {"role": unit.role, "step": from_step, "reason": err.message, "remade": what})
         return True
 
     def _continue_denoise(self, run, rec: RunRecord, fresh):
         """The denoise loop, started after its embeddings were encoded again: it goes on from
         ``rec``'s snapshot (restored on a healthy denoiser) with the new embeddings."""
         from fastvideo3.loop import LOOPS, STATES, LoopDriver
-        denoisers = self.executors.get("denoiser") or []
-        want = run.placement.get("denoiser")
+        denoisers = self.executors.get(Role.DENOISER) or []
+        want = run.placement.get(Role.DENOISER)
         order = sorted((i for i in range(len(denoisers)) if _healthy(denoisers[i])), key=lambda i: i != want)
         target = self._restore_somewhere(run.request_id, rec, denoisers, order)
         if target is None:
-            self._release_role(run.request_id, "denoiser")
-            run.placement.pop("denoiser", None)
+            self._release_role(run.request_id, Role.DENOISER)
+            run.placement.pop(Role.DENOISER, None)
             return fresh
-        run.placement["denoiser"] = target
+        run.placement[Role.DENOISER] = target
         state = STATES[DENOISE].from_json(rec.loop_state).model_copy(update={"embeds": fresh.state.embeds})
         return LoopDriver(LOOPS[DENOISE](), state)
 
@@ -338,14 +340,14 @@ class Checkpointer:
     def finish(self, run) -> None:
         """Record the artifact index and end the request in the store (outside the scheduler lock)."""
         rid, status = run.request_id, run.status
-        if status not in ("SUCCEEDED", "FAILED", "CANCELLED"):
+        if status not in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED):
             return  # the id was already reused by a newer request: that one owns the store record
         with self._lock:
             self.latest.pop(rid, None)
             self.before_final.pop(rid, None)
             self.recoveries.pop(rid, None)
-        if status == "SUCCEEDED" and not self._store_down():
-            fmt = run.ctx.get("encode") or "mp4"
+        if status == RunStatus.SUCCEEDED and not self._store_down():
+            fmt = run.ctx.get("encode") or OutputFormat.MP4
             for loop_id, data in (run.artifacts or {}).items():
                 meta = {"name": f"video.{fmt}", "loop": loop_id, "bytes": len(data),
                         "checksum": "sha256:" + hashlib.sha256(data).hexdigest()}
@@ -413,7 +415,7 @@ class Checkpointer:
             if art.get("stored"):
                 data = self.store.media(rid, name)
                 if data is not None:
-                    media[art.get("loop") or "vae_decode"] = data
+                    media[art.get("loop") or LoopId.VAE_DECODE] = data
         return {"meta": meta, "status": status, "info": self.store.end_info(rid) or {}, "media": media}
 
     def revive(self, request, card, program, ctx):
@@ -473,7 +475,7 @@ class Checkpointer:
             except Exception as e:  # noqa: BLE001 - one bad record must not stop the others
                 self.counters["resume_failed"] += 1
                 log.error("cannot resume %s: %s", rid, e)
-                self._end(rid, "FAILED")
+                self._end(rid, RunStatus.FAILED)
                 continue
             run.resumed = True
             self.sched.adopt(run)
@@ -502,7 +504,7 @@ class Checkpointer:
                 self.latest[run.request_id] = rec
                 return
         # no exact state to go back to: the denoise loop starts over (deterministic from the seed)
-        for key in [k for k in self.executors if k.partition(":")[0] == "denoiser"]:  # and denoiser:EXPERT
+        for key in [k for k in self.executors if k.partition(":")[0] == Role.DENOISER]:  # and denoiser:EXPERT
             for ex in self.executors[key]:
                 try:
                     ex.release(run.request_id)
@@ -518,7 +520,7 @@ def end_info(run) -> dict:
     (read back by a scheduler that did not run it, for GetRequest and re-attach)."""
     err = run.error
     step, total = run.progress()
-    last = next((e for e in reversed(run.events) if e.kind == "progress"), None)
+    last = next((e for e in reversed(run.events) if e.kind == EventKind.PROGRESS), None)
     if last is not None:
         step, total = int(last.data.get("step", 0)), int(last.data.get("total", 0))
     out = {"step": step, "total": total, "phase_seconds": dict(run.phase_seconds), "started": run.started,

@@ -2,30 +2,15 @@
 
 Two layers live here:
 
-* **Closed-form work counts** for a Wan-style DiT forward (FLOPs and bytes moved per component,
-  peak activation memory, resident memory), plus small priors for the other unit kinds.
+* **Work counts** per unit kind: a diffusion step's come from its model family's FLOP formulas
+  (Wan's: models/wan/flops.py, reached through fastvideo3.card.family); the other unit kinds
+  have small priors here.
 * **CalibratedCostModel**: an analytic prior (FLOPs over sustained FLOP/s plus bytes over
   bandwidth) multiplied by a calibration factor learned online from measured step times.
 
 The same object prices admission in the scheduler and is published, via ``to_dict()``, in the
 fleet's DeploymentCard. Pure Python: no torch import, safe in the scheduler process.
 
-DiT FLOP formula (one multiply-add = 2 FLOPs). With hidden size ``D = heads * head_dim``, FFN
-width ``F``, text length ``T``, ``n = batch * cfg_branches`` sequences and
-``L = (F_lat/pt) * (H_lat/ph) * (W_lat/pw)`` tokens per sequence, one forward costs ``n`` times:
-
-    patch embed      2 * L * (C_in * pt*ph*pw) * D          (the conv3d is a matmul per patch)
-    per block, times num_layers:
-      self-attn proj   4 * 2 * L * D^2                      (Q, K, V, O)
-      self-attn core   2 * 2 * L^2 * D                      (scores and values)
-      cross-attn proj  2 * 2 * L * D^2 + 2 * 2 * T * D^2    (Q, O on video; K, V on text)
-      cross-attn core  2 * 2 * L * T * D
-      ffn              2 * 2 * L * D * F
-    embedders        2 * T * (text_dim * D + D^2) + 2 * (freq_dim * D + D^2 + 6 * D^2)
-    head             2 * L * D * (C_out * pt*ph*pw)
-
-Norms, modulation and RoPE are elementwise and left out (well under 1% at video sizes). For
-Wan2.1 1.3B at 81 x 480 x 832 (latent 21 x 60 x 104, L = 32,760) this is about 283 TFLOP.
 """
 from __future__ import annotations
 
@@ -35,214 +20,13 @@ from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
+from fastvideo3.card.family import get_family
 from fastvideo3.errors import InvalidRequest
+from fastvideo3.vocab import Role, UnitKind
 
 COST_MODEL_VERSION = 1
 
-UNIT_KINDS = ("diffusion_step", "encoder_chunk", "vae_tile", "reward_batch")
-
-
-# ---------------------------------------------------------------------------------------------
-# Shapes and work counts
-
-
-@dataclass(frozen=True)
-class DitConfig:
-    """The shape of a Wan-style DiT (what the FLOP formula needs, nothing more)."""
-
-    num_layers: int
-    num_heads: int
-    head_dim: int
-    ffn_dim: int
-    text_dim: int = 4096
-    freq_dim: int = 256
-    in_channels: int = 16
-    out_channels: int = 16
-    patch_size: tuple[int, int, int] = (1, 2, 2)
-    text_len: int = 512
-
-    @property
-    def hidden(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def patch_volume(self) -> int:
-        pt, ph, pw = self.patch_size
-        return pt * ph * pw
-
-    def param_count(self) -> int:
-        """Parameter count, biases and norm affines included (Wan2.1 1.3B gives ~1.42e9)."""
-        d, f = self.hidden, self.ffn_dim
-        attn = 4 * (d * d + d) + 2 * d  # q, k, v, o and the q/k RMSNorm weights
-        block = 2 * attn + (d * f + f + f * d + d) + 2 * d + 6 * d  # + cross-norm, modulation
-        patch = self.in_channels * self.patch_volume * d + d
-        text = self.text_dim * d + d + d * d + d
-        time = self.freq_dim * d + d + d * d + d + d * 6 * d + 6 * d
-        head = d * self.out_channels * self.patch_volume + self.out_channels * self.patch_volume + 2 * d
-        return self.num_layers * block + patch + text + time + head
-
-    @classmethod
-    def wan21_1_3b(cls) -> "DitConfig":
-        return cls(num_layers=30, num_heads=12, head_dim=128, ffn_dim=8960)
-
-    @classmethod
-    def wan21_14b(cls) -> "DitConfig":
-        return cls(num_layers=40, num_heads=40, head_dim=128, ffn_dim=13824)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["patch_size"] = list(self.patch_size)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "DitConfig":
-        return cls(**{**d, "patch_size": tuple(d.get("patch_size", (1, 2, 2)))})
-
-
-@dataclass(frozen=True)
-class StepShape:
-    """One denoise step: ``batch`` samples, each run ``cfg_branches`` times, on one latent size."""
-
-    latent_frames: int
-    latent_height: int
-    latent_width: int
-    batch: int = 1
-    cfg_branches: int = 1
-
-    @classmethod
-    def from_video(cls, frames: int, height: int, width: int, *, batch: int = 1, cfg_branches: int = 1,
-                   stride: tuple[int, int, int] = (4, 8, 8)) -> "StepShape":
-        """Latent shape of a Wan VAE (causal in time: ``1 + (frames - 1) / 4``)."""
-        st, sh, sw = stride
-        return cls(1 + (frames - 1) // st, height // sh, width // sw, batch, cfg_branches)
-
-    @property
-    def sequences(self) -> int:
-        return self.batch * self.cfg_branches
-
-    def tokens(self, config: DitConfig) -> int:
-        """Tokens per sequence: L = (F/pt) * (H/ph) * (W/pw)."""
-        pt, ph, pw = config.patch_size
-        return (self.latent_frames // pt) * (self.latent_height // ph) * (self.latent_width // pw)
-
-    def key(self) -> str:
-        return f"f{self.latent_frames}h{self.latent_height}w{self.latent_width}b{self.batch}c{self.cfg_branches}"
-
-
-@dataclass(frozen=True)
-class ComponentCost:
-    flops: float
-    bytes: float  # weights read once per forward plus activations read and written
-
-    def __add__(self, other: "ComponentCost") -> "ComponentCost":
-        return ComponentCost(self.flops + other.flops, self.bytes + other.bytes)
-
-    def scaled(self, k: float) -> "ComponentCost":
-        return ComponentCost(self.flops * k, self.bytes * k)
-
-
-@dataclass(frozen=True)
-class DitForwardCost:
-    """Work of one DiT call over all ``batch * cfg_branches`` sequences, per component."""
-
-    components: dict[str, ComponentCost]
-    tokens: int
-    weight_bytes: float
-
-    @property
-    def flops(self) -> float:
-        return sum(c.flops for c in self.components.values())
-
-    @property
-    def bytes(self) -> float:
-        return sum(c.bytes for c in self.components.values())
-
-
-def dit_forward_cost(config: DitConfig, shape: StepShape, *, weight_bytes_per_param: int = 2,
-                     act_bytes: int = 2) -> DitForwardCost:
-    """FLOPs and bytes moved of one forward (the formula in the module docstring).
-
-    Bytes: each component's weights once per call (the CFG branches and samples are batched in
-    one call), plus its input and output activations once per sequence. Attention is modelled
-    flash-style: Q, K, V read once, O written once, no L x L matrix in memory.
-    """
-    d, f, t, nl = config.hidden, config.ffn_dim, config.text_len, config.num_layers
-    n, tok = shape.sequences, shape.tokens(config)
-    if tok <= 0:
-        raise InvalidRequest("latent smaller than one patch", field="shape", limit=str(config.patch_size))
-    wb, ab = weight_bytes_per_param, act_bytes
-    pv_in, pv_out = config.in_channels * config.patch_volume, config.out_channels * config.patch_volume
-
-    def lin(tokens: int, d_in: int, d_out: int, count: int = 1) -> ComponentCost:
-        """``count`` linear layers, tokens x d_in -> tokens x d_out, per sequence."""
-        return ComponentCost(
-            flops=count * n * 2.0 * tokens * d_in * d_out,
-            bytes=count * (d_in * d_out * wb + n * tokens * (d_in + d_out) * ab),
-        )
-
-    self_core = ComponentCost(n * 2 * 2.0 * tok * tok * d, n * 4.0 * tok * d * ab)
-    cross_core = ComponentCost(n * 2 * 2.0 * tok * t * d, n * (2.0 * tok * d + 2.0 * t * d) * ab)
-    components = {
-        "patch_embed": lin(tok, pv_in, d),
-        "self_attn_proj": lin(tok, d, d, count=4).scaled(nl),
-        "self_attn_core": self_core.scaled(nl),
-        "cross_attn_proj": lin(tok, d, d, count=2).scaled(nl),
-        "cross_attn_kv": lin(t, d, d, count=2).scaled(nl),
-        "cross_attn_core": cross_core.scaled(nl),
-        "ffn": (lin(tok, d, f) + lin(tok, f, d)).scaled(nl),
-        # text MLP; time MLP, whose second linear and 6-way projection are lumped as d -> 7d
-        "embedders": lin(t, config.text_dim, d) + lin(t, d, d) + lin(1, config.freq_dim, d) + lin(1, d, 7 * d),
-        "head": lin(tok, d, pv_out),
-    }
-    return DitForwardCost(components, tok, float(config.param_count() * wb))
-
-
-def dit_peak_activation_bytes(config: DitConfig, shape: StepShape, *, act_bytes: int = 2,
-                              residual_bytes: int = 4) -> int:
-    """Largest set of live activations in one forward (one block at a time; weights excluded).
-
-    The residual stream stays live throughout (fp32 in Wan). On top of it, the attention phase
-    holds the normed input, Q, K, V (plus rotated Q, K) and the output: 7 x L x D; the FFN phase
-    holds the normed input and the hidden and activated tensors: L x D + 2 x L x F. Flash
-    attention keeps no L x L matrix. The text context (K, V for one block) is added.
-    """
-    n, tok, d = shape.sequences, shape.tokens(config), config.hidden
-    residual = n * tok * d * residual_bytes
-    attn_phase = n * tok * d * 7 * act_bytes
-    ffn_phase = n * tok * (d + 2 * config.ffn_dim) * act_bytes
-    context = n * config.text_len * d * 3 * act_bytes
-    return int(residual + max(attn_phase, ffn_phase) + context)
-
-
-@dataclass(frozen=True)
-class ResidentMemory:
-    """Bytes that stay on the device across steps. ``per_request`` is what admission reserves;
-    the weights are charged once to the pool (its memory budget is net of them)."""
-
-    weights: int
-    latent: int
-    sampler_history: int
-    text_embeds: int
-
-    @property
-    def per_request(self) -> int:
-        return self.latent + self.sampler_history + self.text_embeds
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.per_request
-
-
-def dit_resident_memory(config: DitConfig, shape: StepShape, *, sampler_history: int = 2,
-                        weight_bytes_per_param: int = 2, latent_bytes: int = 4,
-                        embed_bytes: int = 2) -> ResidentMemory:
-    """Weights, the fp32 latent, ``sampler_history`` latent-sized sampler buffers (multistep
-    samplers keep past model outputs) and the prompt embeddings of every CFG branch."""
-    latent = shape.batch * config.out_channels * shape.latent_frames * shape.latent_height \
-        * shape.latent_width * latent_bytes
-    embeds = shape.sequences * config.text_len * config.text_dim * embed_bytes
-    return ResidentMemory(config.param_count() * weight_bytes_per_param, latent,
-                          latent * sampler_history, embeds)
+UNIT_KINDS = (UnitKind.DIFFUSION_STEP, UnitKind.ENCODER_CHUNK, UnitKind.VAE_TILE, UnitKind.REWARD_BATCH)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,9 +35,10 @@ def dit_resident_memory(config: DitConfig, shape: StepShape, *, sampler_history:
 
 @dataclass(frozen=True)
 class DiffusionStepFeatures:
-    config: DitConfig
-    shape: StepShape
-    pool: str = "denoiser"
+    #: the family's DiT config (its ``family`` attribute names whose formulas price it) and step shape
+    config: Any
+    shape: Any
+    pool: str = Role.DENOISER
     sampler_history: int = 2
     weight_bytes_per_param: int = 2
     act_bytes: int = 2
@@ -272,7 +57,7 @@ class EncoderChunkFeatures:
     batch: int = 1
     hidden: int = 4096
     ffn_dim: int = 10240
-    pool: str = "encoder"
+    pool: str = Role.ENCODER
     weight_bytes_per_param: int = 2
     act_bytes: int = 2
 
@@ -285,22 +70,22 @@ class VaeTileFeatures:
     height: int
     width: int
     batch: int = 1
-    pool: str = "decoder"
+    pool: str = Role.DECODER
 
 
 @dataclass(frozen=True)
 class RewardBatchFeatures:
     frames: int
     batch: int = 1
-    pool: str = "reward"
+    pool: str = Role.REWARD
 
 
 Features = DiffusionStepFeatures | EncoderChunkFeatures | VaeTileFeatures | RewardBatchFeatures
 _FEATURES_BY_KIND: dict[str, type] = {
-    "diffusion_step": DiffusionStepFeatures,
-    "encoder_chunk": EncoderChunkFeatures,
-    "vae_tile": VaeTileFeatures,
-    "reward_batch": RewardBatchFeatures,
+    UnitKind.DIFFUSION_STEP: DiffusionStepFeatures,
+    UnitKind.ENCODER_CHUNK: EncoderChunkFeatures,
+    UnitKind.VAE_TILE: VaeTileFeatures,
+    UnitKind.REWARD_BATCH: RewardBatchFeatures,
 }
 
 
@@ -346,15 +131,12 @@ def unit_work(kind: str, features: Features, priors: PriorCoefficients = PriorCo
                              field="features")
     if isinstance(features, DiffusionStepFeatures):
         c, s = features.config, features.shape
-        fwd = dit_forward_cost(c, s, weight_bytes_per_param=features.weight_bytes_per_param,
-                               act_bytes=features.act_bytes)
-        peak = dit_peak_activation_bytes(c, s, act_bytes=features.act_bytes)
-        res = dit_resident_memory(c, s, sampler_history=features.sampler_history,
-                                  weight_bytes_per_param=features.weight_bytes_per_param)
+        fwd, peak, res = get_family(c.family).step_work(
+            c, s, weight_bytes_per_param=features.weight_bytes_per_param, act_bytes=features.act_bytes,
+            sampler_history=features.sampler_history)
         work = Work(fwd.flops, fwd.bytes, peak, res.per_request)
         if features.plan is not None and features.plan.world > 1:
-            from fastvideo3.parallel.cost import parallel_work
-            return parallel_work(work, fwd.weight_bytes, c, s, features.plan, features.act_bytes, features.link_ratio)
+            return features.plan.price(work, fwd.weight_bytes, c, s, features.act_bytes, features.link_ratio)
         return work
     if isinstance(features, EncoderChunkFeatures):
         tokens = features.batch * features.tokens

@@ -20,6 +20,7 @@ from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import FastVideoError, Unavailable
 from fastvideo3.request.schema import GenerateRequest, ResolvedRequest, resolve
 from fastvideo3.runtime.scheduler import TERMINAL, CoreScheduler, Event, RequestRun
+from fastvideo3.vocab import Role, RunStatus
 
 
 @dataclass
@@ -54,7 +55,7 @@ class Engine:
             self.denoisers = {f"denoiser:{e}": DenoiserExecutor(self.card, self.transport, device, precision,
                                                                 batching=batching, experts=[e]) for e in experts}
         else:
-            self.denoisers = {"denoiser": DenoiserExecutor(self.card, self.transport, device, precision,
+            self.denoisers = {Role.DENOISER: DenoiserExecutor(self.card, self.transport, device, precision,
                                                            batching=batching)}
         self.denoiser = next(iter(self.denoisers.values()))
         self.decoder = DecoderExecutor(self.card, self.transport, device)
@@ -62,7 +63,7 @@ class Engine:
         self.precision = self.denoiser.precision
         self.keep_latents = keep_latents
         self.scheduler = CoreScheduler(
-            {"encoder": [self.encoder], **{k: [v] for k, v in self.denoisers.items()}, "decoder": [self.decoder]},
+            {Role.ENCODER: [self.encoder], **{k: [v] for k, v in self.denoisers.items()}, Role.DECODER: [self.decoder]},
             max_batch=max_batch,
         )
 
@@ -107,7 +108,7 @@ class Engine:
     def result(self, run: RequestRun) -> Video:
         """Collect a finished request's video and free everything it held."""
         try:
-            if run.status != "SUCCEEDED":
+            if run.status != RunStatus.SUCCEEDED:
                 raise (run.error.to_exception() if run.error else Unavailable("request did not finish"))
             from fastvideo3.transport.ref import TensorRef
             from fastvideo3.runtime.executors import frames_as_float
@@ -140,30 +141,18 @@ class Engine:
         return self.result(run)
 
     def _provenance(self, run: RequestRun) -> dict:
-        r = run.request
-        return {
-            "card": self.card.model_id,
-            "recipe": self.card.recipe.model_dump(mode="json"),
-            "request": r.to_dict(),
-            "weights": {"transformer": "+".join(d.weights_digest for d in self.denoisers.values()),
-                        "text_encoder": self.encoder.encoder.digest,
-                        "vae": self.decoder.vae.digest},
-            "adapters": [dict(a) for a in r.adapters],
-            "runtime": {"fingerprint": self.denoiser.runtime.fingerprint_hex,
-                        "adapters": list(r.adapter_versions),
-                        "adapter_mode": self.denoiser.adapters.describe()["mode"]},
-            "timings_s": {k: round(v, 4) for k, v in run.phase_seconds.items()},
-            "latent_norms": run.ctx.get("payloads", {}).get("diffusion_denoise", {}).get("latent_norms", []),
-            # every output-changing interceptor setting, and what it reused
-            "cache": run.ctx.get("payloads", {}).get("diffusion_denoise", {}).get("cache"),
-            "fps": self.card.limits.fps,
-            "fastvideo3_version": __import__("fastvideo3").__version__,
-        }
+        from fastvideo3.runtime.provenance import provenance
+        return provenance(
+            self.card, run, phase_seconds=run.phase_seconds, fps=self.card.limits.fps,
+            weights={"transformer": "+".join(d.weights_digest for d in self.denoisers.values()),
+                     "text_encoder": self.encoder.encoder.digest, "vae": self.decoder.vae.digest},
+            runtime={"fingerprint": self.denoiser.runtime.fingerprint_hex,
+                     "adapter_mode": self.denoiser.adapters.describe()["mode"]})
 
     def describe(self) -> dict:
         return {"card": self.card.model_id, "precision": self.precision,
-                "pools": {"encoder": self.encoder.describe(), **{k: d.describe() for k, d in self.denoisers.items()},
-                          "decoder": self.decoder.describe()},
+                "pools": {Role.ENCODER: self.encoder.describe(), **{k: d.describe() for k, d in self.denoisers.items()},
+                          Role.DECODER: self.decoder.describe()},
                 "scheduler": dict(self.scheduler.counters)}
 
     def close(self) -> None:

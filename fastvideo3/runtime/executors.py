@@ -25,6 +25,7 @@ from fastvideo3.request.schema import ID_CHARS
 from fastvideo3.runtime.adapters import adapter_refs
 from fastvideo3.runtime.workunit import WorkUnit
 from fastvideo3.transport.ref import TensorRef
+from fastvideo3.vocab import OUTPUT_FORMATS, Role
 
 FETCH_DEADLINE_S = 30.0
 
@@ -87,7 +88,7 @@ class _Base:
 
 
 class EncoderExecutor(_Base):
-    role = "encoder"
+    role = Role.ENCODER
 
     def __init__(self, card: ModelCard, transport, device=None, precision=None, cache=None):
         super().__init__(card, transport, device, precision)
@@ -144,7 +145,7 @@ class Region:
 class DenoiserExecutor(_Base):
     """Runs diffusion steps; batches compatible units across requests into one DiT forward."""
 
-    role = "denoiser"
+    role = Role.DENOISER
 
     def __init__(self, card: ModelCard, transport, device=None, precision=None, batching: bool = True,
                  fast: bool | None = None, experts: list[str] | None = None,
@@ -430,10 +431,14 @@ class DenoiserExecutor(_Base):
         if not needed <= set(unit.inputs) | set(self.regions.get(unit.request_id, Region(torch.empty(0), SamplerHistory())).embeds):
             raise InvalidRequest(f"missing inputs {sorted(needed - set(unit.inputs))}", field="inputs")
 
+    def _count_forward(self, rows: int) -> None:
+        self.counters["forwards"] += 1
+        self.counters["rows"] += rows
+        self.counters["max_batch_rows"] = max(self.counters["max_batch_rows"], rows)
+
     @torch.no_grad()
     def _run(self, chunk: list[tuple[WorkUnit, Region]], results: dict[str, StepResult]) -> None:
         policy = chunk[0][0].params["cfg_policy"]
-        names = {"cond": "prompt_embeds", "uncond": "negative_embeds"}
         branches = cfg_policy.branches(policy)
         # one forward per branch (classic) or one for all branches (batched / none)
         passes = [branches] if policy in ("batched", "none") else [(b,) for b in branches]
@@ -442,13 +447,7 @@ class DenoiserExecutor(_Base):
         # each request's interceptor state for this step: a copy of its LoopState's, returned updated
         plugin_states = [copy.deepcopy(unit.params.get("plugin_state") or {}) for unit, _ in chunk]
         for branch_set in passes:
-            lat, ts, txt, index = [], [], [], []
-            for i, (unit, reg) in enumerate(chunk):
-                for b in branch_set:
-                    lat.append(reg.latent)
-                    ts.append(float(unit.params["timestep"]))
-                    txt.append(reg.embeds[names[b]])
-                    index.append((i, b))
+            lat, ts, txt, index = cfg_policy.branch_rows(chunk, branch_set)
             x = torch.cat(lat).to(self.dtype)
             t = torch.tensor(ts, dtype=torch.float32, device=self.device)
             rows = [adapter_refs(chunk[i][0].params.get("adapters")) for i, _ in index]
@@ -458,9 +457,7 @@ class DenoiserExecutor(_Base):
                                                 chunk[0][0].params.get("expert"))
                 else:
                     out = self._dit(x, t, torch.cat(txt), chunk[0][0].params.get("expert"))
-            self.counters["forwards"] += 1
-            self.counters["rows"] += len(index)
-            self.counters["max_batch_rows"] = max(self.counters["max_batch_rows"], len(index))
+            self._count_forward(len(index))
             for row, (i, b) in enumerate(index):
                 preds[i][b] = out[row : row + 1]
         for i, (unit, reg) in enumerate(chunk):
@@ -554,7 +551,7 @@ class DecoderExecutor(_Base):
     dtype everywhere.
     """
 
-    role = "decoder"
+    role = Role.DECODER
 
     def __init__(self, card: ModelCard, transport, device=None, precision=None, frames_dtype: str = "auto"):
         # the VAE decodes in fp32 on CPU and keeps fp32 by default (as the reference pipeline's VAE does)
@@ -595,7 +592,7 @@ class DecoderExecutor(_Base):
         return out
 
 
-MEDIA_FORMATS = ("mp4", "npy")
+MEDIA_FORMATS = OUTPUT_FORMATS
 
 
 def encode_media(frames, fmt: str, fps: int) -> bytes:

@@ -13,27 +13,24 @@ from typing import Any
 
 from fastvideo3.loop.protocol import Resources
 from fastvideo3.runtime.admission import Reservation
+from fastvideo3.card.family import family_of
 from fastvideo3.runtime.cost import (
-    CalibratedCostModel, DiffusionStepFeatures, DitConfig, EncoderChunkFeatures, Prediction,
-    RewardBatchFeatures, StepShape, VaeTileFeatures, split_measured,
+    CalibratedCostModel, DiffusionStepFeatures, EncoderChunkFeatures, Prediction, RewardBatchFeatures,
+    VaeTileFeatures, split_measured,
 )
+from fastvideo3.vocab import LoopId, Role, UnitKind
 
 _BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 def vae_spatial_scale(card) -> int:
-    """The VAE's spatial compression the card declares (Wan2.1: 8; Wan2.2 TI2V-5B: 16)."""
-    return int(card.components["vae"].config.get("scale_factor_spatial", 8)) if "vae" in card.components else 8
+    """The VAE's spatial compression (the card's family says: Wan2.1's is 8, Wan2.2 TI2V-5B's 16)."""
+    return family_of(card).latent_stride(card)[1]
 
 
-def dit_config(card) -> DitConfig:
-    c = card.components["transformer"].config
-    return DitConfig(
-        num_layers=int(c["num_layers"]), num_heads=int(c["num_attention_heads"]), head_dim=int(c["attention_head_dim"]),
-        ffn_dim=int(c["ffn_dim"]), text_dim=int(c.get("text_dim", 4096)), freq_dim=int(c.get("freq_dim", 256)),
-        in_channels=int(c.get("in_channels", 16)), out_channels=int(c.get("out_channels", 16)),
-        patch_size=tuple(c.get("patch_size", (1, 2, 2))), text_len=int(card.max_text_tokens),
-    )
+def dit_config(card):
+    """The card's DiT in the form its family's FLOP formulas read."""
+    return family_of(card).dit_config(card)
 
 
 def _encoder_features(card, prompts: int) -> EncoderChunkFeatures:
@@ -57,21 +54,20 @@ class Pricer:
         self._lock = threading.Lock()
 
     def features(self, kind: str, card, request, *, prompts: int = 1) -> Any:
-        if kind == "diffusion_step":
+        if kind == UnitKind.DIFFUSION_STEP:
             branches = 1 if request.cfg_policy == "none" else 2
-            s = vae_spatial_scale(card)
-            shape = StepShape.from_video(request.num_frames, request.height, request.width, cfg_branches=branches,
-                                         stride=(4, s, s))
+            fam = family_of(card)
+            shape = fam.step_shape(request.num_frames, request.height, request.width, cfg_branches=branches,
+                                   stride=fam.latent_stride(card))
             b = _BYTES.get(request.precision, 2)
-            plan = self.plans.get("denoiser")
+            plan = self.plans.get(Role.DENOISER)
             if plan is not None and plan.world > 1:
-                from fastvideo3.parallel.cost import link_ratio
                 return DiffusionStepFeatures(dit_config(card), shape, weight_bytes_per_param=b, act_bytes=b,
-                                             plan=plan, link_ratio=link_ratio(self.cost_model.device))
+                                             plan=plan, link_ratio=plan.link_ratio(self.cost_model.device))
             return DiffusionStepFeatures(dit_config(card), shape, weight_bytes_per_param=b, act_bytes=b)
-        if kind == "encoder_chunk":
+        if kind == UnitKind.ENCODER_CHUNK:
             return _encoder_features(card, prompts)
-        if kind == "vae_tile":
+        if kind == UnitKind.VAE_TILE:
             return VaeTileFeatures(request.num_frames, request.height, request.width)
         return RewardBatchFeatures(request.num_frames)
 
@@ -90,12 +86,12 @@ class Pricer:
         """What a request holds while it runs. Compute: one denoise step in flight at a time (the
         unit that repeats and bounds iteration latency; encode and decode run once, on their own
         pools). Memory: the largest resident and peak bytes of any of its loops."""
-        kinds = {"text_encode": "encoder_chunk", "diffusion_denoise": "diffusion_step",
-                 "vae_decode": "vae_tile", "reward_score": "reward_batch"}
+        kinds = {LoopId.TEXT_ENCODE: UnitKind.ENCODER_CHUNK, LoopId.DIFFUSION_DENOISE: UnitKind.DIFFUSION_STEP,
+                 LoopId.VAE_DECODE: UnitKind.VAE_TILE, LoopId.REWARD_SCORE: UnitKind.REWARD_BATCH}
         preds = {kinds[loop]: self.predict(kinds[loop], f"admission|{kinds[loop]}", card, request,
                                            prompts=1 if request.cfg_policy == "none" else 2)
                  for loop in program if loop in kinds}
-        step = preds.get("diffusion_step") or max(preds.values(), key=lambda p: p.gpu_seconds)
+        step = preds.get(UnitKind.DIFFUSION_STEP) or max(preds.values(), key=lambda p: p.gpu_seconds)
         return Reservation(step.gpu_seconds, max(p.resident_bytes for p in preds.values()),
                            max(p.peak_bytes for p in preds.values()))
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from fastvideo3.errors import DataLoss, FailedPrecondition
 from fastvideo3.request.schema import ResolvedRequest
+from fastvideo3.vocab import LoopId, RunStatus
 
 MAGIC = b"FV3RUN\x00\x01"
 VERSION = 1
@@ -140,7 +141,7 @@ def rebuild_run(record: RunRecord, card, *, rewind_decode: bool = True):
     run = RequestRun(request=request, card=card, program=tuple(record.program), ctx=dict(record.ctx),
                      created=record.created, started=record.started, placement=dict(record.placement),
                      phase_seconds=dict(record.phase_seconds))
-    run.status = "RUNNING" if record.started is not None else "QUEUED"
+    run.status = RunStatus.RUNNING if record.started is not None else RunStatus.QUEUED
     run.loop_index = record.loop_index
     if record.loop_id is not None and record.loop_state is not None:
         if record.loop_id != run.loop_id:
@@ -148,15 +149,9 @@ def rebuild_run(record: RunRecord, card, *, rewind_decode: bool = True):
                            field="checkpoint.loop_id")
         state = STATES[record.loop_id].from_json(record.loop_state)
         run.driver = LoopDriver(LOOPS[record.loop_id](), state)
-    if rewind_decode and "vae_decode" in run.program:
-        at = run.program.index("vae_decode")
+    if rewind_decode and LoopId.VAE_DECODE in run.program:
+        at = run.program.index(LoopId.VAE_DECODE)
         if run.loop_index >= at:
             run.loop_index, run.driver = at, None
-            run.ctx.get("payloads", {}).pop("vae_decode", None)
+            run.ctx.get("payloads", {}).pop(LoopId.VAE_DECODE, None)
     return run
-
-
-def restart_loop(run) -> None:
-    """Drop the current loop's progress so its ``init`` runs again (a pool lost its state and
-    there is no snapshot): deterministic loops reproduce the same result."""
-    run.driver = None

@@ -11,10 +11,11 @@ from fastvideo3.card.spec import ModelCard
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.models.reward.scorers import SCORERS, check_scorer_names, make_scorer
 from fastvideo3.runtime.executors import FETCH_DEADLINE_S, _Base, _fail, _ref, frames_as_float
+from fastvideo3.vocab import Role
 
 
 class RewardExecutor(_Base):
-    role = "reward"
+    role = Role.REWARD
 
     def __init__(self, card: ModelCard, transport, device=None, precision=None, scorers: list[str] | None = None):
         super().__init__(card, transport, device, precision or "fp32")

@@ -30,10 +30,12 @@ from fastvideo3.errors import (
 from fastvideo3.loop import LOOPS, LoopDriver
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.request.schema import ResolvedRequest
+from fastvideo3.runtime.executor import Executor
 from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.vocab import EventKind, LoopId, PROGRAM_LOOPS, Program, Role, RunStatus, TERMINAL_STATUSES, UnitKind
 
-PROGRAM_T2V = ("text_encode", "diffusion_denoise", "vae_decode")
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+PROGRAM_T2V = PROGRAM_LOOPS[Program.T2V]
+TERMINAL = TERMINAL_STATUSES
 #: error codes after which the same request sent again (same id, same parameters) can succeed:
 #: something outside the request failed (a replica, the store, a transfer, the load)
 RETRYABLE_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "DATA_LOSS", "CANCELLED")
@@ -52,7 +54,7 @@ class RequestRun:
     request: ResolvedRequest
     card: ModelCard
     program: tuple[str, ...] = PROGRAM_T2V
-    status: str = "QUEUED"
+    status: str = RunStatus.QUEUED
     loop_index: int = 0
     driver: LoopDriver | None = None
     ctx: dict[str, Any] = field(default_factory=dict)
@@ -99,7 +101,7 @@ class RequestRun:
 
     def progress(self) -> tuple[int, int]:
         d = self.driver
-        if d is not None and self.loop_id == "diffusion_denoise":
+        if d is not None and self.loop_id == LoopId.DIFFUSION_DENOISE:
             return d.state.step, d.state.num_steps  # type: ignore[attr-defined]
         return (self.request.num_inference_steps if self.loop_index > 1 else 0), self.request.num_inference_steps
 
@@ -107,7 +109,7 @@ class RequestRun:
 class CoreScheduler:
     def __init__(
         self,
-        executors: dict[str, list[Any]],
+        executors: dict[str, list[Executor]],
         *,
         max_batch: int = 16,
         max_running: int = 64,
@@ -178,7 +180,7 @@ class CoreScheduler:
             old = self.runs.get(request.request_id)
             if old is not None and old.status not in TERMINAL:
                 raise InvalidRequest("a request with this id is still running", field="request_id")
-            queued = sum(r.status == "QUEUED" for r in self.runs.values())
+            queued = sum(r.status == RunStatus.QUEUED for r in self.runs.values())
             if queued >= self.max_queued:
                 self.counters["refused"] += 1
                 self.telemetry.refused("queue", request.slo_class)
@@ -196,8 +198,8 @@ class CoreScheduler:
             self.counters["admitted"] += 1
             self.telemetry.submitted(request.request_id, card.model_id, request.slo_class, parent=trace_parent,
                                      created_s=run.created)
-            self._emit(run, "accepted", {"model": card.model_id})
-            self._emit(run, "queued", {"position": queued})
+            self._emit(run, EventKind.ACCEPTED, {"model": card.model_id})
+            self._emit(run, EventKind.QUEUED, {"position": queued})
             return run
 
     def cancel(self, request_id: str) -> bool:
@@ -227,11 +229,11 @@ class CoreScheduler:
             old = self.runs.get(run.request_id)
             if old is not None and old.status not in TERMINAL:
                 raise InvalidRequest("a request with this id is still running", field="request_id")
-            run.status = "QUEUED"
+            run.status = RunStatus.QUEUED
             self.runs[run.request_id] = run
             self.runs.move_to_end(run.request_id, last=False)
             self.telemetry.submitted(run.request_id, run.card.model_id, run.request.slo_class, created_s=run.created)
-            self._emit(run, "accepted", {"model": run.card.model_id, "resumed": True})
+            self._emit(run, EventKind.ACCEPTED, {"model": run.card.model_id, "resumed": True})
 
     # -- the tick ----------------------------------------------------------------------
     def tick(self) -> bool:
@@ -241,7 +243,7 @@ class CoreScheduler:
             changed = self._boundaries()
             units: list[tuple[WorkUnit, RequestRun]] = []
             for run in list(self.runs.values()):
-                if run.status != "RUNNING" or run.in_flight:
+                if run.status != RunStatus.RUNNING or run.in_flight:
                     continue
                 if run.parked_role is not None and not self._unpark(run):
                     changed |= run.status in TERMINAL
@@ -253,7 +255,7 @@ class CoreScheduler:
                 try:
                     plan = self._next_plan(run)
                 except FastVideoError as e:
-                    self._terminate(run, "FAILED", e)
+                    self._terminate(run, RunStatus.FAILED, e)
                     changed = True
                     continue
                 if plan is None:
@@ -278,22 +280,23 @@ class CoreScheduler:
             if run.status in TERMINAL or run.in_flight:  # in flight: acted on at its step boundary
                 continue
             if run.cancel_requested:
-                self._terminate(run, "CANCELLED", Cancelled("cancelled by the client", request_id=run.request_id))
+                self._terminate(run, RunStatus.CANCELLED,
+                                Cancelled("cancelled by the client", request_id=run.request_id))
                 changed = True
             elif now > run.deadline:
-                self._terminate(run, "FAILED", DeadlineExceeded(f"deadline of {run.request.deadline_s:.1f}s passed",
-                                                                field="deadline_s"))
+                self._terminate(run, RunStatus.FAILED,
+                                DeadlineExceeded(f"deadline of {run.request.deadline_s:.1f}s passed", field="deadline_s"))
                 changed = True
         if self.admission is not None:
             changed |= self._admission_events(self.admission.pump())
-        running = sum(r.status == "RUNNING" for r in self.runs.values())
+        running = sum(r.status == RunStatus.RUNNING for r in self.runs.values())
         for run in list(self.runs.values()):  # FIFO admission into the running set
             if running >= self.max_running:
                 break
-            if run.status == "QUEUED" and not run.admission_waiting and self._admit(run):
+            if run.status == RunStatus.QUEUED and not run.admission_waiting and self._admit(run):
                 running += 1
                 changed = True
-        self.telemetry.set_load(queued=sum(r.status == "QUEUED" for r in self.runs.values()), running=running)
+        self.telemetry.set_load(queued=sum(r.status == RunStatus.QUEUED for r in self.runs.values()), running=running)
         return changed
 
     def _admit(self, run: RequestRun) -> bool:
@@ -308,10 +311,10 @@ class CoreScheduler:
             try:
                 out = self.admission.try_admit(run.request_id, units, run.request.slo_class)
             except FastVideoError as e:
-                self._terminate(run, "FAILED", e)
+                self._terminate(run, RunStatus.FAILED, e)
                 return False
             if isinstance(out, Refused):
-                self._terminate(run, "FAILED", out.error)
+                self._terminate(run, RunStatus.FAILED, out.error)
                 return False
             if not isinstance(out, Admitted):
                 run.admission_waiting = True
@@ -320,7 +323,7 @@ class CoreScheduler:
         return True
 
     def _start(self, run: RequestRun) -> None:
-        run.status, run.started, run.admission_waiting = "RUNNING", time.time(), False
+        run.status, run.started, run.admission_waiting = RunStatus.RUNNING, time.time(), False
         self.telemetry.admission(run.request_id, "admitted", start_s=run.created)
         self.telemetry.started(run.request_id, queued_since_s=run.created, started_s=run.started)
 
@@ -334,13 +337,13 @@ class CoreScheduler:
                     self.admission.release(ev.request_id)
                 continue
             if isinstance(ev, Admitted):
-                if sum(r.status == "RUNNING" for r in self.runs.values()) >= self.max_running:
+                if sum(r.status == RunStatus.RUNNING for r in self.runs.values()) >= self.max_running:
                     run.admission_waiting = False  # reserved; it starts when a running slot frees
                 else:
                     self._start(run)
                 changed = True
             elif isinstance(ev, Refused):
-                self._terminate(run, "FAILED", ev.error)
+                self._terminate(run, RunStatus.FAILED, ev.error)
                 changed = True
         return changed
 
@@ -467,7 +470,7 @@ class CoreScheduler:
     def pool_key(self, unit: WorkUnit) -> str:
         """The pools a unit runs on: its role's, or — where the deployment gives each denoising
         expert its own pools (key ``denoiser:<expert>``) — the pools of the expert its step names."""
-        expert = unit.params.get("expert") if unit.role == "denoiser" else None
+        expert = unit.params.get("expert") if unit.role == Role.DENOISER else None
         if expert is not None and f"{unit.role}:{expert}" in self.executors:
             return f"{unit.role}:{expert}"
         return unit.role
@@ -519,7 +522,7 @@ class CoreScheduler:
             c[prefix + "units"] = c.get(prefix + "units", 0) + n
             c[prefix + "max_batch_units"] = max(c.get(prefix + "max_batch_units", 0), n)
             c[prefix + "multi_request_batches"] = c.get(prefix + "multi_request_batches", 0) + multi
-        if kind == "diffusion_step":
+        if kind == UnitKind.DIFFUSION_STEP:
             self.batch_sizes.append(n)
 
     def _apply(self, run: RequestRun, unit: WorkUnit, res: StepResult, elapsed: float) -> None:
@@ -533,21 +536,22 @@ class CoreScheduler:
             return  # moved to another replica; it continues from its last snapshot
         if not res.ok and res.error is not None and (res.error.details.get("dispatch_failed")
                                                      or res.error.details.get("lost_region")):
-            self._terminate(run, "FAILED", self._lost(run, unit, res.error))
+            self._terminate(run, RunStatus.FAILED, self._lost(run, unit, res.error))
             return
         try:
             run.driver.apply(res)
         except FastVideoError as e:
-            self._terminate(run, "FAILED", e)
+            self._terminate(run, RunStatus.FAILED, e)
             return
         except Exception as e:  # noqa: BLE001
-            self._terminate(run, "FAILED", Internal(f"{type(e).__name__}: {e}"))
+            self._terminate(run, RunStatus.FAILED, Internal(f"{type(e).__name__}: {e}"))
             return
-        if unit.kind == "diffusion_step":
+        if unit.kind == UnitKind.DIFFUSION_STEP:
             step, total = run.progress()
-            self._emit(run, "progress", {"phase": "denoise", "step": step, "total": total})
+            self._emit(run, EventKind.PROGRESS, {"phase": "denoise", "step": step, "total": total})
         else:
-            self._emit(run, "progress", {"phase": loop_id, "step": run.progress()[0], "total": run.progress()[1]})
+            step, total = run.progress()
+            self._emit(run, EventKind.PROGRESS, {"phase": loop_id, "step": step, "total": total})
         if self.checkpoint is not None:
             self.checkpoint(run)
 
@@ -566,7 +570,7 @@ class CoreScheduler:
             return True
         if time.monotonic() > run.parked_until:
             err, run.parked_role, run.parked_error = run.parked_error, None, None
-            self._terminate(run, "FAILED", err)
+            self._terminate(run, RunStatus.FAILED, err)
         return False
 
     def _lost(self, run: RequestRun, unit: WorkUnit, err: ErrorInfo) -> Unavailable:
@@ -595,12 +599,12 @@ class CoreScheduler:
 
     # -- terminal states -----------------------------------------------------------------
     def _finish(self, run: RequestRun) -> None:
-        run.status = "SUCCEEDED"
+        run.status = RunStatus.SUCCEEDED
         self.counters["succeeded"] += 1
-        self._emit(run, "artifact", {"outputs": dict(run.ctx), "phase_seconds": dict(run.phase_seconds),
+        self._emit(run, EventKind.ARTIFACT, {"outputs": dict(run.ctx), "phase_seconds": dict(run.phase_seconds),
                                      "artifacts": dict(run.artifacts)})
         self._settle(run)
-        self._emit(run, "finished", {"status": "SUCCEEDED"})
+        self._emit(run, EventKind.FINISHED, {"status": RunStatus.SUCCEEDED})
         run.done_event.set()
 
     def _terminate(self, run: RequestRun, status: str, exc: FastVideoError) -> None:
@@ -619,11 +623,11 @@ class CoreScheduler:
                 **run.error.details, **loss_report(retryable=retry, resume_from_step=(ck or 0) if retry else None,
                                                    checkpoint=ck is not None)})
         run.driver = None
-        self.counters["cancelled" if status == "CANCELLED" else "failed"] += 1
+        self.counters["cancelled" if status == RunStatus.CANCELLED else "failed"] += 1
         self.release(run.request_id)
         self._settle(run)
-        self._emit(run, "error", {"error": run.error})
-        self._emit(run, "finished", {"status": status})
+        self._emit(run, EventKind.ERROR, {"error": run.error})
+        self._emit(run, EventKind.FINISHED, {"status": status})
         run.done_event.set()
 
     def _settle(self, run: RequestRun) -> None:

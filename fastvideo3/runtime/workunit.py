@@ -8,11 +8,17 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
+from fastvideo3.loop.params import StepParams
 from fastvideo3.loop.protocol import Resources, WorkPlan
 
 _ids = itertools.count(1)
+
+
+def copy_params(params: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A unit's own (shallow) copy of its plan's params, keeping their type."""
+    return params.copy() if isinstance(params, StepParams) else dict(params)
 
 
 @dataclass
@@ -24,7 +30,8 @@ class WorkUnit:
     role: str
     card_id: str
     shape_sig: str
-    params: dict[str, Any] = field(default_factory=dict)
+    #: typed per kind (fastvideo3.loop.params) inside a process; a dict only at the wire edge
+    params: Mapping[str, Any] = field(default_factory=dict)
     inputs: dict[str, dict] = field(default_factory=dict)
     resources: Resources = field(default_factory=Resources)
     deadline_unix: float = 0.0  # 0 = none
@@ -36,7 +43,7 @@ class WorkUnit:
     def from_plan(cls, plan: WorkPlan, card_id: str, deadline_unix: float = 0.0) -> "WorkUnit":
         return cls(
             unit_id=f"u{next(_ids)}", request_id=plan.request_id, loop_id=plan.loop_id, kind=plan.kind,
-            role=plan.role, card_id=card_id, shape_sig=plan.shape_sig, params=dict(plan.params),
+            role=plan.role, card_id=card_id, shape_sig=plan.shape_sig, params=copy_params(plan.params),
             inputs=dict(plan.inputs), resources=plan.resources, deadline_unix=deadline_unix,
             step=plan.step, total=plan.total,
         )

@@ -5,6 +5,8 @@ reads exported spans) needs no OpenTelemetry import.
 """
 from __future__ import annotations
 
+from fastvideo3.vocab import LoopId, Phase, UnitKind
+
 # -- span names ----------------------------------------------------------------------------
 SPAN_REQUEST = "fastvideo3.request"  # one per request: the root of the request's trace
 SPAN_PHASE = "fastvideo3.phase"  # a named interval (queue_wait, admission, dispatch, ...)
@@ -41,22 +43,22 @@ A_REPLICA = "fastvideo3.replica"
 # -- SLO phases ----------------------------------------------------------------------------
 #: unit kind -> the phase its scheduler-side unit span reports under
 KIND_PHASE = {
-    "encoder_chunk": "encode",
-    "diffusion_step": "denoise_step",
-    "vae_tile": "decode",
-    "reward_batch": "reward",
+    UnitKind.ENCODER_CHUNK: Phase.ENCODE,
+    UnitKind.DIFFUSION_STEP: "denoise_step",
+    UnitKind.VAE_TILE: Phase.DECODE,
+    UnitKind.REWARD_BATCH: Phase.REWARD,
 }
 #: loop id -> the phase its loop span reports under (a whole loop of one request)
 LOOP_PHASE = {
-    "text_encode": "encode_loop",
-    "diffusion_denoise": "denoise_loop",
-    "vae_decode": "decode_loop",
-    "reward_score": "reward_loop",
+    LoopId.TEXT_ENCODE: "encode_loop",
+    LoopId.DIFFUSION_DENOISE: "denoise_loop",
+    LoopId.VAE_DECODE: "decode_loop",
+    LoopId.REWARD_SCORE: "reward_loop",
 }
 #: report order; phases not listed here follow in name order
 PHASE_ORDER = (
     "queue_wait", "admission", "unit_queue_wait", "dispatch",
-    "encode", "denoise_step", "decode", "reward",
+    Phase.ENCODE, "denoise_step", Phase.DECODE, Phase.REWARD,
     "pool_encode", "pool_denoise_step", "pool_decode", "pool_reward",
     "transfer",
     "encode_loop", "denoise_loop", "decode_loop", "reward_loop",

@@ -24,17 +24,16 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from fastvideo3.errors import InvalidRequest
+from fastvideo3.vocab import KIND_OF_ROLE, LoopId, ROLES, Role
 
-ROLES = ("encoder", "denoiser", "decoder", "reward")
 #: the WorkUnit kind each role pool runs
-ROLE_KINDS = {"encoder": "encoder_chunk", "denoiser": "diffusion_step", "decoder": "vae_tile",
-              "reward": "reward_batch"}
-_LOOP_ROLES = {"text_encode": "encoder", "diffusion_denoise": "denoiser", "vae_decode": "decoder",
-               "reward_score": "reward"}
+ROLE_KINDS = dict(KIND_OF_ROLE)
+_LOOP_ROLES = {LoopId.TEXT_ENCODE: Role.ENCODER, LoopId.DIFFUSION_DENOISE: Role.DENOISER,
+               LoopId.VAE_DECODE: Role.DECODER, LoopId.REWARD_SCORE: Role.REWARD}
 
 
 def request_role_seconds(pricer: Any, card: Any, request: Any,
-                         program: tuple[str, ...] = ("text_encode", "diffusion_denoise", "vae_decode"),
+                         program: tuple[str, ...] = (LoopId.TEXT_ENCODE, LoopId.DIFFUSION_DENOISE, LoopId.VAE_DECODE),
                          ) -> dict[str, float]:
     """Predicted GPU-seconds a whole request costs on each role it visits.
 
@@ -51,7 +50,7 @@ def request_role_seconds(pricer: Any, card: Any, request: Any,
             continue
         kind = ROLE_KINDS[role]
         pred = pricer.predict(kind, f"route|{kind}", card, request, prompts=prompts)
-        reps = max(1, int(request.num_inference_steps)) if role == "denoiser" else 1
+        reps = max(1, int(request.num_inference_steps)) if role == Role.DENOISER else 1
         out[role] = out.get(role, 0.0) + pred.gpu_seconds * reps
     return out
 
@@ -201,15 +200,15 @@ class WorkLedger:
     def add(self, request_id: str, role_seconds: Mapping[str, float]) -> None:
         with self._lock:
             self._owed[request_id] = {r: float(s) for r, s in role_seconds.items()}
-            self._full[request_id] = float(role_seconds.get("denoiser", 0.0))
+            self._full[request_id] = float(role_seconds.get(Role.DENOISER, 0.0))
 
     def progress(self, request_id: str, step: int, total: int) -> None:
         with self._lock:
             owed = self._owed.get(request_id)
             if owed is None or total <= 0:
                 return
-            owed["denoiser"] = self._full[request_id] * max(0.0, 1.0 - step / total)
-            owed["encoder"] = 0.0
+            owed[Role.DENOISER] = self._full[request_id] * max(0.0, 1.0 - step / total)
+            owed[Role.ENCODER] = 0.0
 
     def remove(self, request_id: str) -> None:
         with self._lock:

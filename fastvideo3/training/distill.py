@@ -22,6 +22,7 @@ import torch
 
 from fastvideo3.training.checkpoint import EMA
 from fastvideo3.training.flow import SigmaSampler, noised
+from fastvideo3.vocab import Sampler
 
 
 @dataclass
@@ -31,7 +32,7 @@ class DistillConfig:
     lr: float = 2e-4
     warmup: int = 50
     student_steps: int = 4
-    student_sampler: str = "euler"
+    student_sampler: str = Sampler.EULER
     flow_shift: float = 3.0
     dense_fraction: float = 0.25  # share of samples at any sigma of the dense grid (regularises)
     ema_decay: float = 0.995

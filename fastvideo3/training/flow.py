@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from fastvideo3.loop.samplers import make_schedule
+from fastvideo3.vocab import Sampler
 
 
 class SigmaSampler:
@@ -24,7 +25,7 @@ class SigmaSampler:
 
     def __init__(self, flow_shift: float, grid: str | tuple[str, int] = "dense", num_train_timesteps: int = 1000,
                  device: str | torch.device = "cpu"):
-        sampler, steps = ("unipc", num_train_timesteps) if grid == "dense" else grid
+        sampler, steps = (Sampler.UNIPC, num_train_timesteps) if grid == "dense" else grid
         sched = make_schedule(sampler, steps, flow_shift, num_train_timesteps)
         self.sigmas = torch.tensor(sched.sigmas[:-1], dtype=torch.float32, device=device)
         self.timesteps = torch.tensor(sched.timesteps, dtype=torch.float32, device=device)

@@ -22,6 +22,7 @@ import torch
 from fastvideo3.runtime.executors import frames_as_float
 from fastvideo3.runtime.scheduler import PROGRAM_T2V
 from fastvideo3.transport.ref import TensorRef
+from fastvideo3.vocab import LoopId, RunStatus
 
 CAPTURE_MODES = ("norms", "endpoints", "all")
 
@@ -146,7 +147,7 @@ class Rollout:
 
     def _wave(self, prompts, seeds, decode, scorer, request_kw) -> list[BehaviorRecord]:
         eng = self.engine
-        program = PROGRAM_T2V if decode else tuple(p for p in PROGRAM_T2V if p != "vae_decode")
+        program = PROGRAM_T2V if decode else tuple(p for p in PROGRAM_T2V if p != LoopId.VAE_DECODE)
         runs = []
         for prompt, seed in zip(prompts, seeds):
             req = eng.resolve(prompt, seed=seed, request_id=f"rollout-{uuid.uuid4().hex[:12]}", **request_kw)
@@ -162,7 +163,7 @@ class Rollout:
                     "vae": eng.decoder.weights_digest}
         for run in runs:
             try:
-                if run.status != "SUCCEEDED":
+                if run.status != RunStatus.SUCCEEDED:
                     raise (run.error.to_exception() if run.error else RuntimeError("rollout request did not finish"))
                 r = run.request
                 rec = BehaviorRecord(

@@ -80,12 +80,10 @@ class PoolDescription(_message.Message):
     def __init__(self, role: _Optional[str] = ..., card_ids: _Optional[_Iterable[str]] = ..., replica_id: _Optional[str] = ..., runtime_fingerprint: _Optional[str] = ..., kinds: _Optional[_Iterable[str]] = ..., max_batch_units: _Optional[int] = ..., resident_buffers: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., cache_stats: _Optional[_Mapping[str, float]] = ..., transport_backends: _Optional[_Iterable[str]] = ..., transfer_endpoints: _Optional[_Iterable[_Union[_common_pb2.TransferEndpoint, _Mapping]]] = ..., counters: _Optional[_Mapping[str, float]] = ..., device: _Optional[str] = ..., description_json: _Optional[bytes] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("request_id", "buffer_ids")
+    __slots__ = ("request_id",)
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
-    BUFFER_IDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
-    buffer_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_id: _Optional[str] = ..., buffer_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ("released_buffers", "released_bytes")
@@ -128,9 +126,7 @@ class RestoreRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., blob: _Optional[bytes] = ..., runtime_fingerprint: _Optional[str] = ..., checksum: _Optional[str] = ...) -> None: ...
 
 class RestoreResponse(_message.Message):
-    __slots__ = ("request_id", "refs")
+    __slots__ = ("request_id",)
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
-    REFS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
-    refs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TensorRef]
-    def __init__(self, request_id: _Optional[str] = ..., refs: _Optional[_Iterable[_Union[_common_pb2.TensorRef, _Mapping]]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...

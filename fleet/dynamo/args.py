@@ -15,6 +15,8 @@ from dynamo.common.backend import WorkerConfig
 from dynamo.common.backend.health_check import parse_health_check_payload_cli
 from dynamo.llm import ModelInput
 
+from fastvideo3.vocab import OutputFormat
+
 
 @dataclass(frozen=True)
 class DynamoWorkerArgs:
@@ -37,7 +39,7 @@ class DynamoWorkerArgs:
     health_check_payload: str | None = None
     load_refresh_s: float = 2.0
     leave_after_s: float | None = None
-    fleet_output_format: str = "mp4"
+    fleet_output_format: str = OutputFormat.MP4
 
     def worker_config(self, model_name: str) -> WorkerConfig:
         """Dynamo's WorkerConfig: a raw (text-in, JSON-out) model on the videos surface."""
@@ -87,7 +89,7 @@ def build_parser(*, prog: str = "python -m fleet.dynamo", scheduler: bool = True
                    help="override the canary payload (JSON or @file)")
     p.add_argument("--load-refresh", type=float, default=2.0, dest="load_refresh_s",
                    help="seconds between reads of the fleet's live load (published on Dynamo's /metrics)")
-    p.add_argument("--fleet-output-format", choices=("mp4", "npy"), default="mp4",
+    p.add_argument("--fleet-output-format", choices=(OutputFormat.MP4, OutputFormat.NPY), default=OutputFormat.MP4,
                    help="what to ask the fleet for (npy: fleets on no-op executors, in tests)")
     p.add_argument("--leave-after", type=float, default=None, dest="leave_after_s",
                    help="seconds the scheduler may be not SERVING before the worker shuts down gracefully, "

@@ -31,6 +31,7 @@ from dynamo.common.protocols.video_protocol import NvCreateVideoRequest, NvVideo
 from dynamo.llm import exceptions as dx
 from fastvideo3.client import FleetClient, FleetVideo
 from fastvideo3.errors import Cancelled, FastVideoError, InvalidRequest, NotFound
+from fastvideo3.vocab import OutputFormat
 from fleet.deployment_card import DeploymentCard
 
 log = logging.getLogger("fastvideo3.dynamo")
@@ -87,7 +88,7 @@ class VideoJob:
     prompt: str
     params: dict[str, Any] = field(default_factory=dict)  # FleetClient.generate keyword arguments
     response_format: str = "url"
-    output_format: str = "mp4"
+    output_format: str = OutputFormat.MP4
     fps: int = 16
 
 
@@ -142,9 +143,10 @@ def translate(body: dict[str, Any], card: DeploymentCard, *, served_model_name: 
     if req.input_reference:
         raise InvalidRequest("image-to-video is not served by this model", field="input_reference",
                              limit=", ".join(summary.capabilities))
-    out_fmt = (req.output_format or "mp4").lower()
-    if out_fmt != "mp4":
-        raise InvalidRequest(f"unsupported output_format {req.output_format!r}", field="output_format", limit="mp4")
+    out_fmt = (req.output_format or OutputFormat.MP4).lower()
+    if out_fmt != OutputFormat.MP4:
+        raise InvalidRequest(f"unsupported output_format {req.output_format!r}", field="output_format",
+                             limit=OutputFormat.MP4)
     extra = dict((req.extra_args or {}).get("media_passthrough") or {})
     unknown = sorted(set(extra) - set(PASSTHROUGH))
     if unknown:

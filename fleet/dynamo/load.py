@@ -12,8 +12,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-ROLES = ("encoder", "denoiser", "decoder", "reward")
-
 
 @dataclass(frozen=True)
 class FleetLoad:

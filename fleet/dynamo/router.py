@@ -44,6 +44,7 @@ from dynamo.common.protocols.video_protocol import NvVideosResponse
 from dynamo.llm import exceptions as dx
 from fastvideo3.client import FleetClient
 from fastvideo3.errors import FastVideoError, InvalidRequest, Unavailable
+from fastvideo3.vocab import EventKind
 from fleet.deployment_card import card_from_description
 from fleet.dynamo import health_check
 from fleet.dynamo.args import DynamoWorkerArgs, build_parser
@@ -208,7 +209,7 @@ class CostRouterEngine(DiffusionEngine):
         log.info("request %s -> fleet %s (%s)", request_id, fleet.name, self.args.policy)
 
         def progress(ev) -> None:
-            if ev.kind == "progress" and ev.data.get("phase") == "denoise":
+            if ev.kind == EventKind.PROGRESS and ev.data.get("phase") == "denoise":
                 self.router.progress(fleet.name, request_id, int(ev.data["step"]), int(ev.data["total"]))
 
         try:

@@ -22,6 +22,7 @@ import grpc
 
 from fastvideo3.client import FleetClient, _event, error_from_rpc
 from fastvideo3.errors import FastVideoError, Internal, InvalidRequest, ResourceExhausted, Unavailable
+from fastvideo3.vocab import EventKind, OutputFormat, Phase, RunStatus
 from fleet.gateway.errors import job_error
 from fleet.gateway.jobs import JobStore, now_ms
 from fleet.gateway.media import MediaStore
@@ -29,7 +30,7 @@ from fleet.gateway.params import VideoSpec
 
 log = logging.getLogger("fastvideo3.gateway")
 
-PHASE_SPAN = {"encode": (0, 5), "denoise": (5, 90), "decode": (90, 98), "reward": (98, 99)}
+PHASE_SPAN = {Phase.ENCODE: (0, 5), Phase.DENOISE: (5, 90), Phase.DECODE: (90, 98), Phase.REWARD: (98, 99)}
 WRITE_EVERY_S = 0.2       # at most this often a progress-only change is written to the store
 REATTACH_WINDOW_S = 60.0  # how long a re-attach retries (old stream still closing, scheduler restarting)
 MAX_REATTACHES = 5        # lost streams a job survives (e.g. scheduler restarts) before it fails
@@ -57,7 +58,7 @@ class JobRunner:
             return list(self._active)
 
     def _message(self, job_id: str, spec: VideoSpec):
-        return self.client.request(spec.prompt, model=spec.model, request_id=job_id, output_format="mp4",
+        return self.client.request(spec.prompt, model=spec.model, request_id=job_id, output_format=OutputFormat.MP4,
                                    detached=True, **spec.params)
 
     # -- submit / resume --------------------------------------------------------------------
@@ -192,24 +193,24 @@ class JobRunner:
                 if self._is_deleted(job_id):
                     continue  # drain to the end: the cancel lands at the next step boundary
                 changed = False
-                if ev.kind == "accepted" and not job.get("fleet") and ev.data.get("resolved"):
+                if ev.kind == EventKind.ACCEPTED and not job.get("fleet") and ev.data.get("resolved"):
                     job["fleet"] = {"seed": ev.data["seed"], "steps": ev.data["num_inference_steps"],
                                     "frames": ev.data["resolved"].get("num_frames")}
                     changed = True
-                elif ev.kind == "progress":
+                elif ev.kind == EventKind.PROGRESS:
                     p = progress_of(ev.data["phase"], ev.data["step"], ev.data["total"])
                     status = "in_progress"
                     changed = job["status"] != status or (p > job["progress"] and
                                                           time.monotonic() - last_write >= WRITE_EVERY_S)
                     job.update(status=status, progress=max(job["progress"], p), phase=ev.data["phase"])
-                elif ev.kind == "artifact" and ev.data["name"].endswith(".mp4"):
+                elif ev.kind == EventKind.ARTIFACT and ev.data["name"].endswith(".mp4"):
                     if ev.data["chunk_index"] == 0:
                         chunks = []
                     chunks.append(ev.data["data"])
                     checksum = ev.data["checksum"] if ev.data["last"] else checksum
-                elif ev.kind == "error":
+                elif ev.kind == EventKind.ERROR:
                     error = ev.data
-                elif ev.kind == "finished":
+                elif ev.kind == EventKind.FINISHED:
                     self._finished(job, spec, ev.data["state"], chunks, checksum, error)
                     return
                 if changed:
@@ -227,7 +228,7 @@ class JobRunner:
         job_id = job["id"]
         if self._is_deleted(job_id):
             return
-        if state != "SUCCEEDED":
+        if state != RunStatus.SUCCEEDED:
             err = error or {"code": state, "message": f"the request ended {state}"}
             self._end(job, "failed", error=job_error(err, spec.frames_given))
             return

@@ -27,7 +27,7 @@ from typing import Sequence
 
 import grpc
 
-from fastvideo3.client import AUTH_HEADER, make_channel
+from fastvideo3.rpc import AUTH_HEADER, make_channel
 from fastvideo3.errors import InvalidRequest
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"

@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 from fastvideo3.errors import LOSS_KEYS, ErrorInfo
+from fastvideo3.loop.params import params_from_dict, params_to_dict
 from fastvideo3.loop.protocol import Resources, StepResult
 from fastvideo3.runtime.workunit import WorkUnit
 from fastvideo3.v1 import common_pb2, work_pb2
@@ -112,7 +113,7 @@ def unit_to_wire(unit: WorkUnit, output_transport: str = "") -> work_pb2.WorkUni
         card_id=unit.card_id, shape_sig=common_pb2.ShapeSignature(kind=unit.kind, key=unit.shape_sig),
         resources=common_pb2.Resources(gpu_seconds=r.gpu_seconds, resident_bytes=r.resident_bytes,
                                        peak_bytes=r.peak_bytes),
-        input_refs=refs_to_wire(unit.inputs, unit.request_id), params_json=_dumps(unit.params),
+        input_refs=refs_to_wire(unit.inputs, unit.request_id), params_json=_dumps(params_to_dict(unit.params)),
         cancel_scope=unit.request_id, deadline_unix_ms=round(unit.deadline_unix * 1000),
         trace_context=dict(unit.trace), step_index=-1 if unit.step is None else int(unit.step),
         role=unit.role, total_steps=int(unit.total or 0), output_transport=output_transport,
@@ -123,7 +124,7 @@ def unit_from_wire(msg: work_pb2.WorkUnit) -> WorkUnit:
     r = msg.resources
     return WorkUnit(
         unit_id=msg.unit_id, request_id=msg.request_id, loop_id=msg.loop_id, kind=msg.kind, role=msg.role,
-        card_id=msg.card_id, shape_sig=msg.shape_sig.key, params=_loads(msg.params_json, {}),
+        card_id=msg.card_id, shape_sig=msg.shape_sig.key, params=params_from_dict(msg.kind, _loads(msg.params_json, {})),
         inputs=refs_from_wire(msg.input_refs),
         resources=Resources(gpu_seconds=r.gpu_seconds, resident_bytes=r.resident_bytes, peak_bytes=r.peak_bytes),
         deadline_unix=msg.deadline_unix_ms / 1000.0, step=None if msg.step_index < 0 else int(msg.step_index),

@@ -2,7 +2,7 @@
 
 A typed error aborts an RPC with the mapped status, its one-line message (field, limit, retry
 hint) as the status details, and the full error as JSON in the ``fv3-error-bin`` trailer, which
-:func:`fastvideo3.client.error_from_rpc` turns back into the same typed error on the other side.
+:func:`fastvideo3.rpc.error_from_rpc` turns back into the same typed error on the other side.
 Anything that is not a :class:`~fastvideo3.errors.FastVideoError` is ``INTERNAL``.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 
 import grpc
 
-from fastvideo3.client import ERROR_TRAILER, error_from_rpc
+from fastvideo3.rpc import ERROR_TRAILER, error_from_rpc
 from fastvideo3.errors import ErrorInfo, FastVideoError
 
 #: core error code -> gRPC status. The only mapping in the project (the codes are the status names).

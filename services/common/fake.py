@@ -11,7 +11,9 @@ import math
 import threading
 import time
 
+from fastvideo3.card.family import family_of
 from fastvideo3.loop.protocol import StepResult
+from fastvideo3.vocab import OutputFormat, UnitKind
 
 FAKE_TEXT_DIM = 32
 
@@ -59,10 +61,10 @@ class FakeExecutor:
     def _one(self, unit) -> StepResult:
         p, rid, owner = unit.params, unit.request_id, self.role
         res = StepResult(unit.unit_id, rid)
-        if unit.kind == "encoder_chunk":
+        if unit.kind == UnitKind.ENCODER_CHUNK:
             res.outputs = {n: fake_ref(owner, rid, n, [1, self.card.max_text_tokens, FAKE_TEXT_DIM])
                            for n in p.get("prompts", {})}
-        elif unit.kind == "diffusion_step":
+        elif unit.kind == UnitKind.DIFFUSION_STEP:
             step = int(p.get("step", 0))
             if step and self.regions.get(rid) != step:  # like the real denoiser: state lost -> resume
                 from fastvideo3.errors import ErrorInfo, Unavailable
@@ -73,14 +75,17 @@ class FakeExecutor:
             res.metrics = {"latent_norm": 1.0, "finite": 1.0}
             if p.get("final"):
                 res.outputs = {"latents": fake_ref(owner, rid, "latents", [1, *p["latent_shape"]])}
-        elif unit.kind == "vae_tile":
+        elif unit.kind == UnitKind.VAE_TILE:
             c, f, h, w = unit.inputs["latents"]["shape"][1:]
             dtype = "float32" if p.get("frames_dtype") == "float32" else "uint8"  # as the real decoder
-            res.outputs = {"frames": fake_ref(owner, rid, "frames", [(f - 1) * 4 + 1, h * 8, w * 8, 3], dtype)}
+            fam = family_of(self.card)
+            _, sh, sw = fam.latent_stride(self.card)
+            shape = [fam.frames_of_latent(self.card, f), h * sh, w * sw, 3]
+            res.outputs = {"frames": fake_ref(owner, rid, "frames", shape, dtype)}
             if p.get("encode"):
                 res.inline = self._npy
-                res.payload = {"media_format": "npy", "media_bytes": len(self._npy)}
-        elif unit.kind == "reward_batch":
+                res.payload = {"media_format": OutputFormat.NPY, "media_bytes": len(self._npy)}
+        elif unit.kind == UnitKind.REWARD_BATCH:
             res.payload = {"scores": {n: 0.0 for n in p.get("scorers", [])}}
         return res
 

@@ -14,14 +14,16 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from fastvideo3.runtime.executor import Executor, is_resumable
 from fastvideo3.v1 import common_pb2, pool_pb2, pool_pb2_grpc
+from fastvideo3.vocab import KIND_OF_ROLE, Role
+from services.common.args import add_service_args
 from services.common.server import ServiceHost, flatten, setup_logging
 
 log = logging.getLogger("fastvideo3.pool")
 
 SERVICE = pool_pb2.DESCRIPTOR.services_by_name["RolePool"].full_name
-KINDS = {"encoder": ["encoder_chunk"], "denoiser": ["diffusion_step"], "decoder": ["vae_tile"],
-         "reward": ["reward_batch"]}
+KINDS = {role: [kind] for role, kind in KIND_OF_ROLE.items()}
 
 
 @dataclass(frozen=True)
@@ -79,11 +81,10 @@ class PoolConfig:
 
 def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
     p = argparse.ArgumentParser(prog=f"python -m services.{role}", description=f"fastvideo3 {role} pool")
-    p.add_argument("--port", type=int, required=True, help="gRPC port (0 = any free port)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    add_service_args(p, port_required=True, host="127.0.0.1", card="wan-tiny", drain_timeout_s=30.0,
+                     log_level="INFO")
     p.add_argument("--advertise-host", default=None,
                    help="address other processes reach this replica at (default: --host), e.g. the pod IP")
-    p.add_argument("--card", default="wan-tiny", help="a card name, card file or diffusers directory")
     p.add_argument("--checkpoint-root", default=None,
                    help="directory the card's weights load from (replaces the card's checkpoint.root)")
     p.add_argument("--checkpoint-digests", default=None,
@@ -103,18 +104,14 @@ def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
                    help="name of the host for same-host transports (cuda_ipc, shm): pods of one node that "
                         "share /dev/shm pass the node name (default: this hostname)")
     p.add_argument("--replica-id", default="", help="replica name (default ROLE@HOST:PORT)")
-    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus text on this port")
-    p.add_argument("--trace-file", default=None, help="append spans as JSON lines to this file")
-    p.add_argument("--otlp-endpoint", default=None, help="export spans over OTLP (host:4317)")
     p.add_argument("--max-batch-units", type=int, default=64)
-    p.add_argument("--drain-timeout", type=float, default=30.0, dest="drain_timeout_s")
     p.add_argument("--fake", action="store_true", help="no-op executor: results without math (overhead tests)")
     p.add_argument("--fake-step-seconds", type=float, default=0.0, help="simulated compute per batch in --fake")
-    if role == "encoder":
+    if role == Role.ENCODER:
         p.add_argument("--feature-cache-mb", type=float, default=256.0, help="prompt cache budget (0 = off)")
-    if role == "reward":
+    if role == Role.REWARD:
         p.add_argument("--scorers", default="", help="comma list of scorers to host (default: all built-in)")
-    if role == "denoiser":
+    if role == Role.DENOISER:
         p.add_argument("--no-batching", action="store_true", help="run each unit of a batch as its own forward")
         p.add_argument("--lora-slots", type=int, default=8, help="LoRA adapters resident on the device at once")
         p.add_argument("--lora-max-rank", type=int, default=64, help="largest LoRA rank accepted (a power of two)")
@@ -123,20 +120,16 @@ def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
         p.add_argument("--merge-scale", type=float, default=1.0, help="the merged adapter's scale")
         p.add_argument("--experts", default="", help="two-expert cards: the expert(s) this pool holds, comma "
                        "separated (default: all; the scheduler routes each step to a pool holding its expert)")
-    p.add_argument("--exit-with-parent", action="store_true", help="stop when the launching process exits")
-    p.add_argument("--log-level", default="INFO")
     p.add_argument("--fetch-timeout", type=float, default=30.0, dest="fetch_timeout_s",
                    help="deadline of one pull of an input from another pool")
     p.add_argument("--fake-load-seconds", type=float, default=0.0, help="simulated load time in --fake (tests)")
     p.add_argument("--inject-fault", action="append", default=[],
                    help="test only: KIND:REQUEST_ID@N (see services/common/faults.py)")
-    from services.common.auth import add_args
-    add_args(p)
     a = vars(p.parse_args(argv))
     a["inject_fault"] = tuple(a["inject_fault"])
     if a["load_failure_hold_s"] < 0:
         p.error(f"--load-failure-hold must be >= 0 (got {a['load_failure_hold_s']})")
-    if role == "denoiser":
+    if role == Role.DENOISER:
         if not 1 <= a["lora_slots"] <= 1024:
             p.error(f"--lora-slots must be in [1, 1024] (got {a['lora_slots']})")
         r = a["lora_max_rank"]
@@ -160,7 +153,7 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
         self.cfg = cfg
         self.host = host
         self.replica_id = replica_id
-        self.executor: Any = None
+        self.executor: Executor | None = None
         self.transport: Any = None
         self.card: Any = None
         self.fingerprint = ""
@@ -255,7 +248,7 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
             with self.host.work():
                 if not request.request_id:
                     raise InvalidRequest("must not be empty", field="request_id")
-                if not hasattr(self.executor, "snapshot"):
+                if not is_resumable(self.executor):
                     context.abort(grpc_status("UNIMPLEMENTED"), f"a {self.cfg.role} pool keeps no resident state")
                 blob = self.executor.snapshot(request.request_id)
                 self.counters["snapshots"] = self.counters.get("snapshots", 0) + 1
@@ -278,7 +271,7 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
             with self.host.work():
                 if not request.request_id:
                     raise InvalidRequest("must not be empty", field="request_id")
-                if not hasattr(self.executor, "restore"):
+                if not is_resumable(self.executor):
                     context.abort(grpc_status("UNIMPLEMENTED"), f"a {self.cfg.role} pool keeps no resident state")
                 if request.runtime_fingerprint and request.runtime_fingerprint != self.fingerprint:
                     raise FingerprintMismatch(f"snapshot from runtime {request.runtime_fingerprint}",

@@ -21,7 +21,6 @@ import os
 import signal
 import threading
 from concurrent import futures
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 import grpc
@@ -76,7 +75,6 @@ class ServiceHost:
         self.draining = False
         self._inflight = 0
         self._cv = threading.Condition()
-        self._metrics: ThreadingHTTPServer | None = None
 
     @property
     def late_handlers(self) -> list:
@@ -170,41 +168,8 @@ class ServiceHost:
         with self._cv:
             drained = self._cv.wait_for(lambda: self._inflight == 0, timeout=drain_timeout_s)
         self.server.stop(grace=1.0).wait(5.0)
-        if self._metrics is not None:
-            self._metrics.shutdown()
         log.info("stopped (%s)", "drained" if drained else "drain timed out")
         return drained
-
-    # -- metrics -----------------------------------------------------------------------
-    def serve_metrics(self, port: int, collect: Callable[[], dict[str, float]], prefix: str) -> int:
-        """Serve ``collect()`` as Prometheus text on ``http://host:port/metrics`` (gauges)."""
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 - http.server's naming
-                if self.path.rstrip("/") not in ("/metrics", ""):
-                    self.send_error(404)
-                    return
-                body = prometheus_text(collect(), prefix).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self._metrics = ThreadingHTTPServer((self.host, port), Handler)
-        threading.Thread(target=self._metrics.serve_forever, name="metrics", daemon=True).start()
-        return self._metrics.server_address[1]
-
-
-def prometheus_text(values: dict[str, float], prefix: str) -> str:
-    lines = []
-    for key in sorted(values):
-        name = prefix + "".join(c if c.isalnum() else "_" for c in key)
-        lines.append(f"# TYPE {name} gauge\n{name} {float(values[key])!r}")
-    return "\n".join(lines) + "\n"
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, float]:

@@ -1,4 +1,5 @@
 """``python -m services.decoder --port P --card NAME [...]``: wiring only (see services/common/pool.py)."""
+from fastvideo3.vocab import Role
 from services.common.pool import main
 
 
@@ -8,4 +9,4 @@ def build(cfg, card, transport):
 
 
 if __name__ == "__main__":
-    main("decoder", build)
+    main(Role.DECODER, build)

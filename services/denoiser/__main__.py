@@ -2,6 +2,7 @@
 (see services/common/pool.py; a multi-rank replica is services/denoiser/parallel.py)."""
 import sys
 
+from fastvideo3.vocab import Role
 from services.common.pool import run_pool
 
 
@@ -20,6 +21,6 @@ if __name__ == "__main__":
     from services.denoiser.parallel import split_args
     par, rest = split_args(sys.argv[1:])
     if par is None:  # one rank: the ordinary pool process
-        sys.exit(run_pool("denoiser", build, rest))
+        sys.exit(run_pool(Role.DENOISER, build, rest))
     from services.denoiser.parallel import exit_now, run_parallel
     exit_now(run_parallel(par, rest))

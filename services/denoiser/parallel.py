@@ -20,6 +20,8 @@ import sys
 import threading
 from dataclasses import dataclass
 
+from fastvideo3.vocab import Role
+
 log = logging.getLogger("fastvideo3.pool")
 
 RANK_EXIT_TIMEOUT_S = 20.0
@@ -156,7 +158,7 @@ def run_parallel(par: ParallelArgs, argv: list[str]) -> int:
     from services.common.pool import run_pool
     replica = _Replica(par)
     try:
-        code = run_pool("denoiser", replica.build, argv)
+        code = run_pool(Role.DENOISER, replica.build, argv)
     finally:
         replica.shutdown()
     return 1 if replica.broken.is_set() else code

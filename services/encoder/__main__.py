@@ -1,4 +1,5 @@
 """``python -m services.encoder --port P --card NAME [...]``: wiring only (see services/common/pool.py)."""
+from fastvideo3.vocab import Role
 from services.common.pool import main
 
 
@@ -10,4 +11,4 @@ def build(cfg, card, transport):
 
 
 if __name__ == "__main__":
-    main("encoder", build)
+    main(Role.ENCODER, build)

@@ -1,4 +1,5 @@
 """``python -m services.reward --port P --card NAME [--scorers a,b]``: wiring only (see services/common/pool.py)."""
+from fastvideo3.vocab import Role
 from services.common.pool import main
 
 
@@ -9,4 +10,4 @@ def build(cfg, card, transport):
 
 
 if __name__ == "__main__":
-    main("reward", build)
+    main(Role.REWARD, build)

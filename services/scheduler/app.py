@@ -10,6 +10,7 @@ import sys
 import threading
 
 from fastvideo3.v1 import scheduler_pb2_grpc
+from fastvideo3.vocab import Role
 from services.common.server import ServiceHost, setup_logging
 from services.scheduler.config import SchedulerConfig, parse_args
 
@@ -149,9 +150,9 @@ def connect(cfg: SchedulerConfig, card_id: str, stop: threading.Event):
 def denoiser_replica(replicas: dict[str, list]):
     """A denoiser replica: of the ``denoiser`` pools, or of the first expert's (``denoiser:EXPERT``)."""
     for role, reps in replicas.items():
-        if role.partition(":")[0] == "denoiser" and reps:
+        if role.partition(":")[0] == Role.DENOISER and reps:
             return reps[0]
-    raise KeyError("denoiser")
+    raise KeyError(Role.DENOISER)
 
 
 def run_scheduler(argv: list[str] | None = None) -> int:
@@ -191,7 +192,7 @@ def run_scheduler(argv: list[str] | None = None) -> int:
         metrics = runtime.sched.telemetry.metrics
         metrics.watch_values(servicer.metrics, "scheduler")
         metrics.watch_cost_model(runtime.sched.pricer.cost_model, servicer.card.model_id)
-        metrics.watch_admission(runtime.sched.admission, "denoiser")
+        metrics.watch_admission(runtime.sched.admission, Role.DENOISER)
         metrics.watch_scaling(servicer.scaling, cfg.engine_id, servicer.ledger)
         start_metrics_server(cfg.metrics_port, metrics.registry, addr=cfg.host)
     host.set_serving(True)
@@ -234,9 +235,10 @@ def _build(cfg: SchedulerConfig, host: ServiceHost):
     pricer, admission, telemetry = _economy(cfg)
     from services.scheduler.plans import denoiser_plan
     # a multi-rank replica prices by its plan (denoiser pools, one per expert where the card has two)
-    plan = denoiser_plan(card, [r for key, reps in replicas.items() if key.split(":")[0] == "denoiser" for r in reps])
+    plan = denoiser_plan(card, [r for key, reps in replicas.items() if key.split(":")[0] == Role.DENOISER
+                                for r in reps])
     if plan is not None:
-        pricer.plans["denoiser"] = plan
+        pricer.plans[Role.DENOISER] = plan
     checkpointer = _checkpointer(cfg)
     runtime = FleetRuntime(replicas, batching=cfg.batching, max_batch=max_batch, max_running=cfg.max_running,
                            max_queued=cfg.max_queued, retain_finished=cfg.retain_finished, pricer=pricer,

@@ -23,10 +23,10 @@ from pathlib import Path
 import yaml
 
 from fastvideo3.errors import InvalidRequest
+from fastvideo3.vocab import ROLES, Role
 
-ROLES = ("encoder", "denoiser", "decoder", "reward")
-REQUIRED_ROLES = ("encoder", "denoiser", "decoder")
-EDGES = (("encoder", "denoiser"), ("denoiser", "decoder"), ("decoder", "reward"))
+REQUIRED_ROLES = (Role.ENCODER, Role.DENOISER, Role.DECODER)
+EDGES = ((Role.ENCODER, Role.DENOISER), (Role.DENOISER, Role.DECODER), (Role.DECODER, Role.REWARD))
 TRANSPORTS = ("auto", "cuda_ipc", "shm", "grpc", "nixl")
 
 
@@ -97,7 +97,7 @@ class SchedulerConfig:
 def _pool_spec(text: str) -> tuple[str, tuple[str, ...]]:
     role, sep, targets = text.partition("=")
     base, colon, expert = role.partition(":")  # denoiser:EXPERT: the pools of one denoising expert
-    if not sep or base not in ROLES or (colon and (base != "denoiser" or not expert.isidentifier())):
+    if not sep or base not in ROLES or (colon and (base != Role.DENOISER or not expert.isidentifier())):
         raise InvalidRequest(f"bad --pools value {text!r}", field="pools",
                              limit=f"ROLE=HOST:PORT[,HOST:PORT] with ROLE in {', '.join(ROLES)} or denoiser:EXPERT")
     addrs = tuple(a.strip() for a in targets.split(",") if a.strip())
@@ -123,9 +123,8 @@ def _edge_spec(text: str) -> tuple[str, str]:
 def parse_args(argv: list[str] | None = None) -> SchedulerConfig:
     p = argparse.ArgumentParser(prog="python -m services.scheduler", description="fastvideo3 scheduler service")
     p.add_argument("--config", default=None, help="fleet.yaml (flags given on the command line win)")
-    p.add_argument("--port", type=int, default=None)
-    p.add_argument("--host", default=None)
-    p.add_argument("--card", default=None)
+    from services.common.args import add_service_args
+    add_service_args(p)
     p.add_argument("--pools", action="append", default=[], help="ROLE=HOST:PORT[,HOST:PORT...] (repeat per role)")
     p.add_argument("--transport", default=None, choices=TRANSPORTS, help="default transport for every edge")
     p.add_argument("--edge-transport", action="append", default=[], help="EDGE=BACKEND, e.g. denoiser->decoder=grpc")
@@ -135,15 +134,11 @@ def parse_args(argv: list[str] | None = None) -> SchedulerConfig:
     p.add_argument("--max-queued", type=int, default=None)
     p.add_argument("--rpc-timeout", type=float, default=None, dest="rpc_timeout_s")
     p.add_argument("--connect-timeout", type=float, default=None, dest="connect_timeout_s")
-    p.add_argument("--drain-timeout", type=float, default=None, dest="drain_timeout_s")
     p.add_argument("--engine-id", default=None)
-    p.add_argument("--metrics-port", type=int, default=None)
     p.add_argument("--device-profile", default=None, choices=("cpu", "h200"), help="cost-model device prior")
     p.add_argument("--memory-budget-bytes", type=int, default=None, help="admission memory budget")
     p.add_argument("--interactive-budget-s", type=float, default=None)
     p.add_argument("--batch-budget-s", type=float, default=None)
-    p.add_argument("--trace-file", default=None, help="append spans as JSON lines to this file")
-    p.add_argument("--otlp-endpoint", default=None, help="export spans over OTLP (host:4317)")
     p.add_argument("--state-store", default=None, help="memory:// (default) or redis://host:port/db")
     p.add_argument("--state-namespace", default=None, help="state key prefix (default: the engine id)")
     p.add_argument("--state-ttl", type=float, default=None, dest="state_ttl_s",
@@ -160,14 +155,10 @@ def parse_args(argv: list[str] | None = None) -> SchedulerConfig:
     p.add_argument("--health-timeout", type=float, default=None, dest="health_timeout_s")
     p.add_argument("--unhealthy-after", type=int, default=None, help="unanswered health checks before a pool is lost")
     p.add_argument("--max-request-bytes", type=int, default=None)
-    from services.common.auth import add_args
-    add_args(p)
-    p.add_argument("--exit-with-parent", action="store_true")
     p.add_argument("--scaling-target-utilization", type=float, default=None,
                    help="utilization the replicas_needed signals aim for, in (0, 1] (default 0.7)")
     p.add_argument("--scaling-window", type=float, default=None, dest="scaling_window_s",
                    help="seconds of arrivals the scaling signals average over (default 60)")
-    p.add_argument("--log-level", default=None)
     a = p.parse_args(argv)
     return build_config(a)
 

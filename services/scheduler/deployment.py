@@ -9,11 +9,11 @@ import time
 
 import fastvideo3
 from fastvideo3.v1 import common_pb2, deployment_pb2
+from fastvideo3.vocab import OutputFormat, PROGRAM_LOOPS, Program, Role, Sampler
 from services.common.pool import KINDS
 from services.scheduler.config import SchedulerConfig
 
-PROGRAMS = {"t2v": ("text_encode", "diffusion_denoise", "vae_decode"),
-            "t2v+reward": ("text_encode", "diffusion_denoise", "vae_decode", "reward_score")}
+PROGRAMS = PROGRAM_LOOPS
 
 
 def build_card(cfg: SchedulerConfig, card, replicas: dict[str, list], edges: dict[str, str],
@@ -22,7 +22,7 @@ def build_card(cfg: SchedulerConfig, card, replicas: dict[str, list], edges: dic
     from services.scheduler.app import denoiser_replica
     denoiser = denoiser_replica(replicas).last_description
     summary = deployment_pb2.ModelCardSummary(
-        card_id=card.model_id, family=card.family, capabilities=["t2v"], recipe=card.recipe.method,
+        card_id=card.model_id, family=card.family, capabilities=[Program.T2V], recipe=card.recipe.method,
         precision=_precision(denoiser),
         runtime_fingerprint=denoiser.runtime_fingerprint,
         limits=deployment_pb2.RequestLimits(
@@ -30,12 +30,12 @@ def build_card(cfg: SchedulerConfig, card, replicas: dict[str, list], edges: dic
             min_height=lim.min_size, max_height=lim.max_height, min_width=lim.min_size, max_width=lim.max_width,
             size_multiple=lim.size_multiple, min_steps=den.min_steps, max_steps=den.max_steps,
             min_guidance_scale=0.0, max_guidance_scale=lim.max_guidance, max_prompt_tokens=card.max_text_tokens,
-            samplers=["unipc", "euler"], output_formats=["mp4", "npy"]),
+            samplers=[Sampler.UNIPC, Sampler.EULER], output_formats=[OutputFormat.MP4, OutputFormat.NPY]),
         defaults=deployment_pb2.RequestDefaults(
             num_frames=lim.default_frames, height=lim.default_height, width=lim.default_width,
             num_inference_steps=card.recipe.assumes_steps or den.default_steps or 50,
             guidance_scale=lim.default_guidance, flow_shift=den.sampler.flow_shift if den.sampler else 3.0,
-            sampler=den.sampler.name if den.sampler else "unipc", fps=lim.fps),
+            sampler=den.sampler.name if den.sampler else Sampler.UNIPC, fps=lim.fps),
     )
     from services.scheduler.plans import plan_entry, replica_plan
     pools, endpoints, plans = [], [], []
@@ -56,12 +56,13 @@ def build_card(cfg: SchedulerConfig, card, replicas: dict[str, list], edges: dic
                                                        replica_id=ep.replica_id))
         endpoints.append(deployment_pb2.RoleEndpoints(role=role, endpoints=eps))
     programs = [deployment_pb2.ProgramSpec(name=n, loops=list(loops), card_ids=[card.model_id])
-                for n, loops in PROGRAMS.items() if n == "t2v" or "reward" in replicas]
+                for n, loops in PROGRAMS.items() if n == Program.T2V or Role.REWARD in replicas]
     labels = {f"transport.{edge}": backend for edge, backend in edges.items()}
     labels["batching"] = "on" if cfg.batching else "off"
     return deployment_pb2.DeploymentCard(
         engine_id=cfg.engine_id, version=fastvideo3.__version__, schema_version="1", models=[summary],
-        capability_matrix=[deployment_pb2.CapabilityCell(card_id=card.model_id, capability="t2v", level="supported")],
+        capability_matrix=[deployment_pb2.CapabilityCell(card_id=card.model_id, capability=Program.T2V,
+                                                         level="supported")],
         role_pools=pools, programs=programs,
         parallel_plans=plans,
         health=deployment_pb2.HealthSchema(protocol="grpc.health.v1", services=health_services, check_interval_s=2.0,

@@ -14,17 +14,18 @@ from typing import Any, Iterator
 
 from fastvideo3.errors import ErrorInfo
 from fastvideo3.v1 import scheduler_pb2
+from fastvideo3.vocab import EventKind, LoopId, OutputFormat, Phase, Program, RunStatus
 from services.common.convert import error_to_wire
 
 CHUNK_BYTES = 1 << 20
-PHASES = {"text_encode": "encode", "diffusion_denoise": "denoise", "vae_decode": "decode", "reward_score": "reward",
-          "denoise": "denoise"}
-MIME = {"mp4": "video/mp4", "npy": "application/x-npy"}
+PHASES = {LoopId.TEXT_ENCODE: Phase.ENCODE, LoopId.DIFFUSION_DENOISE: Phase.DENOISE, LoopId.VAE_DECODE: Phase.DECODE,
+          LoopId.REWARD_SCORE: Phase.REWARD, Phase.DENOISE: Phase.DENOISE}
+MIME = {OutputFormat.MP4: "video/mp4", OutputFormat.NPY: "application/x-npy"}
 STATE = scheduler_pb2.RequestStatus.State
 
 
 def program_name(program: tuple[str, ...]) -> str:
-    return "t2v+reward" if "reward_score" in program else "t2v"
+    return Program.T2V_REWARD if LoopId.REWARD_SCORE in program else Program.T2V
 
 
 def phase_timings(run) -> dict[str, float]:
@@ -36,7 +37,7 @@ def phase_timings(run) -> dict[str, float]:
 
 
 def rewards_of(run) -> dict[str, float]:
-    return dict(run.ctx.get("payloads", {}).get("reward_score", {}).get("scores", {}))
+    return dict(run.ctx.get("payloads", {}).get(LoopId.REWARD_SCORE, {}).get("scores", {}))
 
 
 class WireStream:
@@ -57,29 +58,30 @@ class WireStream:
     def convert(self, ev) -> Iterator[scheduler_pb2.GenerateEvent]:
         run, d = self.run, ev.data
         r = run.request
-        if ev.kind == "accepted":
+        if ev.kind == EventKind.ACCEPTED:
             yield self._msg(accepted=scheduler_pb2.Accepted(
                 card_id=run.card.model_id, program=program_name(run.program), seed=r.seed,
                 num_inference_steps=r.num_inference_steps, resolved_params_json=json.dumps(r.to_dict()).encode()))
-        elif ev.kind == "queued":
+        elif ev.kind == EventKind.QUEUED:
             yield self._msg(queued=scheduler_pb2.Queued(position=int(d.get("position", 0))))
-        elif ev.kind == "progress":
+        elif ev.kind == EventKind.PROGRESS:
             yield self._msg(progress=scheduler_pb2.Progress(
                 step=int(d.get("step", 0)), total=int(d.get("total", 0)),
                 phase=PHASES.get(d.get("phase"), d.get("phase", "")),
                 elapsed_s=time.time() - self.t0))
-        elif ev.kind == "artifact":
+        elif ev.kind == EventKind.ARTIFACT:
             yield from self._artifact(d)
-        elif ev.kind == "error":
+        elif ev.kind == EventKind.ERROR:
             info: ErrorInfo = d["error"]
             yield self._msg(error=scheduler_pb2.ErrorEvent(error=error_to_wire(info, run.request_id)))
-        elif ev.kind == "finished":
+        elif ev.kind == EventKind.FINISHED:
             yield self._msg(finished=scheduler_pb2.Finished(
-                state=STATE.Value(d.get("status", "FAILED")), timings=phase_timings(run), rewards=rewards_of(run)))
+                state=STATE.Value(d.get("status", RunStatus.FAILED)), timings=phase_timings(run),
+                rewards=rewards_of(run)))
 
     def _artifact(self, d: dict[str, Any]) -> Iterator[scheduler_pb2.GenerateEvent]:
-        fmt = self.run.ctx.get("encode") or "mp4"
-        data = (d.get("artifacts") or {}).get("vae_decode", b"")
+        fmt = self.run.ctx.get("encode") or OutputFormat.MP4
+        data = (d.get("artifacts") or {}).get(LoopId.VAE_DECODE, b"")
         name, mime = f"video.{fmt}", MIME.get(fmt, "application/octet-stream")
         sidecar = json.dumps(self.sidecar_fn(self.run, d), sort_keys=True).encode()
         checksum = "sha256:" + hashlib.sha256(data).hexdigest()

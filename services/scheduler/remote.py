@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from fastvideo3.client import error_from_rpc
+from fastvideo3.rpc import error_from_rpc
 from fastvideo3.errors import DeadlineExceeded, Unavailable
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.runtime.workunit import WorkUnit

@@ -30,6 +30,7 @@ from typing import Any
 
 from fastvideo3.errors import AlreadyExists, ErrorInfo, FastVideoError, NotFound, Unavailable
 from fastvideo3.runtime.scheduler import TERMINAL, CoreScheduler, Event, RequestRun
+from fastvideo3.vocab import EventKind, LoopId, OutputFormat, RunStatus
 
 log = logging.getLogger("fastvideo3.scheduler")
 
@@ -83,7 +84,7 @@ class FleetRuntime:
         are refused with ALREADY_EXISTS naming ``request_id``."""
         rid = request.request_id
         existing = self.lookup(rid)
-        if existing is not None and not (existing.status == "CANCELLED"):
+        if existing is not None and not (existing.status == RunStatus.CANCELLED):
             if existing.request != request:
                 what = "a live" if existing.status not in TERMINAL else f"a retained ({existing.status})"
                 raise AlreadyExists(f"request id {rid!r} is taken by {what} request with other parameters",
@@ -93,12 +94,12 @@ class FleetRuntime:
                     raise AlreadyExists(f"request {rid!r} is running and a client is attached to it",
                                         field="request_id", request_id=rid)
                 return self._reattach(existing, request, detached=bool(ctx.get("detached")))
-            retry = existing.status == "FAILED" and existing.error is not None and \
+            retry = existing.status == RunStatus.FAILED and existing.error is not None and \
                 existing.error.details.get("retryable") in (True, "true", "True")
             if retry and self.checkpointer is not None:
                 return self._retry(request, card, program, ctx)
             if not retry:  # its result, replayed to this client
-                if existing.status == "SUCCEEDED":
+                if existing.status == RunStatus.SUCCEEDED:
                     self._load_media(existing)
                 return self._reattach(existing, request, detached=bool(ctx.get("detached")))
             # retryable, no store to resume from: it runs again from the start (below)
@@ -127,7 +128,7 @@ class FleetRuntime:
                 self.streams[request.request_id] = stream
             run.resumed = False
             run.ctx["detached"] = bool(ctx.get("detached"))
-            stream.events.put(Event(run.request_id, 0, "accepted", {"model": card.model_id, "resumed": True}))
+            stream.events.put(Event(run.request_id, 0, EventKind.ACCEPTED, {"model": card.model_id, "resumed": True}))
         self._wake.set()
         return stream
 
@@ -158,12 +159,12 @@ class FleetRuntime:
     def _load_media(self, run: RequestRun) -> None:
         """Put a SUCCEEDED request's video back into its artifact event (bytes are not kept in
         memory after delivery; the store keeps them for its TTL)."""
-        ev = next((e for e in run.events if e.kind == "artifact"), None)
-        if ev is None or (ev.data.get("artifacts") or {}).get("vae_decode"):
+        ev = next((e for e in run.events if e.kind == EventKind.ARTIFACT), None)
+        if ev is None or (ev.data.get("artifacts") or {}).get(LoopId.VAE_DECODE):
             return
         data = None
         if self.checkpointer is not None:
-            fmt = run.ctx.get("encode") or "mp4"
+            fmt = run.ctx.get("encode") or OutputFormat.MP4
             try:
                 data = self.checkpointer.store.media(run.request_id, f"video.{fmt}")
             except FastVideoError as e:
@@ -172,7 +173,7 @@ class FleetRuntime:
         if data is None:
             raise NotFound(f"request {run.request_id!r} succeeded but its video is no longer kept",
                            field="request_id")
-        ev.data = {**ev.data, "artifacts": {"vae_decode": data}}
+        ev.data = {**ev.data, "artifacts": {LoopId.VAE_DECODE: data}}
 
     def _reattach(self, run: RequestRun, request, detached: bool = False) -> Stream:
         """A client takes over a request the scheduler resumed after a restart (see module doc)."""
@@ -189,10 +190,11 @@ class FleetRuntime:
                 self.streams[run.request_id] = stream
             run.resumed = False  # the client owns it now: a disconnect cancels it, as for any stream
             run.ctx["detached"] = detached  # ... unless this client detached it again
-            stream.events.put(Event(run.request_id, 0, "accepted", {"model": run.card.model_id, "resumed": True}))
+            stream.events.put(Event(run.request_id, 0, EventKind.ACCEPTED,
+                                    {"model": run.card.model_id, "resumed": True}))
             if run.status in TERMINAL:  # it ended before anyone re-attached: replay its result
                 for ev in run.events:
-                    if ev.kind in ("artifact", "error", "finished"):
+                    if ev.kind in (EventKind.ARTIFACT, EventKind.ERROR, EventKind.FINISHED):
                         stream.events.put(Event(ev.request_id, ev.seq, ev.kind, dict(ev.data)))
         log.info("client re-attached to resumed request %s (%s)", run.request_id, run.status)
         return stream
@@ -229,7 +231,7 @@ class FleetRuntime:
         copy = Event(ev.request_id, ev.seq, ev.kind, dict(ev.data))
         with self._lock:
             stream = self.streams.get(ev.request_id)
-            if ev.kind == "finished":  # delivered after the release, see _after_tick
+            if ev.kind == EventKind.FINISHED:  # delivered after the release, see _after_tick
                 self._to_release.append((ev.request_id, copy, stream))
                 return
         if stream is not None and not stream.closed:
@@ -265,7 +267,7 @@ class FleetRuntime:
             elif run is not None:
                 run.artifacts = {}
                 for ev in run.events:  # the stream got its own copy; drop bytes from the record
-                    if ev.kind == "artifact":
+                    if ev.kind == EventKind.ARTIFACT:
                         ev.data = {k: v for k, v in ev.data.items() if k != "artifacts"}
             self._finished.append(rid)
         while len(self._finished) > self.retain_finished:
@@ -291,7 +293,7 @@ class FleetRuntime:
         with self._lock:
             streams = list(self.streams.values())
         for stream in streams:
-            stream.events.put(Event(stream.request_id, -1, "moved", {}))
+            stream.events.put(Event(stream.request_id, -1, EventKind.MOVED, {}))
         return left
 
     def stop(self, cancel_active: bool = True, timeout_s: float = 10.0) -> None:
@@ -318,8 +320,8 @@ class FleetRuntime:
         c = dict(self.sched.counters)
         c["tick_errors"] = self.tick_errors
         c["streams_open"] = len(self.streams)
-        c["queued_requests"] = sum(r.status == "QUEUED" for r in self.sched.runs.values())
-        c["running_requests"] = sum(r.status == "RUNNING" for r in self.sched.runs.values())
+        c["queued_requests"] = sum(r.status == RunStatus.QUEUED for r in self.sched.runs.values())
+        c["running_requests"] = sum(r.status == RunStatus.RUNNING for r in self.sched.runs.values())
         if self.checkpointer is not None:
             c.update({f"state.{k}": v for k, v in self.checkpointer.counters.items()})
             c["state.pending_ends"] = len(self.checkpointer.pending_ends)
@@ -341,17 +343,17 @@ def ended_run(request_id: str, kept: dict, card_of) -> RequestRun | None:
     run.status, run.started = kept["status"], info.get("started")
     run.loop_index = len(run.program)
     run.phase_seconds = dict(info.get("phase_seconds") or {})
-    run.events.append(Event(request_id, 0, "progress", {"phase": "done", "step": int(info.get("step", 0)),
+    run.events.append(Event(request_id, 0, EventKind.PROGRESS, {"phase": "done", "step": int(info.get("step", 0)),
                                                         "total": int(info.get("total", 0))}))
-    if run.status == "SUCCEEDED":
+    if run.status == RunStatus.SUCCEEDED:
         run.artifacts = dict(kept["media"])
-        run.events.append(Event(request_id, 1, "artifact", {"outputs": {}, "phase_seconds": run.phase_seconds,
+        run.events.append(Event(request_id, 1, EventKind.ARTIFACT, {"outputs": {}, "phase_seconds": run.phase_seconds,
                                                             "artifacts": dict(kept["media"])}))
     elif info.get("error"):
         e = info["error"]
         run.error = ErrorInfo(e["code"], e["message"], e.get("field"), e.get("limit"), e.get("step"),
                               e.get("retry_after_s"), dict(e.get("details") or {}))
-        run.events.append(Event(request_id, 1, "error", {"error": run.error}))
-    run.events.append(Event(request_id, 2, "finished", {"status": run.status}))
+        run.events.append(Event(request_id, 1, EventKind.ERROR, {"error": run.error}))
+    run.events.append(Event(request_id, 2, EventKind.FINISHED, {"status": run.status}))
     run.done_event.set()
     return run

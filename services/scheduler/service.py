@@ -13,12 +13,12 @@ import threading
 import time
 from typing import Any
 
-import fastvideo3
 from fastvideo3.errors import FailedPrecondition, FastVideoError, InvalidRequest, NotFound, Unavailable
 from fastvideo3.models.reward.scorers import check_scorer_names
 from fastvideo3.request.schema import GenerateRequest, resolve
 from fastvideo3.runtime.scheduler import PROGRAM_T2V
 from fastvideo3.v1 import scheduler_pb2, scheduler_pb2_grpc
+from fastvideo3.vocab import EventKind, LoopId, OUTPUT_FORMATS, OutputFormat, Role
 from services.common.convert import error_to_wire
 from services.common.errors import abort
 from services.common.server import ServiceHost, flatten
@@ -28,7 +28,6 @@ from services.scheduler.runtime import FleetRuntime
 log = logging.getLogger("fastvideo3.scheduler")
 
 SERVICE = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
-OUTPUT_FORMATS = ("mp4", "npy")
 _OPTIONAL = ("negative_prompt", "num_frames", "height", "width", "num_inference_steps", "guidance_scale",
              "guidance_scale_2", "seed", "flow_shift", "sampler", "cfg_policy", "deadline_s")
 
@@ -49,21 +48,21 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.ledger = WorkLedger()  # live load: predicted GPU-seconds owed per role
         self.scaling = ScalingSignals(target_utilization=float(config.get("scaling_target_utilization", 0.7)),
                                       window_s=float(config.get("scaling_window_s", 60.0)),
-                                      roles=tuple(r for r in ("encoder", "denoiser", "decoder", "reward")
+                                      roles=tuple(r for r in (Role.ENCODER, Role.DENOISER, Role.DECODER, Role.REWARD)
                                                   if r in replicas))
         self.weights: dict[str, str] = {}
-        for role, key in (("encoder", "text_encoder"), ("denoiser", "transformer"), ("decoder", "vae"),
-                          ("reward", "reward")):
+        for role, key in ((Role.ENCODER, "text_encoder"), (Role.DENOISER, "transformer"), (Role.DECODER, "vae"),
+                          (Role.REWARD, Role.REWARD)):
             pools = [k for k in replicas if k.partition(":")[0] == role]  # denoiser:EXPERT pools too
             if pools:
                 infos = [json.loads(replicas[k][0].last_description.description_json or b"{}") for k in pools]
                 self.weights[key] = "+".join(i.get("weights_digest", "") for i in infos)
                 info = infos[0]
-                if role == "reward":
+                if role == Role.REWARD:
                     self.scorers = sorted((info.get("executor") or {}).get("scorers") or {})
         # the adapters requests may name (id -> version); a restarted scheduler learns the ones
         # every denoiser replica already holds
-        self.adapters: dict[str, str] = _common_adapters(replicas.get("denoiser", []))
+        self.adapters: dict[str, str] = _common_adapters(replicas.get(Role.DENOISER, []))
         self._adapter_lock = threading.Lock()
 
     # -- Generate -----------------------------------------------------------------------------
@@ -82,7 +81,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         req = GenerateRequest(prompt=msg.prompt, request_id=msg.request_id or None,
                               slo_class=msg.slo_class or "interactive", **kw)
         resolved = resolve(req, self.card, precision=self.precision, adapters=dict(self.adapters))
-        fmt = msg.output_format or "mp4"
+        fmt = msg.output_format or OutputFormat.MP4
         if fmt not in OUTPUT_FORMATS:
             raise InvalidRequest(f"unknown output format {fmt!r}", field="output_format",
                                  limit=", ".join(OUTPUT_FORMATS))
@@ -92,13 +91,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         program: tuple[str, ...] = PROGRAM_T2V
         rewards: list[str] = []
         if msg.reward_scorers:
-            if "reward" not in self.replicas:
+            if Role.REWARD not in self.replicas:
                 raise FailedPrecondition("this fleet has no reward pool", field="reward_scorers", limit="none")
             try:
                 rewards = check_scorer_names(list(msg.reward_scorers), available=self.scorers)
             except InvalidRequest as e:
                 raise InvalidRequest(e.message, field="reward_scorers", limit=e.limit) from None
-            program = (*PROGRAM_T2V, "reward_score")
+            program = (*PROGRAM_T2V, LoopId.REWARD_SCORE)
         ctx = {"encode": fmt, "fps": fps, "rewards": rewards, "metadata": dict(msg.metadata)}
         if msg.detached:
             ctx["detached"] = True
@@ -161,9 +160,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                         self.runtime.disconnect(stream)
                         return
                     continue
-                if ev.kind == "progress" and ev.data.get("phase") in ("denoise", "diffusion_denoise"):
+                if ev.kind == EventKind.PROGRESS and ev.data.get("phase") in ("denoise", LoopId.DIFFUSION_DENOISE):
                     self.ledger.progress(stream.request_id, int(ev.data.get("step", 0)), int(ev.data.get("total", 0)))
-                if ev.kind == "moved":  # this replica handed its requests over (services/scheduler/leader.py)
+                if ev.kind == EventKind.MOVED:  # this replica handed its requests over (services/scheduler/leader.py)
                     from fastvideo3.errors import loss_report
                     raise Unavailable(f"this scheduler replica stopped and handed request {stream.request_id!r} "
                                       "over to another replica: send the same request again (same id and "
@@ -171,7 +170,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                       request_id=stream.request_id,
                                       details=loss_report(retryable=True, role="scheduler"))
                 yield from wire.convert(ev)
-                if ev.kind == "finished":
+                if ev.kind == EventKind.FINISHED:
                     return
         finally:
             self.ledger.remove(stream.request_id)
@@ -179,24 +178,16 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     def sidecar(self, run, data: dict) -> dict:
         """Provenance of one output, as the embedded engine writes it (plus the fleet's view)."""
-        r = run.request
+        from fastvideo3.runtime.provenance import provenance
+        fingerprints = {role: self.replicas[role][i].fingerprint for role, i in run.placement.items()
+                        if role == Role.DENOISER}
         return {
-            "card": self.card.model_id,
-            "recipe": self.card.recipe.model_dump(mode="json"),
-            "request": r.to_dict(),
-            "weights": {k: v for k, v in self.weights.items() if k != "reward"},
-            "adapters": [dict(a) for a in r.adapters],
-            "runtime": {"adapters": list(r.adapter_versions),
-                        "fingerprints": {role: self.replicas[role][i].fingerprint for role, i in run.placement.items()
-                                         if role == "denoiser"}},
-            "timings_s": {k: round(v, 4) for k, v in data.get("phase_seconds", {}).items()},
-            "latent_norms": run.ctx.get("payloads", {}).get("diffusion_denoise", {}).get("latent_norms", []),
-            # every output-changing interceptor setting, and what it reused
-            "cache": run.ctx.get("payloads", {}).get("diffusion_denoise", {}).get("cache"),
-            "fps": run.ctx.get("fps", self.card.limits.fps),
-            "fastvideo3_version": fastvideo3.__version__,
+            **provenance(self.card, run, phase_seconds=data.get("phase_seconds", {}),
+                         fps=run.ctx.get("fps", self.card.limits.fps),
+                         weights={k: v for k, v in self.weights.items() if k != Role.REWARD},
+                         runtime={"fingerprints": fingerprints}),
             "output_format": run.ctx.get("encode"),
-            "rewards": run.ctx.get("payloads", {}).get("reward_score", {}).get("scores", {}),
+            "rewards": run.ctx.get("payloads", {}).get(LoopId.REWARD_SCORE, {}).get("scores", {}),
             "metadata": run.ctx.get("metadata", {}),
             "fleet": {"engine_id": self.deployment_card.engine_id, "transport": dict(self.edges),
                       "batching": self.runtime.batching,
@@ -210,7 +201,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         from fastvideo3.v1 import adapter_pb2
         try:
             with self.host.work(), self._adapter_lock:
-                reps = self.replicas.get("denoiser", [])
+                reps = self.replicas.get(Role.DENOISER, [])
                 if not reps:
                     raise FailedPrecondition("this fleet has no denoiser pool", field="adapter_id")
                 infos = [rep.load_adapter(request.adapter_id, request.path) for rep in reps]
@@ -249,7 +240,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                                      details={"requests": users[:8]})
                         time.sleep(0.05)  # bounded by the deadline above
                     left = max(0.0, deadline - time.monotonic())
-                    for rep in self.replicas.get("denoiser", []):
+                    for rep in self.replicas.get(Role.DENOISER, []):
                         versions.update(rep.unload_adapter(request.adapter_id, left))
                 except FastVideoError:  # refused (still in use): requests may name it again
                     with self._adapter_lock:
@@ -264,7 +255,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return [r.request_id for r in runs if any(a["id"] == adapter_id for a in r.request.adapters)]
 
     def _refresh_adapters(self) -> None:
-        reps = [r for r in self.replicas.get("denoiser", []) if r.healthy]
+        reps = [r for r in self.replicas.get(Role.DENOISER, []) if r.healthy]
         try:
             for rep in reps:
                 rep.describe_raw(timeout=min(2.0, rep.control_timeout_s))
@@ -290,7 +281,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         step, total = run.progress()
         phase = PHASES.get(run.loop_id or "", run.loop_id or "done")
         if run.driver is None:  # between loops or ended: report the last progress it made
-            last = next((e for e in reversed(run.events) if e.kind == "progress"), None)
+            last = next((e for e in reversed(run.events) if e.kind == EventKind.PROGRESS), None)
             if last is not None:
                 step, total = int(last.data.get("step", 0)), int(last.data.get("total", 0))
                 phase = PHASES.get(last.data.get("phase"), last.data.get("phase", phase))

@@ -169,7 +169,7 @@ def test_interleave_gate_and_no_reload_at_the_switch(moe_dir, monkeypatch):
 
 
 def test_cost_model_prices_one_expert_per_step():
-    from fastvideo3.runtime.cost import StepShape, dit_forward_cost
+    from fastvideo3.models.wan.flops import StepShape, dit_forward_cost
     from fastvideo3.runtime.pricing import dit_config
     shape = StepShape.from_video(81, 480, 832, cfg_branches=2)
     moe = dit_forward_cost(dit_config(get_card("wan2.2-t2v-a14b")), shape).flops

@@ -72,7 +72,7 @@ def test_interleave_gate(ti2v_dir):
 
 def test_builtin_card_and_cost():
     from fastvideo3.request.schema import GenerateRequest, resolve
-    from fastvideo3.runtime.cost import StepShape, dit_forward_cost
+    from fastvideo3.models.wan.flops import StepShape, dit_forward_cost
     from fastvideo3.runtime.pricing import Pricer, dit_config
     card = get_card("wan2.2-ti2v-5b")
     assert card.components["transformer"].config["in_channels"] == 48 and card.limits.size_multiple == 32

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fastvideo3.card.registry import SHIPPED_DIGESTS, bind_checkpoint, builtin_cards, get_card
+from fastvideo3.card.registry import bind_checkpoint, builtin_cards, get_card
+from fastvideo3.models.wan.cards import SHIPPED_DIGESTS
 from fastvideo3.card.spec import CheckpointManifest
 from fastvideo3.card.verify import ROLE_KINDS, file_digest, load_digest_file, main, verify_checkpoint
 from fastvideo3.errors import CardError

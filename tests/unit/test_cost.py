@@ -15,17 +15,15 @@ from fastvideo3.runtime.cost import (
     CalibrationConfig,
     CostModel,
     DiffusionStepFeatures,
-    DitConfig,
     EncoderChunkFeatures,
     Prediction,
     RewardBatchFeatures,
-    StepShape,
     VaeTileFeatures,
     device_profile,
-    dit_forward_cost,
-    dit_peak_activation_bytes,
-    dit_resident_memory,
     split_measured,
+)
+from fastvideo3.models.wan.flops import (
+    DitConfig, StepShape, dit_forward_cost, dit_peak_activation_bytes, dit_resident_memory,
 )
 
 WAN_1_3B = DitConfig.wan21_1_3b()

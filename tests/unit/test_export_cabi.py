@@ -213,7 +213,7 @@ def test_staged_promise_is_fail_closed_on_every_path_and_retry_works(lib):
 @pytest.fixture(scope="module")
 def tiny_dit():
     pytest.importorskip("pydantic")  # the card layer
-    from fastvideo3.card.registry import wan_tiny
+    from fastvideo3.models.wan.cards import wan_tiny
     from fastvideo3.runtime.executors import DenoiserExecutor
     from fastvideo3.transport import make_transport
     card = wan_tiny()

@@ -8,25 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fastvideo3.models.wan.components import keep_reference_fp32
 from fastvideo3.models.wan.dit import WanDiT, WanDiTConfig
 from fastvideo3.models.wan.fast import FastWanDiT
 
 pytestmark = pytest.mark.timeout(120)
 CUDA = torch.cuda.is_available()
 
-
-
-def keep_reference_fp32(model: WanDiT) -> WanDiT:
-    """What the loader does at bf16: the time embedder, the cross-attention norm, the modulation
-    tables and the RoPE tables stay fp32 (as in the reference)."""
-    for name, mod in model.named_modules():
-        if name.endswith("time_embedder") or name.endswith("norm2"):
-            mod.float()
-    for name, p in model.named_parameters():
-        if name.endswith("scale_shift_table"):
-            p.data = p.data.float()
-    model.rope_cos, model.rope_sin = model.rope_cos.float(), model.rope_sin.float()
-    return model
 
 def _model(seed: int = 0, layers: int = 2, cross_attn_norm: bool = True) -> WanDiT:
     torch.manual_seed(seed)
@@ -148,7 +136,7 @@ def test_patch_embedding_is_the_convolution_at_bf16(patch, shape):
 
 def test_denoiser_executor_keeps_the_reference_path_on_cpu():
     pytest.importorskip("pydantic")  # the card layer (absent on some GPU images)
-    from fastvideo3.card.registry import wan_tiny
+    from fastvideo3.models.wan.cards import wan_tiny
     from fastvideo3.runtime.executors import DenoiserExecutor
     from fastvideo3.transport import make_transport
 

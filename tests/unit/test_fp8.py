@@ -150,7 +150,7 @@ def test_qk_scale_bound_never_saturates():
 
 # --------------------------------------------------------------------------- the FP8 DiT on a CPU
 def _tiny_dit(seed: int = 0):
-    from fastvideo3.card.registry import TINY_DIT
+    from fastvideo3.models.wan.cards import TINY_DIT
     from fastvideo3.models.wan.dit import WanDiT, WanDiTConfig
     torch.manual_seed(seed)
     m = WanDiT(WanDiTConfig.from_dict(TINY_DIT))
@@ -221,7 +221,7 @@ def _write_checkpoint(folder, model, cfg_dict):
 
 
 def test_prequantized_checkpoint_loads_by_key_map(tmp_path):
-    from fastvideo3.card.registry import TINY_DIT
+    from fastvideo3.models.wan.cards import TINY_DIT
     from fastvideo3.models.wan.checkpoint import load_dit_weights
     from fastvideo3.models.wan.dit import WanDiT, WanDiTConfig
     from fastvideo3.models.wan.fp8 import fp8_skeleton_, quantize_dit_, wan_dit_fp8_key_map
@@ -249,7 +249,7 @@ def test_prequantized_checkpoint_loads_by_key_map(tmp_path):
 
 def test_prequantized_checkpoint_needs_e4m3_weights_and_every_scale(tmp_path):
     from safetensors.torch import load_file, save_file
-    from fastvideo3.card.registry import TINY_DIT
+    from fastvideo3.models.wan.cards import TINY_DIT
     from fastvideo3.models.wan.checkpoint import load_dit_weights
     from fastvideo3.models.wan.dit import WanDiT, WanDiTConfig
     from fastvideo3.models.wan.fp8 import fp8_skeleton_, quantize_dit_
@@ -376,7 +376,8 @@ def test_engine_serves_fp8_and_provenance_records_it(monkeypatch):
 def test_load_dit_reads_a_prequantized_directory(tmp_path, monkeypatch):
     """A card whose key map is wan_dit_diffusers_fp8_v1 loads e4m3 weights and their scales as they
     are (no second quantization); the bf16 key map on the same card quantizes at load instead."""
-    from fastvideo3.card.registry import TINY_DIT, bind_checkpoint
+    from fastvideo3.card.registry import bind_checkpoint
+    from fastvideo3.models.wan.cards import TINY_DIT
     from fastvideo3.card.spec import ModelCard
     from fastvideo3.models.wan import components
     from fastvideo3.models.wan.fp8 import Fp8Linear, quantize_dit_

@@ -24,21 +24,9 @@ WIDTHS = [48, 1536, 5120] if CUDA else [48]
 
 from fastvideo3.kernels import add_norm, qk_norm_rope  # noqa: E402
 from fastvideo3.kernels.fused import RopeGrid  # noqa: E402
+from fastvideo3.models.wan.components import keep_reference_fp32  # noqa: E402
 from fastvideo3.models.wan.dit import WanDiT, WanDiTConfig, rope_tables  # noqa: E402
 
-
-
-def keep_reference_fp32(model: WanDiT) -> WanDiT:
-    """What the loader does at bf16: the time embedder, the cross-attention norm, the modulation
-    tables and the RoPE tables stay fp32 (as in the reference)."""
-    for name, mod in model.named_modules():
-        if name.endswith("time_embedder") or name.endswith("norm2"):
-            mod.float()
-    for name, p in model.named_parameters():
-        if name.endswith("scale_shift_table"):
-            p.data = p.data.float()
-    model.rope_cos, model.rope_sin = model.rope_cos.float(), model.rope_sin.float()
-    return model
 
 def _gen(seed: int) -> torch.Generator:
     return torch.Generator(device=DEV).manual_seed(seed)

@@ -6,13 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from fastvideo3.card.registry import wan_tiny
+from fastvideo3.models.wan.cards import wan_tiny
 from fastvideo3.errors import FailedPrecondition
 from fastvideo3.parallel.cost import comm_bytes
 from fastvideo3.parallel.plan import ParallelPlan
-from fastvideo3.runtime.cost import (
-    CalibratedCostModel, DiffusionStepFeatures, DitConfig, StepShape, device_profile, unit_work,
-)
+from fastvideo3.runtime.cost import CalibratedCostModel, DiffusionStepFeatures, device_profile, unit_work
+from fastvideo3.models.wan.flops import DitConfig, StepShape
 from fastvideo3.runtime.pricing import Pricer
 
 

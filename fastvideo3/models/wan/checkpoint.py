@@ -17,6 +17,7 @@ from safetensors import safe_open
 
 from fastvideo3.errors import CardError
 from fastvideo3.models.wan.fp8 import wan_dit_fp8_key_map
+from fastvideo3.vocab import LoopId, Sampler
 
 #: precision -> the dtype weights load in and activations run in; under fp8_e4m3 that is bf16
 #: (the block Linears are then quantized to e4m3: fastvideo3.models.wan.fp8)
@@ -157,8 +158,9 @@ def card_for_directory(root: Path):
     """Build a card for a diffusers-format Wan T2V directory (Wan2.1, or Wan2.2's two experts),
     starting from the built-in card whose architecture matches; an unknown size gets a custom card
     from its own config. Layouts we do not implement are refused by name (models/wan/layout.py)."""
-    from fastvideo3.card.registry import (
-        WAN22_5B_DIT, WAN22_A14B_T2V, WAN_1_3B_DIT, WAN_14B_DIT, _wan_real, bind_checkpoint, wan22_moe, wan22_ti2v,
+    from fastvideo3.card.registry import bind_checkpoint
+    from fastvideo3.models.wan.cards import (
+        WAN22_5B_DIT, WAN22_A14B_T2V, WAN_1_3B_DIT, WAN_14B_DIT, _wan_real, wan22_moe, wan22_ti2v,
     )
     from fastvideo3.card.spec import Limits, LoopSpec, SamplerSpec
     from fastvideo3.models.wan.layout import inspect_directory
@@ -188,21 +190,21 @@ def card_for_directory(root: Path):
     sched = json.loads((root / "scheduler" / "scheduler_config.json").read_text())
     cls = sched.get("_class_name", "")
     if "UniPC" in cls:
-        sampler = SamplerSpec(name="unipc", flow_shift=float(sched.get("flow_shift", 3.0)),
+        sampler = SamplerSpec(name=Sampler.UNIPC, flow_shift=float(sched.get("flow_shift", 3.0)),
                               solver_order=int(sched.get("solver_order", 2)),
                               num_train_timesteps=int(sched.get("num_train_timesteps", 1000)))
     elif "FlowMatchEuler" in cls:
-        sampler = SamplerSpec(name="euler", flow_shift=float(sched.get("shift", 3.0)),
+        sampler = SamplerSpec(name=Sampler.EULER, flow_shift=float(sched.get("shift", 3.0)),
                               num_train_timesteps=int(sched.get("num_train_timesteps", 1000)))
     else:
         raise CardError(f"scheduler {cls!r} is not supported (UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler)",
                         field="checkpoint.scheduler")
-    d = base.loops["diffusion_denoise"]
+    d = base.loops[LoopId.DIFFUSION_DENOISE]
     loops = dict(base.loops)
-    loops["diffusion_denoise"] = LoopSpec(loop_id="diffusion_denoise", default_steps=d.default_steps, sampler=sampler,
-                                          experts=d.experts)
+    loops[LoopId.DIFFUSION_DENOISE] = LoopSpec(loop_id=LoopId.DIFFUSION_DENOISE, default_steps=d.default_steps,
+                                               sampler=sampler, experts=d.experts)
     # rope tables bound the latent grid: max pixels = rope_max_seq_len * patch * vae scale (8, or 16)
-    from fastvideo3.runtime.pricing import vae_spatial_scale
+    from fastvideo3.models.wan.family import vae_spatial_scale
     max_px = min(1280, int(arch.get("rope_max_seq_len", 1024)) * int(arch["patch_size"][1]) * vae_spatial_scale(base))
     max_px -= max_px % base.limits.size_multiple
     lim = base.limits.model_copy(update={

@@ -21,6 +21,7 @@ from fastvideo3.models.wan.checkpoint import (
     DTYPES, FP8_KEY_MAPS, check_config, load_dit_weights, safetensors_files, weights_digest,
 )
 from fastvideo3.models.wan.dit import WanDiT, WanDiTConfig
+from fastvideo3.models.wan.family import WEIGHTS_DIR
 
 
 def _root(card: ModelCard, sub: str) -> Path:
@@ -31,9 +32,6 @@ def _root(card: ModelCard, sub: str) -> Path:
     if not p.is_dir():
         raise CardError(f"checkpoint directory lacks {sub}/", field=f"checkpoint.{sub}")
     return p
-
-
-WEIGHTS_DIR = Path(__file__).resolve().parents[2] / "weights"
 
 
 def shipped_path(card: ModelCard, component: str) -> Path:
@@ -255,7 +253,9 @@ def _init_seeded_dit(model: WanDiT) -> None:
             torch.nn.init.normal_(p, std=0.02 * (2.0 if "proj_out" in name else 1.0))
 
 
-def _keep_fp32(model: WanDiT) -> None:
+def keep_reference_fp32(model: WanDiT) -> WanDiT:
+    """What the loader does at bf16: the time embedder, the cross-attention norm, the modulation
+    tables and the RoPE tables stay fp32 (as in the reference)."""
     for name, mod in model.named_modules():
         if name.endswith("time_embedder") or name.endswith("norm2"):
             mod.float()
@@ -263,6 +263,10 @@ def _keep_fp32(model: WanDiT) -> None:
         if name.endswith("scale_shift_table"):
             p.data = p.data.float()
     model.rope_cos, model.rope_sin = model.rope_cos.float(), model.rope_sin.float()
+    return model
+
+
+_keep_fp32 = keep_reference_fp32  # the name the FP8 bench and tests use
 
 
 # ---------------------------------------------------------------------------------- VAE
@@ -328,12 +332,9 @@ def vae_layout(card: ModelCard) -> dict | None:
 
 
 def latent_shape(card: ModelCard, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
-    """(C, F_lat, H_lat, W_lat) for a request: 4x temporal, and the spatial compression the card's
-    VAE declares (8x unless it says otherwise: Wan2.2 TI2V-5B's is 16x)."""
-    from fastvideo3.runtime.pricing import vae_spatial_scale
-    c = int(card.components["transformer"].config.get("in_channels", 16))
-    s = vae_spatial_scale(card)
-    return (c, (frames - 1) // 4 + 1, height // s, width // s)
+    """(C, F_lat, H_lat, W_lat) for a request (the Wan family's one rule: models/wan/family.py)."""
+    from fastvideo3.models.wan.family import latent_shape as wan_latent_shape
+    return wan_latent_shape(card, frames, height, width)
 
 
 def precision_dtype(precision: str) -> torch.dtype:

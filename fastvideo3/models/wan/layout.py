@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastvideo3.errors import CardError
+from fastvideo3.vocab import LoopId
 
 #: what the T2V layouts' components are (model_index.json: name -> [library, class])
 T2V_COMPONENTS = {
@@ -207,7 +208,7 @@ def check_card_layout(card) -> Layout | None:
                                 field=f"checkpoint.{extra}")
         return None
     layout = inspect_directory(root)
-    moe = "diffusion_denoise" in card.loops and card.denoise.experts is not None
+    moe = LoopId.DIFFUSION_DENOISE in card.loops and card.denoise.experts is not None
     ti2v = "vae" in card.components and card.components["vae"].config.get("z_dim") == WAN22_VAE["z_dim"]
     if (layout.kind == "wan2.2-ti2v") != ti2v:
         raise CardError(f"card {card.model_id} decodes a {'48' if ti2v else '16'}-channel latent layout but the "

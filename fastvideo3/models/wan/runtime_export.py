@@ -38,6 +38,7 @@ from fastvideo3.export import (
 )
 from fastvideo3.export.native import STATE_BUFFER
 from fastvideo3.export.regions import arena_size, dtype_name, pack_regions
+from fastvideo3.vocab import Role
 
 STAGES = (("load", ()), ("dit", ("load",)), ("update", ("dit",)))
 IN_PORTS = ("latents", "timestep", "text", "dt")
@@ -160,7 +161,7 @@ def build_dit_runtime(
     for name, after in STAGES:
         builder.add_stage(name, after)
     if stream is not None:
-        builder.add_stream("denoiser", stream)
+        builder.add_stream(Role.DENOISER, stream)
     shapes = {"latents": lambda b: (b.rows, c, f, h, w), "timestep": lambda b: (b.rows,),
               "text": lambda b: (b.rows, text_len, text_dim), "dt": lambda b: (b.rows,),
               OUT_PORT: lambda b: (b.rows, c, f, h, w)}

@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from fastvideo3.vocab import Sampler
+
 # ---------------------------------------------------------------------------------------------
 # Configs, as plain dicts (the keyword arguments of the diffusers / transformers classes).
 
@@ -355,7 +357,7 @@ def write_random_transformer(
 def _scheduler(kind: str, flow_shift: float):
     from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
 
-    if kind == "unipc":  # what Wan2.1 ships
+    if kind == Sampler.UNIPC:  # what Wan2.1 ships
         return UniPCMultistepScheduler(
             num_train_timesteps=1000,
             prediction_type="flow_prediction",
@@ -364,7 +366,7 @@ def _scheduler(kind: str, flow_shift: float):
             solver_order=2,
             solver_type="bh2",
         )
-    if kind == "euler":
+    if kind == Sampler.EULER:
         return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=flow_shift)
     raise ValueError(f"scheduler must be 'unipc' or 'euler', got {kind!r}")
 
@@ -382,7 +384,7 @@ def build_wan_dir(
     text_encoder: bool = True,
     vae: bool = True,
     transformer_only: bool = False,
-    scheduler: str = "unipc",
+    scheduler: str = Sampler.UNIPC,
     flow_shift: float = 3.0,
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
 ) -> Path:

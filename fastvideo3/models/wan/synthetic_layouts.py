@@ -23,6 +23,7 @@ import torch
 from fastvideo3.models.wan.synthetic import (
     TINY_TRANSFORMER, TINY_VAE, _module_seed, build_wan_dir, write_random_transformer,
 )
+from fastvideo3.vocab import Sampler
 
 #: the Wan2.2 VAE's layout at a tiny width: 48 latent channels, a 2x2 input patch, 16x spatial
 TINY_WAN22_VAE: dict[str, Any] = {
@@ -41,7 +42,7 @@ def _patch_index(root: Path, **updates) -> None:
 
 
 def build_wan22_moe_dir(path: str | Path, *, seed: int = 0, boundary_ratio: float = 0.875,
-                        transformer_config: dict | None = None, scheduler: str = "unipc", flow_shift: float = 3.0,
+                        transformer_config: dict | None = None, scheduler: str = Sampler.UNIPC, flow_shift: float = 3.0,
                         dtype: torch.dtype | None = None, **kw) -> Path:
     """A two-expert Wan2.2 T2V directory: ``transformer`` and ``transformer_2`` share one
     architecture and differ in their random weights (seeds ``seed`` and ``seed + 1000``)."""

@@ -1,0 +1,85 @@
+"""The Wan family object: what card/, loop/, runtime/ and the fake pools know of Wan, through
+:mod:`fastvideo3.card.family`. Torch-free; the weights code (components.py, checkpoint.py) is
+imported only when a checkpoint directory is read.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastvideo3.card.family import register_family
+from fastvideo3.card.spec import ModelCard
+from fastvideo3.models.wan import flops
+
+#: the Wan VAE is causal in time: 1 + (frames - 1) / 4 latent frames
+TEMPORAL_STRIDE = 4
+WEIGHTS_DIR = Path(__file__).resolve().parents[2] / "weights"
+
+
+def vae_spatial_scale(card: ModelCard) -> int:
+    """The VAE's spatial compression the card declares (Wan2.1: 8; Wan2.2 TI2V-5B: 16)."""
+    return int(card.components["vae"].config.get("scale_factor_spatial", 8)) if "vae" in card.components else 8
+
+
+def latent_shape(card: ModelCard, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
+    """(C, F_lat, H_lat, W_lat) for a request: 4x temporal, and the spatial compression the card's
+    VAE declares (8x unless it says otherwise: Wan2.2 TI2V-5B's is 16x)."""
+    c = int(card.components["transformer"].config.get("in_channels", 16))
+    s = vae_spatial_scale(card)
+    return (c, (frames - 1) // TEMPORAL_STRIDE + 1, height // s, width // s)
+
+
+def dit_config(card: ModelCard) -> flops.DitConfig:
+    c = card.components["transformer"].config
+    return flops.DitConfig(
+        num_layers=int(c["num_layers"]), num_heads=int(c["num_attention_heads"]), head_dim=int(c["attention_head_dim"]),
+        ffn_dim=int(c["ffn_dim"]), text_dim=int(c.get("text_dim", 4096)), freq_dim=int(c.get("freq_dim", 256)),
+        in_channels=int(c.get("in_channels", 16)), out_channels=int(c.get("out_channels", 16)),
+        patch_size=tuple(c.get("patch_size", (1, 2, 2))), text_len=int(card.max_text_tokens),
+    )
+
+
+class WanFamily:
+    """Wan2.1 / Wan2.2 text-to-video (and the tiny cards of the same architecture)."""
+
+    name = "wan"
+
+    def builtin_cards(self) -> dict[str, ModelCard]:
+        from fastvideo3.models.wan.cards import builtin_cards
+        return builtin_cards()
+
+    def card_for_directory(self, root: Path) -> ModelCard:
+        from fastvideo3.models.wan.checkpoint import card_for_directory
+        return card_for_directory(root)
+
+    def latent_shape(self, card: ModelCard, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
+        return latent_shape(card, frames, height, width)
+
+    def frames_of_latent(self, card: ModelCard, latent_frames: int) -> int:
+        return (latent_frames - 1) * TEMPORAL_STRIDE + 1
+
+    def latent_stride(self, card: ModelCard) -> tuple[int, int, int]:
+        s = vae_spatial_scale(card)
+        return (TEMPORAL_STRIDE, s, s)
+
+    def dit_config(self, card: ModelCard) -> flops.DitConfig:
+        return dit_config(card)
+
+    def step_shape(self, frames: int, height: int, width: int, *, stride: tuple[int, int, int],
+                   batch: int = 1, cfg_branches: int = 1) -> flops.StepShape:
+        return flops.StepShape.from_video(frames, height, width, batch=batch, cfg_branches=cfg_branches,
+                                          stride=stride)
+
+    def step_work(self, config: flops.DitConfig, shape: flops.StepShape, *, weight_bytes_per_param: int,
+                  act_bytes: int, sampler_history: int):
+        fwd = flops.dit_forward_cost(config, shape, weight_bytes_per_param=weight_bytes_per_param,
+                                     act_bytes=act_bytes)
+        peak = flops.dit_peak_activation_bytes(config, shape, act_bytes=act_bytes)
+        res = flops.dit_resident_memory(config, shape, sampler_history=sampler_history,
+                                        weight_bytes_per_param=weight_bytes_per_param)
+        return fwd, peak, res
+
+    def weights_dir(self) -> Path:
+        return WEIGHTS_DIR
+
+
+WAN = register_family(WanFamily())
