@@ -19,6 +19,7 @@ import torch
 from fastvideo3.loop.samplers import make_schedule
 from fastvideo3.models.reward.adherence import AdherenceScorer
 from fastvideo3.training.data import to_frames
+from fastvideo3.vocab import Sampler
 
 
 def _autocast(device: str, dtype: torch.dtype | None):
@@ -32,7 +33,7 @@ def sample(dit, text_encoder, prompts: list[str], seeds: list[int], latent_shape
            steps: int = 12, guidance: float = 3.0, flow_shift: float = 3.0, device: str = "cpu",
            autocast: torch.dtype | None = None, batch: int = 64) -> torch.Tensor:
     """Normalised latents ``[B, C, F, H, W]``: Euler on the serving schedule, CFG against ``""``."""
-    sched = make_schedule("euler", steps, flow_shift)
+    sched = make_schedule(Sampler.EULER, steps, flow_shift)
     was_training = dit.training
     dit.eval()
     outs = []
