@@ -136,9 +136,24 @@ def write_report(out: Path, a, argv, device: str, seeds, results) -> None:
         "criterion": "color AND direction detected from the decoded frames match the prompt",
         "chance_pct": round(100.0 / (5 * 4), 1),
         "weights": a.run or "the package's (fastvideo3/weights)",
+        "summary": summarize(results),
         "results": results,
     }
     out.write_text(json.dumps(report, indent=1))
+
+
+def summarize(results: list[dict]) -> dict:
+    """Per card: adherence, color and direction rates, median travel, DiT evaluations per clip;
+    and, where both tiny cards ran, the student's gap to its teacher and how many times fewer
+    evaluations it needs."""
+    cards = {r["card"]: {k: r[k] for k in ("steps", "adherence_pct", "color_pct", "direction_pct", "median_travel",
+                                         "dit_evals_per_clip", "clips")} for r in results}
+    summary: dict = {"cards": cards}
+    teacher, student = cards.get("wan-tiny"), cards.get("wan-tiny-4step")
+    if teacher and student:
+        summary["student_gap_points"] = round(teacher["adherence_pct"] - student["adherence_pct"], 1)
+        summary["student_fewer_evals_x"] = round(teacher["dit_evals_per_clip"] / student["dit_evals_per_clip"], 1)
+    return summary
 
 
 if __name__ == "__main__":

@@ -31,7 +31,11 @@ TINY_DIT = dict(
 )
 #: the DiT config of the shipped (trained) tiny weights; bench/ship_tiny.py rewrites it from a
 #: training run's log. The seeded baseline keeps TINY_DIT.
-TINY_SHIPPED_DIT = dict(TINY_DIT)
+TINY_SHIPPED_DIT = dict(
+    patch_size=[1, 2, 2], num_attention_heads=9, attention_head_dim=32, in_channels=16,
+    out_channels=16, text_dim=64, freq_dim=64, ffn_dim=576, num_layers=4, cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads", eps=1e-06, rope_max_seq_len=64,
+)
 #: the tiny recipe's VAE: a patch autoencoder with the Wan VAE's latent layout (models/wan/patch_vae.py)
 TINY_VAE = dict(arch="patch", z_dim=16, enc_dim=64, dec_dim=96)
 TINY_TEXT = dict(vocab_size=384, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
@@ -46,20 +50,23 @@ TINY_VAE_STATS = dict(
         1.63938, 0.39097, 1.83864, 1.16929, 1.72197, 0.55681, 1.37951],
 )
 #: the guidance scale the trained card serves with by default (picked by the training run's probe)
-TINY_GUIDANCE = 2.0
-TINY_TRAINING_COMMAND = ("python bench/train_tiny.py --device cpu --size 128: --stages vae, then --stages dit,probe "
-                         "twice, then --stages distill, each with --init-from the previous run "
-                         "(exact commands: bench/results/train_cpu.json)")
+TINY_GUIDANCE = 3.0
+TINY_TRAINING_COMMAND = ("bash bench/gpu_train_tiny.sh 1, then bash bench/gpu_train_tiny.sh 2 runs/c1 (one H200, two "
+                         "chunks of about 7 minutes; patch VAE from bench/train_tiny.py --stages vae; exact commands "
+                         "and probes: bench/results/train_h200_c1.json, train_h200_c2.json)")
 
 #: full-content digests of the shipped weight files (relative to fastvideo3/weights). A pool checks
 #: the files it loads against them at start; after retraining, regenerate with
 #: ``python -m fastvideo3.card.verify --card wan-tiny --print-digests`` (and wan-tiny-4step).
 SHIPPED_DIGESTS = {
-    "wan-tiny/text_encoder.safetensors": "sha256:fd4b1bf38d87751443a6c665a1e76d884d2394306d94264785c78e3a68eb012e",
-    "wan-tiny/transformer.safetensors": "sha256:5105101f6543714434be230c93541eb99c17346acd01d6714d0a413d040dfe44",
-    "wan-tiny/vae.safetensors": "sha256:4a29bdce528e5771a370b31c1877f8664ecf046feb2d6e39cc5b77c3925b14d1",
+    "wan-tiny/text_encoder.safetensors":
+        "sha256:8b89928cceaa0a01e552d4993ee0521e9579406baf298dac8c2e19dd3b74f9e6",
+    "wan-tiny/transformer.safetensors":
+        "sha256:423169e93f204f8881bf11884fc3e211c0433871dff56d9ce70134e1dbe1de5d",
+    "wan-tiny/vae.safetensors":
+        "sha256:4a29bdce528e5771a370b31c1877f8664ecf046feb2d6e39cc5b77c3925b14d1",
     "wan-tiny-4step/transformer.safetensors":
-        "sha256:85eb9de6d1837ab9fab7430757ea8098f85f178ce9af2b90acc52701333c2d9d",
+        "sha256:13f2dd2ad7edbf40d11e12240fa08c2188d9c5e9ffe7622b47180b47194263c1",
 }
 
 WAN_1_3B_DIT = dict(
