@@ -108,6 +108,11 @@ def micro_attention_schemes(models=("1.3b", "14b")) -> dict:
                                    "total_ms": round(p8 + a8, 3), "tflops": round(flops / a8 / 1e9, 1),
                                    "speedup_vs_bf16": round((prep16 + att16) / (p8 + a8), 3),
                                    "rel_err_vs_bf16": float((got - ref).norm() / ref.norm())}
+                    if scheme == "bound":  # does FA3 read the strided Q/K/V views of one buffer slower?
+                        sep = [q8[..., i * d:(i + 1) * d].view(1, n, heads, hd).contiguous() for i in range(3)]
+                        c8, _ = time_ms(lambda: fn(*sep, q_descale=sc[0], k_descale=sc[1], v_descale=sc[2]), 1, 5)
+                        row[scheme]["attention_contiguous_qkv_ms"] = round(c8, 3)
+                        del sep
                     del q8, got
                 except Exception as e:  # noqa: BLE001 - recorded; the other schemes stand
                     row[scheme] = _err(e)

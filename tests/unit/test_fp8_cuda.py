@@ -56,7 +56,7 @@ def test_add_norm_fp8_matches_twin(width, modulate):
     close_fp8(q1, s1, q2, s2)
 
 
-@pytest.mark.parametrize("width", [288, 1536, 8960, 13824])
+@pytest.mark.parametrize("width", [288, 1536, 5120, 8960, 13824, 20000])  # 20000: the two-read path
 def test_rows_and_gelu_quant_match_twins(width):
     g = torch.Generator(device=DEV).manual_seed(width)
     x = (torch.randn(333, width, generator=g, device=DEV) * 3).bfloat16()
