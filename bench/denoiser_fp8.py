@@ -135,7 +135,7 @@ def print_attention_schemes(res: dict) -> None:
         print(f"{key:22s} | " + " | ".join(cells), flush=True)
 
 
-def stage_micro() -> dict:
+def stage_micro(save=None) -> dict:
     from denoiser import time_ms
     from fastvideo3.kernels.attention import _fa3, attention_available
     from fastvideo3.kernels.fp8 import E4M3, bias_gelu_quant, fp8_linear, quantize_rows, quantize_weight
@@ -146,6 +146,8 @@ def stage_micro() -> dict:
             print_attention_schemes(out["attention_schemes"])
         except Exception as e:  # noqa: BLE001 - recorded; the GEMM figures stand
             out["attention_schemes"] = _err(e)
+        if save is not None:  # kept should the GEMM part run out of time
+            save({**out, "partial": "the GEMM micro-benchmarks did not finish"})
     try:
         import torchao  # noqa: F401
         out["torchao"] = f"importable {torchao.__version__} (not measured)"
@@ -506,7 +508,7 @@ def run(args) -> int:
     t0 = time.perf_counter()
     try:
         if stage == "micro":
-            res = stage_micro()
+            res = stage_micro(lambda part: _merge(path, key, part))
         elif stage in ("1.3b", "14b"):
             def save(row):
                 _merge(path, key, {**row, "partial": "the stage's variants did not finish"})

@@ -46,7 +46,7 @@ stage() {  # stage <limit_s> <name> [flags]
   echo "stage $name rc=$? at ${SECONDS}s"
 }
 stage 15 env
-stage 35 micro
+stage 45 micro
 grep -A12 "^FP8 attention, one layer" "$OUT/bench.log"  # the micro-check's table, as soon as it is in
 stage 65 1.3b
 stage 90 14b --quick

@@ -318,7 +318,7 @@ def qk_stats(qk: torch.Tensor, heads: int, smooth_k: bool, impl: str = "torch"
     amax_k = head_amax(qk[..., d:], heads, impl)
     mean = None
     if smooth_k:
-        mean = qk[..., d:].float().mean(dim=1)  # [B, D]
+        mean = qk[..., d:].mean(dim=1, dtype=torch.float32)  # [B, D], no fp32 copy of K
         amax_k = amax_k + mean.abs().view(b, heads, d // heads).amax(dim=2)
     scales = torch.stack([amax_q, amax_k]).clamp_min(AMAX_FLOOR) / E4M3_MAX
     return scales, mean

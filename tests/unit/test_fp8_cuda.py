@@ -84,6 +84,8 @@ def test_qkv_fp8_matches_twin():
 
 @pytest.mark.parametrize("scheme", ["amax", "smooth_k"])
 def test_qkv_fp8_measured_scales_match_twin(scheme):
+    from fastvideo3.kernels import qk_norm_rope
+    from fastvideo3.kernels.fp8 import _launch_qkv, qk_stats
     heads, hd, grid = 12, 128, (3, 6, 10)
     d, n = heads * hd, 180
     g = torch.Generator(device=DEV).manual_seed(8)
@@ -94,13 +96,32 @@ def test_qkv_fp8_measured_scales_match_twin(scheme):
     cos, sin = rope_tables(hd, 64)
     rope = RopeGrid(cos.to(DEV), sin.to(DEV), grid, hd - 2 * (2 * (hd // 6)), 2 * (hd // 6))
     bounds = torch.stack([qk_scale_bound(norm[0], heads), qk_scale_bound(norm[1], heads)])
-    q1, s1 = qkv_fp8(qkv, norm, bounds, heads=heads, eps=1e-6, rope=rope, impl="triton", scales=scheme)
+    smooth = scheme == "smooth_k"
+    # the statistics: Triton's normed Q/K against the twin's (bf16 both)
+    stats = [qk_stats(qk_norm_rope(qkv, norm, parts=2, eps=1e-6, heads=heads, rope=rope, impl=impl), heads, smooth,
+                      impl) for impl in ("triton", "torch")]
+    torch.testing.assert_close(stats[0][0], stats[1][0], rtol=1e-2, atol=0)
+    if smooth:
+        torch.testing.assert_close(stats[0][1], stats[1][1], rtol=1e-2, atol=1e-3)
+    # the quantizing pass, given the twin's scales: codes equal but for rounding (the kernel
+    # quantizes fp32 values, the twin their bf16 rounding; for smoothed K that is up to ~2% of
+    # K - mean, so more ties fall the other way there)
     q2, s2 = qkv_fp8(qkv, norm, bounds, heads=heads, eps=1e-6, rope=rope, impl="torch", scales=scheme)
-    torch.testing.assert_close(s1, s2, rtol=1e-2, atol=0)  # statistics of bf16 Q/K from either twin
-    for i in range(3):  # dequantized: the kernel subtracts K's mean in fp32, the twin after bf16
+    q1 = _launch_qkv(qkv, norm, 1.0 / s2, stats[1][1], rope, heads=heads, eps=1e-6)
+    k16 = qk_norm_rope(qkv, norm, parts=2, eps=1e-6, heads=heads, rope=rope, impl="torch")[..., d:].float()
+    for i in range(3):
+        a, b = q1[..., i * d:(i + 1) * d].float(), q2[..., i * d:(i + 1) * d].float()
+        tol = E4M3_STEP * torch.maximum(a.abs(), b.abs()) + E4M3_TINY
+        if smooth and i == 1:  # plus the twin's bf16 rounding of K (before the mean is taken off), in codes
+            tol = tol + (k16.view(2, n, heads, hd).abs() / s2[1][:, None, :, None]).view_as(b) * 2.0**-8
+        assert ((a - b).abs() <= tol).all(), (scheme, i)
+        assert (a == b).float().mean() > (0.6 if smooth and i == 1 else 0.95), (scheme, i)
+    # and the whole call agrees with the twin after dequantization
+    q1, s1 = qkv_fp8(qkv, norm, bounds, heads=heads, eps=1e-6, rope=rope, impl="triton", scales=scheme)
+    for i in range(3):
         a = q1[..., i * d:(i + 1) * d].float().view(2, n, heads, hd) * s1[i][:, None, :, None]
         b = q2[..., i * d:(i + 1) * d].float().view(2, n, heads, hd) * s2[i][:, None, :, None]
-        assert float((a - b).norm() / b.norm()) < 3e-2, (scheme, i)
+        assert float((a - b).norm() / b.norm()) < 8e-2, (scheme, i)  # two e4m3 roundings at most
 
 
 @pytest.mark.parametrize("m,k,n", [(32760, 1536, 4608), (300, 288, 576), (7, 64, 16)])
