@@ -314,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --precision fp8: FP8 attention's Q/K scales (the card's fp8.attention_scales)")
     ap.add_argument("--fp8-accumulation", default="fp32", choices=("fp32", "fast"),
                     help="with --precision fp8: GEMM accumulation (the card's fp8.accumulation)")
+    ap.add_argument("--row-register-width", type=int, default=16384,
+                    help="with --precision fp8: widest row the e4m3 row quantizer reads once (4096: two reads)")
     ap.add_argument("--tiny", action="store_true", help="newer families (bench/denoiser_models.py): tiny configs")
     ap.add_argument("--device", default=None, help="newer families: cuda (default when present) or cpu")
     ap.add_argument("--stage-timeout", type=float, default=150.0, help="newer families: seconds per row/stage")

@@ -172,6 +172,14 @@ def stage_micro(save=None) -> dict:
         msq, _ = time_ms(lambda: quantize_rows(x, impl="triton"), 2, 8)
         bias = torch.zeros(k, device="cuda", dtype=torch.bfloat16)
         msg, _ = time_ms(lambda: bias_gelu_quant(x, bias, impl="triton"), 2, 8)
+        from fastvideo3.kernels import fp8 as fp8k
+        one_read = fp8k.ROW_REGISTER_WIDTH
+        try:  # the earlier two-read row quantizer for rows over 4,096 columns (--row-register-width 4096)
+            fp8k.ROW_REGISTER_WIDTH = 4096
+            msq2, _ = time_ms(lambda: quantize_rows(x, impl="triton"), 2, 8)
+            msg2, _ = time_ms(lambda: bias_gelu_quant(x, bias, impl="triton"), 2, 8)
+        finally:
+            fp8k.ROW_REGISTER_WIDTH = one_read
         ref = (x @ w.t()).float()
         rel = float((fp8_linear(xq, xs, wq, ws).float() - ref).norm() / ref.norm())
         fast_rel = float((fast - ref).norm() / ref.norm()) if fast is not None else None
@@ -179,6 +187,8 @@ def stage_micro(save=None) -> dict:
                             "fp8_fast_accum_ms": None if fast is None else round(ms8f, 3), "rel_err_fast_accum": fast_rel,
                             "bf16_tflops": round(flops / ms16 / 1e9, 1), "fp8_tflops": round(flops / ms8 / 1e9, 1),
                             "quantize_rows_ms": round(msq, 3), "bias_gelu_quant_ms": round(msg, 3),
+                            "row_register_width": one_read, "quantize_rows_ms_width4096": round(msq2, 3),
+                            "bias_gelu_quant_ms_width4096": round(msg2, 3),
                             "quantize_gbps": round(x.numel() * 3 / msq / 1e6, 1), "rel_err": rel})
         del x, w, xq, wq
     if attention_available("fa3", "cuda"):
@@ -465,6 +475,14 @@ def stage_table(path: Path) -> dict:
     path.write_text(json.dumps(data, indent=1) + "\n")
     if isinstance(data.get("micro", {}).get("attention_schemes"), dict):
         print_attention_schemes(data["micro"]["attention_schemes"])
+    seen = set()
+    for gm in data.get("micro", {}).get("gemm", []):
+        if "bias_gelu_quant_ms_width4096" in gm and gm["k"] not in seen:
+            seen.add(gm["k"])
+            print(f"row quant k={gm['k']:5d}: one read {gm['quantize_rows_ms']:.3f} / gelu "
+                  f"{gm['bias_gelu_quant_ms']:.3f} ms"
+                  f" | two reads {gm['quantize_rows_ms_width4096']:.3f} / gelu {gm['bias_gelu_quant_ms_width4096']:.3f}"
+                  f" ms | GEMM bf16 {gm['bf16_ms']:.3f} fp8 {gm['fp8_ms']:.3f} fast-acc {gm['fp8_fast_accum_ms']} ms")
     print("\nmodel frames | ms_bf16 | ms_fp8 | speedup | rel_err_vs_bf16 | goal ms")
     for k in ("model_1.3b", "model_14b"):
         r = data.get(k, {})
@@ -503,6 +521,8 @@ def run(args) -> int:
         _merge(path, "command", COMMAND)
         return 0
     key = {"1.3b": "model_1.3b", "14b": "model_14b"}.get(stage, stage)
+    from fastvideo3.kernels import fp8 as fp8k
+    fp8k.ROW_REGISTER_WIDTH = getattr(args, "row_register_width", fp8k.ROW_REGISTER_WIDTH)
     scales = getattr(args, "attention_scales", "bound")
     accumulation = getattr(args, "fp8_accumulation", "fp32")
     t0 = time.perf_counter()

@@ -4,7 +4,8 @@
 # into $OUT/denoiser_fp8_h200.json (what finished is always kept); the table is printed last.
 #
 #   bash bench/gpu_run_fp8.sh        # from the repository root; carry .wheels (git-ignored)
-#   SCALES=smooth_k ACCUM=fast bash bench/gpu_run_fp8.sh   # FP8 attention's Q/K scales, GEMM accumulation
+#   SCALES=smooth_k ACCUM=fast ROWW=4096 bash bench/gpu_run_fp8.sh
+#     # FP8 attention's Q/K scales, GEMM accumulation, widest row the row quantizer reads once
 #
 # The stage limits add up to under five minutes (a stage cut short keeps its main figures).
 #
@@ -40,6 +41,7 @@ timeout "${TEST_TIMEOUT:-30}" python3 -m pytest -q -p no:cacheprovider --noconft
 echo "tests rc=$?"; tail -n 15 "$OUT/tests.log"
 
 B="python3 bench/denoiser.py --precision fp8 --out $JSON --attention-scales ${SCALES:-bound} --fp8-accumulation ${ACCUM:-fp32}"
+B="$B --row-register-width ${ROWW:-16384}"
 stage() {  # stage <limit_s> <name> [flags]
   local limit=$1 name=$2; shift 2
   timeout -k 5 "$limit" $B --stage "$name" "$@" >>"$OUT/bench.log" 2>&1
