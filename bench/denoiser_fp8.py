@@ -2,19 +2,24 @@
 self-attention, where FlashAttention-3's FP8 forward imports) in e4m3, against the same model and
 inputs in bf16, on one CUDA GPU.
 
-    python bench/denoiser.py --precision fp8 --out OUT.json --stage micro|1.3b|14b|tiny|table
+    python bench/denoiser.py --precision fp8 --out OUT.json --stage micro|1.3b|14b|tiny|table \
+        [--attention-scales bound|amax|smooth_k] [--fp8-accumulation fp32|fast] [--row-register-width N]
 
 Each stage is one process (the shell script gives each its own time limit) and merges its part
 into OUT.json, so what finished is always kept:
 
-* ``micro``: ``torch._scaled_mm`` row-wise e4m3 against a bf16 matmul at Wan's GEMM shapes, and
-  FP8 against bf16 attention (FA3) at 32,760 tokens; torchao is probed (not on the GPU image);
+* ``micro``: first FP8 self-attention alone against bf16 on one layer of each model (prologue and
+  FA3 timed apart, relative error) for every Q/K scale scheme, on a random and an offset-K input;
+  then ``torch._scaled_mm`` row-wise e4m3 against a bf16 matmul at Wan's GEMM shapes (with fast
+  accumulation, and the row quantizer's one-read and two-read paths), and FP8 against bf16
+  attention (FA3) at 32,760 tokens; torchao is probed (not on the GPU image);
 * ``1.3b`` / ``14b``: random weights drawn on the GPU (bf16, the fp32 modules of the reference kept
   fp32), 81x480x832: the bf16 fast path is timed (eager and replayed from a CUDA graph), then the
   same model is quantized in place and the FP8 fast path timed likewise; ``ms_*`` in the summary
   is the better of the two per precision; ``rel_err_vs_bf16`` is the relative Frobenius error of
-  the DiT output. Also the fast-accumulation variant, and for 1.3B FP8 GEMMs with bf16
-  attention and a kernel profile of the FP8 forward;
+  the DiT output. The FP8 options are the flags' (the card's ``fp8`` block); also the other
+  accumulation, for 1.3B the other Q/K scale schemes and FP8 GEMMs with bf16 attention, and a
+  kernel profile of the FP8 forward;
 * ``tiny``: the trained tiny card through the serving loop at fp32 (its own precision), bf16 and
   ``wan-tiny-fp8``: the eval prompt set x 2 seeds, 50 steps: PSNR of the fp8 frames against the bf16
   (and fp32) frames of the same seeds, and prompt adherence (bench/quality.py's scorer);
@@ -358,10 +363,10 @@ def stage_model(name: str, quick: bool, scales: str = "bound", accumulation: str
             del alt, o
         except Exception as e:  # noqa: BLE001
             row["fp8_gemm_bf16_attention"] = _err(e)
-        try:
-            row["profile_fp8"] = profile_top(lambda: fast8(x, t, text), top=20)
-        except Exception as e:  # noqa: BLE001
-            row["profile_fp8"] = _err(e)
+    try:  # where the FP8 forward's time goes (both models: the 14B's breakdown differs)
+        row["profile_fp8"] = profile_top(lambda: fast8(x, t, text), top=20)
+    except Exception as e:  # noqa: BLE001
+        row["profile_fp8"] = _err(e)
     return row
 
 
@@ -469,9 +474,10 @@ def _write_summary(path: Path) -> dict:
 
 def stage_table(path: Path) -> dict:
     data = _write_summary(path)
-    prof = data.get("model_1.3b", {}).get("profile_fp8", {})
-    if "top" in prof:
-        data["model_1.3b"]["profile_fp8_by_kind_ms"] = kernel_groups(prof)
+    for k in ("model_1.3b", "model_14b"):
+        prof = data.get(k, {}).get("profile_fp8", {})
+        if "top" in prof:
+            data[k]["profile_fp8_by_kind_ms"] = kernel_groups(prof)
     path.write_text(json.dumps(data, indent=1) + "\n")
     if isinstance(data.get("micro", {}).get("attention_schemes"), dict):
         print_attention_schemes(data["micro"]["attention_schemes"])
@@ -493,6 +499,8 @@ def stage_table(path: Path) -> dict:
         print(f"{s['model']:5s} {s['frames']:3d} | {s['ms_bf16']:8.1f} | {s['ms_fp8']:8.1f} | {s['speedup']:5.2f}x | "
               f"{s['rel_err_vs_bf16']:.2e} | {r['goal_ms']:.0f} {'met' if r['goal_met'] else 'missed'} "
               f"({r.get('fp8_config', {})}; eager {r['fp8'].get('ms')}, graph {r['fp8'].get('graph', {}).get('ms')})")
+        if "profile_fp8_by_kind_ms" in r:
+            print(f"      FP8 forward by kernel kind (ms): {r['profile_fp8_by_kind_ms']}")
         for key in sorted(k for k in r if k.startswith(("fp8_scales_", "fp8_fast_acc", "fp8_fp32_acc", "fp8_gemm_"))):
             v = r[key]
             err = v.get("vs_bf16", v).get("rel_fro") if isinstance(v, dict) else None
