@@ -184,3 +184,23 @@ def test_scheme_reaches_the_fast_path_and_the_digest():
     assert fast.attention_scales == "smooth_k"
     with pytest.raises(ValueError, match="attention_scales"):
         quantize_dit_(WanDiT(WanDiTConfig.from_dict(TINY_DIT)), attention_scales="tensor")
+
+
+def test_card_scheme_reaches_the_loaded_dit_and_its_digest(monkeypatch):
+    """A card's ``fp8.attention_scales`` is what the loaded DiT's fast path uses and what its
+    weights digest (so the pool identity and provenance) names; the device check is forced here
+    (the math runs through the PyTorch twins on a CPU)."""
+    from fastvideo3.card import get_card
+    from fastvideo3.card.spec import ModelCard
+    from fastvideo3.models.wan import components
+    from fastvideo3.models.wan.fast import FastWanDiT
+    monkeypatch.setattr(components, "require_fp8_device", lambda card, device: None)
+    data = get_card("wan-tiny-fp8").model_dump(mode="json")
+    data["components"]["transformer"]["fp8"] = {**(data["components"]["transformer"].get("fp8") or {}),
+                                                "attention_scales": "smooth_k"}
+    card = ModelCard.model_validate(data)
+    model, digest = components.load_dit(card, "cpu")
+    assert model.fp8_attention_scales == "smooth_k" and FastWanDiT(model).attention_scales == "smooth_k"
+    assert "attention=fp8/smooth_k," in digest
+    _, default_digest = components.load_dit(get_card("wan-tiny-fp8"), "cpu")
+    assert "attention=fp8," in default_digest and default_digest != digest
