@@ -310,6 +310,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="fp8: FP8 against bf16 on our fast path (bench/denoiser_fp8.py, one --stage per call)")
     ap.add_argument("--stage", default="table", help="with --precision fp8: env, micro, 1.3b, 14b, tiny or table")
     ap.add_argument("--seeds", default="0,1", help="with --precision fp8 --stage tiny: seeds per prompt")
+    ap.add_argument("--attention-scales", default="bound", choices=("bound", "amax", "smooth_k"),
+                    help="with --precision fp8: FP8 attention's Q/K scales (the card's fp8.attention_scales)")
+    ap.add_argument("--fp8-accumulation", default="fp32", choices=("fp32", "fast"),
+                    help="with --precision fp8: GEMM accumulation (the card's fp8.accumulation)")
+    ap.add_argument("--row-register-width", type=int, default=16384,
+                    help="with --precision fp8: widest row the e4m3 row quantizer reads once (4096: two reads)")
     ap.add_argument("--tiny", action="store_true", help="newer families (bench/denoiser_models.py): tiny configs")
     ap.add_argument("--device", default=None, help="newer families: cuda (default when present) or cpu")
     ap.add_argument("--stage-timeout", type=float, default=150.0, help="newer families: seconds per row/stage")

@@ -2,19 +2,24 @@
 self-attention, where FlashAttention-3's FP8 forward imports) in e4m3, against the same model and
 inputs in bf16, on one CUDA GPU.
 
-    python bench/denoiser.py --precision fp8 --out OUT.json --stage micro|1.3b|14b|tiny|table
+    python bench/denoiser.py --precision fp8 --out OUT.json --stage micro|1.3b|14b|tiny|table \
+        [--attention-scales bound|amax|smooth_k] [--fp8-accumulation fp32|fast] [--row-register-width N]
 
 Each stage is one process (the shell script gives each its own time limit) and merges its part
 into OUT.json, so what finished is always kept:
 
-* ``micro``: ``torch._scaled_mm`` row-wise e4m3 against a bf16 matmul at Wan's GEMM shapes, and
-  FP8 against bf16 attention (FA3) at 32,760 tokens; torchao is probed (not on the GPU image);
+* ``micro``: first FP8 self-attention alone against bf16 on one layer of each model (prologue and
+  FA3 timed apart, relative error) for every Q/K scale scheme, on a random and an offset-K input;
+  then ``torch._scaled_mm`` row-wise e4m3 against a bf16 matmul at Wan's GEMM shapes (with fast
+  accumulation, and the row quantizer's one-read and two-read paths), and FP8 against bf16
+  attention (FA3) at 32,760 tokens; torchao is probed (not on the GPU image);
 * ``1.3b`` / ``14b``: random weights drawn on the GPU (bf16, the fp32 modules of the reference kept
   fp32), 81x480x832: the bf16 fast path is timed (eager and replayed from a CUDA graph), then the
   same model is quantized in place and the FP8 fast path timed likewise; ``ms_*`` in the summary
   is the better of the two per precision; ``rel_err_vs_bf16`` is the relative Frobenius error of
-  the DiT output. Also the fast-accumulation variant, and for 1.3B FP8 GEMMs with bf16
-  attention and a kernel profile of the FP8 forward;
+  the DiT output. The FP8 options are the flags' (the card's ``fp8`` block); also the other
+  accumulation, for 1.3B the other Q/K scale schemes and FP8 GEMMs with bf16 attention, and a
+  kernel profile of the FP8 forward;
 * ``tiny``: the trained tiny card through the serving loop at fp32 (its own precision), bf16 and
   ``wan-tiny-fp8``: the eval prompt set x 2 seeds, 50 steps: PSNR of the fp8 frames against the bf16
   (and fp32) frames of the same seeds, and prompt adherence (bench/quality.py's scorer);
@@ -55,11 +60,99 @@ def _err(e: BaseException) -> dict:
 
 
 # ------------------------------------------------------------------------------------- micro
-def stage_micro() -> dict:
+#: one self-attention layer of each model at 81x480x832: (heads, latent grid of 32,760 tokens)
+LAYERS = {"1.3b": (12, (21, 30, 52)), "14b": (40, (21, 30, 52))}
+
+
+def micro_attention_schemes(models=("1.3b", "14b")) -> dict:
+    """FP8 self-attention alone against bf16 on one layer's shape, per Q/K scale scheme: the
+    prologue (norm + RoPE (+ e4m3 cast)) and FA3 timed apart, and the relative error of the
+    attention output against bf16 FA3 on the same normed, rotated Q/K. Two inputs: ``random``
+    (a random projection) and ``k_offset`` (K sharing a per-channel offset of 4x its spread, as a
+    trained K's bias does; where K smoothing should matter)."""
+    from denoiser import time_ms
+    from fastvideo3.kernels import qk_norm_rope
+    from fastvideo3.kernels.attention import _fa3
+    from fastvideo3.kernels.fp8 import ATTENTION_SCALES, attention_fp8, qk_scale_bound, qkv_fp8
+    from fastvideo3.kernels.fused import RopeGrid
+    from fastvideo3.models.wan.dit import rope_tables
+    fn = _fa3()
+    out: dict = {}
+    for name in models:
+        heads, grid = LAYERS[name]
+        hd, n = 128, grid[0] * grid[1] * grid[2]
+        d = heads * hd
+        cos, sin = rope_tables(hd, 1024)
+        rope = RopeGrid(cos.cuda(), sin.cuda(), grid, hd - 2 * (2 * (hd // 6)), 2 * (hd // 6))
+        g = torch.Generator(device="cuda").manual_seed(heads)
+        norm = (torch.rand(2, d, generator=g, device="cuda") * 0.5 + 0.75).contiguous()
+        bounds = torch.stack([qk_scale_bound(norm[0], heads), qk_scale_bound(norm[1], heads)])
+        flops = 4.0 * heads * n * n * hd
+        for kind in ("random", "k_offset"):
+            qkv = torch.randn(1, n, 3 * d, generator=g, device="cuda", dtype=torch.bfloat16)
+            if kind == "k_offset":
+                qkv[..., d:2 * d] += 4 * torch.randn(1, 1, d, generator=g, device="cuda", dtype=torch.bfloat16)
+            qk = qk_norm_rope(qkv, norm, parts=2, eps=1e-6, heads=heads, rope=rope, impl="triton")
+            q, k, v = (t.view(1, n, heads, hd) for t in (qk[..., :d], qk[..., d:], qkv[..., 2 * d:]))
+            ref = fn(q, k, v)
+            ref = (ref[0] if isinstance(ref, tuple) else ref).float()
+            prep16, _ = time_ms(lambda: qk_norm_rope(qkv, norm, parts=2, eps=1e-6, heads=heads, rope=rope,
+                                                     impl="triton"), 2, 10)
+            att16, _ = time_ms(lambda: fn(q, k, v), 1, 5)
+            row = {"bf16": {"prologue_ms": round(prep16, 3), "attention_ms": round(att16, 3),
+                            "total_ms": round(prep16 + att16, 3), "tflops": round(flops / att16 / 1e9, 1)}}
+            for scheme in ATTENTION_SCALES:
+                try:
+                    prep = lambda: qkv_fp8(qkv, norm, bounds, heads=heads, eps=1e-6, rope=rope,  # noqa: E731
+                                           impl="triton", scales=scheme)
+                    q8, sc = prep()
+                    got = attention_fp8(q8, sc, heads).float()
+                    p8, _ = time_ms(prep, 2, 10)
+                    a8, _ = time_ms(lambda: attention_fp8(q8, sc, heads), 1, 5)
+                    row[scheme] = {"prologue_ms": round(p8, 3), "attention_ms": round(a8, 3),
+                                   "total_ms": round(p8 + a8, 3), "tflops": round(flops / a8 / 1e9, 1),
+                                   "speedup_vs_bf16": round((prep16 + att16) / (p8 + a8), 3),
+                                   "rel_err_vs_bf16": float((got - ref).norm() / ref.norm())}
+                    if scheme == "bound":  # does FA3 read the strided Q/K/V views of one buffer slower?
+                        sep = [q8[..., i * d:(i + 1) * d].view(1, n, heads, hd).contiguous() for i in range(3)]
+                        c8, _ = time_ms(lambda: fn(*sep, q_descale=sc[0], k_descale=sc[1], v_descale=sc[2]), 1, 5)
+                        row[scheme]["attention_contiguous_qkv_ms"] = round(c8, 3)
+                        del sep
+                    del q8, got
+                except Exception as e:  # noqa: BLE001 - recorded; the other schemes stand
+                    row[scheme] = _err(e)
+            out[f"{name}_h{heads}_{kind}"] = row
+            del qkv, qk, ref
+    return out
+
+
+def print_attention_schemes(res: dict) -> None:
+    print("\nFP8 attention, one layer (prologue + FA3; rel err vs bf16 FA3)")
+    for key, row in res.items():
+        if not isinstance(row, dict) or "bf16" not in row:
+            continue
+        cells = [f"bf16 {row['bf16']['total_ms']:.2f} ms"]
+        for scheme, r in row.items():
+            if scheme != "bf16":
+                cells.append(f"{scheme} {r['total_ms']:.2f} ms ({r['attention_ms']:.2f} fa3) "
+                             f"err {r['rel_err_vs_bf16']:.2e}" if "total_ms" in r
+                             else f"{scheme} ERROR {r.get('error', '')[:80]}")
+        print(f"{key:22s} | " + " | ".join(cells), flush=True)
+
+
+def stage_micro(save=None) -> dict:
     from denoiser import time_ms
     from fastvideo3.kernels.attention import _fa3, attention_available
-    from fastvideo3.kernels.fp8 import E4M3, fp8_linear, quantize_rows, quantize_weight
+    from fastvideo3.kernels.fp8 import E4M3, bias_gelu_quant, fp8_linear, quantize_rows, quantize_weight
     out: dict = {"gemm": [], "attention": {}}
+    if attention_available("fa3", "cuda"):
+        try:
+            out["attention_schemes"] = micro_attention_schemes()
+            print_attention_schemes(out["attention_schemes"])
+        except Exception as e:  # noqa: BLE001 - recorded; the GEMM figures stand
+            out["attention_schemes"] = _err(e)
+        if save is not None:  # kept should the GEMM part run out of time
+            save({**out, "partial": "the GEMM micro-benchmarks did not finish"})
     try:
         import torchao  # noqa: F401
         out["torchao"] = f"importable {torchao.__version__} (not measured)"
@@ -82,13 +175,26 @@ def stage_micro() -> dict:
         except RuntimeError:  # recorded as absent: the GEMM figures stand
             ms8f, fast = float("nan"), None
         msq, _ = time_ms(lambda: quantize_rows(x, impl="triton"), 2, 8)
+        bias = torch.zeros(k, device="cuda", dtype=torch.bfloat16)
+        msg, _ = time_ms(lambda: bias_gelu_quant(x, bias, impl="triton"), 2, 8)
+        from fastvideo3.kernels import fp8 as fp8k
+        one_read = fp8k.ROW_REGISTER_WIDTH
+        try:  # the earlier two-read row quantizer for rows over 4,096 columns (--row-register-width 4096)
+            fp8k.ROW_REGISTER_WIDTH = 4096
+            msq2, _ = time_ms(lambda: quantize_rows(x, impl="triton"), 2, 8)
+            msg2, _ = time_ms(lambda: bias_gelu_quant(x, bias, impl="triton"), 2, 8)
+        finally:
+            fp8k.ROW_REGISTER_WIDTH = one_read
         ref = (x @ w.t()).float()
         rel = float((fp8_linear(xq, xs, wq, ws).float() - ref).norm() / ref.norm())
         fast_rel = float((fast - ref).norm() / ref.norm()) if fast is not None else None
         out["gemm"].append({"m": m, "k": k, "n": n, "bf16_ms": round(ms16, 3), "fp8_ms": round(ms8, 3),
                             "fp8_fast_accum_ms": None if fast is None else round(ms8f, 3), "rel_err_fast_accum": fast_rel,
                             "bf16_tflops": round(flops / ms16 / 1e9, 1), "fp8_tflops": round(flops / ms8 / 1e9, 1),
-                            "quantize_rows_ms": round(msq, 3), "rel_err": rel})
+                            "quantize_rows_ms": round(msq, 3), "bias_gelu_quant_ms": round(msg, 3),
+                            "row_register_width": one_read, "quantize_rows_ms_width4096": round(msq2, 3),
+                            "bias_gelu_quant_ms_width4096": round(msg2, 3),
+                            "quantize_gbps": round(x.numel() * 3 / msq / 1e6, 1), "rel_err": rel})
         del x, w, xq, wq
     if attention_available("fa3", "cuda"):
         fn = _fa3()
@@ -174,13 +280,25 @@ def _best(variant: dict) -> float:
     return min(v for v in (variant.get("ms"), variant.get("graph", {}).get("ms")) if v is not None)
 
 
-def stage_model(name: str, quick: bool) -> dict:
+def _summarize(name: str, row: dict) -> None:
+    ms8, ms16 = _best(row["fp8"]), _best(row["bf16"])
+    row["summary"] = {"model": name, "frames": FRAMES, "ms_fp8": ms8, "ms_bf16": ms16,
+                      "speedup": round(ms16 / ms8, 3), "rel_err_vs_bf16": row["fp8"]["vs_bf16"]["rel_fro"]}
+    row["summary_note"] = "ms: best of eager and CUDA-graph replay of our fast path, per precision"
+    row["goal_ms"], row["goal_met"] = GOALS_MS[name], ms8 <= GOALS_MS[name]
+    row["rel_err_goal_met"] = row["fp8"]["vs_bf16"]["rel_fro"] <= REL_ERR_GOAL
+
+
+def stage_model(name: str, quick: bool, scales: str = "bound", accumulation: str = "fp32", save=None) -> dict:
+    """One model's row; ``save(row)`` is called once the main bf16/FP8 figures are in (a stage
+    cut short by its time limit keeps them), and the variants follow."""
     from denoiser import CONFIGS, compare, make_inputs, profile_top
     from fastvideo3.models.wan.fast import FastWanDiT
     from fastvideo3.models.wan.fp8 import quantize_dit_
     config = CONFIGS[name]
     warm, iters = (1, 3) if quick else ((1, 7) if name == "1.3b" else (1, 5))
-    row: dict = {"model": name, "frames": FRAMES, "height": HEIGHT, "width": WIDTH, "batch": 1}
+    row: dict = {"model": name, "frames": FRAMES, "height": HEIGHT, "width": WIDTH, "batch": 1,
+                 "fp8_config": {"attention_scales": scales, "accumulation": accumulation}}
     t0 = time.perf_counter()
     model = random_dit(config)
     row["build_s"] = round(time.perf_counter() - t0, 2)
@@ -195,7 +313,7 @@ def stage_model(name: str, quick: bool) -> dict:
     gc.collect()
     torch.cuda.empty_cache()
     t0 = time.perf_counter()
-    quantize_dit_(model)
+    quantize_dit_(model, accumulation=accumulation, attention_scales=scales)
     row["quantize_s"] = round(time.perf_counter() - t0, 2)
     gc.collect()
     torch.cuda.empty_cache()
@@ -204,20 +322,38 @@ def stage_model(name: str, quick: bool) -> dict:
     got = fast8(x, t, text)
     torch.cuda.synchronize()
     row["fp8"] = {"fp8_attention": fast8.fp8_attention, "fast_accum": fast8.fast_accum,
+                  "attention_scales": fast8.attention_scales,
                   "first_call_s": round(time.perf_counter() - t0, 2), "kernels": fast8.kernels}
     row["fp8"].update(_timed(lambda: fast8(x, t, text), warm, iters))
     row["fp8"]["vs_bf16"] = compare(got, ref)
     row["fp8"]["graph"] = _graph(f"{name}-fp8", fast8, x, t, text, got, warm, iters)
     del got
-    try:  # the card option fp8.accumulation: fast (GEMM partial sums kept in the FP8 accumulator)
-        fast8.fast_accum = True
+    _summarize(name, row)
+    if save is not None:
+        save(row)
+    other = "fp32" if accumulation == "fast" else "fast"
+    try:  # the other card option fp8.accumulation (fast: GEMM partial sums kept in the FP8 accumulator)
+        fast8.fast_accum = other == "fast"
         o = fast8(x, t, text)
-        row["fp8_fast_accumulation"] = {"vs_bf16": compare(o, ref), **_timed(lambda: fast8(x, t, text), warm, iters)}
+        row[f"fp8_{other}_accumulation"] = {"vs_bf16": compare(o, ref),
+                                            **_timed(lambda: fast8(x, t, text), warm, iters)}
         del o
     except Exception as e:  # noqa: BLE001 - a variant's failure must not lose the row
-        row["fp8_fast_accumulation"] = _err(e)
+        row[f"fp8_{other}_accumulation"] = _err(e)
     finally:
-        fast8.fast_accum = False
+        fast8.fast_accum = accumulation == "fast"
+    if fast8.fp8_attention and name == "1.3b":  # the other Q/K schemes (14B: in the micro-check only)
+        from fastvideo3.kernels.fp8 import ATTENTION_SCALES
+        for alt in (s_ for s_ in ATTENTION_SCALES if s_ != scales):
+            try:
+                fast8.attention_scales = alt
+                o = fast8(x, t, text)
+                row[f"fp8_scales_{alt}"] = {"vs_bf16": compare(o, ref), **_timed(lambda: fast8(x, t, text), 1, 3)}
+                del o
+            except Exception as e:  # noqa: BLE001
+                row[f"fp8_scales_{alt}"] = _err(e)
+            finally:
+                fast8.attention_scales = scales
     if name == "1.3b":
         try:
             alt = FastWanDiT(model, fp8_attention=False, share_weights=False)
@@ -227,21 +363,15 @@ def stage_model(name: str, quick: bool) -> dict:
             del alt, o
         except Exception as e:  # noqa: BLE001
             row["fp8_gemm_bf16_attention"] = _err(e)
-        try:
-            row["profile_fp8"] = profile_top(lambda: fast8(x, t, text), top=20)
-        except Exception as e:  # noqa: BLE001
-            row["profile_fp8"] = _err(e)
-    ms8, ms16 = _best(row["fp8"]), _best(row["bf16"])
-    row["summary"] = {"model": name, "frames": FRAMES, "ms_fp8": ms8, "ms_bf16": ms16,
-                      "speedup": round(ms16 / ms8, 3), "rel_err_vs_bf16": row["fp8"]["vs_bf16"]["rel_fro"]}
-    row["summary_note"] = "ms: best of eager and CUDA-graph replay of our fast path, per precision"
-    row["goal_ms"], row["goal_met"] = GOALS_MS[name], ms8 <= GOALS_MS[name]
-    row["rel_err_goal_met"] = row["fp8"]["vs_bf16"]["rel_fro"] <= REL_ERR_GOAL
+    try:  # where the FP8 forward's time goes (both models: the 14B's breakdown differs)
+        row["profile_fp8"] = profile_top(lambda: fast8(x, t, text), top=20)
+    except Exception as e:  # noqa: BLE001
+        row["profile_fp8"] = _err(e)
     return row
 
 
 # -------------------------------------------------------------------------------------- tiny
-def _tiny_cards():
+def _tiny_cards(scales: str = "bound", accumulation: str = "fp32"):
     from fastvideo3.card import get_card
     from fastvideo3.card.spec import ModelCard
     base = get_card("wan-tiny")
@@ -249,10 +379,16 @@ def _tiny_cards():
     data["model_id"] = "wan-tiny-bf16-baseline"  # the same weights served in bf16 (bench only)
     data["recipe"]["assumes_precision"] = "bf16"
     data["precision"] = {"supported": ["bf16"], "default_cpu": "bf16", "default_cuda": "bf16"}
-    return {"fp32": base, "bf16": ModelCard.model_validate(data), "fp8_e4m3": get_card("wan-tiny-fp8")}
+    fp8 = get_card("wan-tiny-fp8")
+    if (scales, accumulation) != ("bound", "fp32"):  # the shipped card with the benched FP8 options
+        d8 = fp8.model_dump(mode="json")
+        d8["components"]["transformer"]["fp8"] = {**(d8["components"]["transformer"].get("fp8") or {}),
+                                                  "attention_scales": scales, "accumulation": accumulation}
+        fp8 = ModelCard.model_validate(d8)
+    return {"fp32": base, "bf16": ModelCard.model_validate(data), "fp8_e4m3": fp8}
 
 
-def stage_tiny(seeds: list[int]) -> dict:
+def stage_tiny(seeds: list[int], scales: str = "bound", accumulation: str = "fp32") -> dict:
     from fastvideo3.models.reward.adherence import AdherenceScorer
     from fastvideo3.runtime.engine import Engine
     from fastvideo3.training.data import eval_prompts
@@ -262,7 +398,7 @@ def stage_tiny(seeds: list[int]) -> dict:
     ss = [s for _ in prompts for s in seeds]
     scorer = AdherenceScorer()
     runs, frames = {}, {}
-    for prec, card in _tiny_cards().items():
+    for prec, card in _tiny_cards(scales, accumulation).items():
         t0 = time.perf_counter()
         with Engine(card, device="cuda", precision=prec) as engine:
             recs = Rollout(engine, capture="norms").run(ps, ss, decode=True, scorer=scorer.score,
@@ -278,7 +414,8 @@ def stage_tiny(seeds: list[int]) -> dict:
                      "direction_pct": round(100.0 * sum(r.scores["direction_ok"] for r in recs) / n, 1)})
         runs[prec] = info
         frames[prec] = [r.frames.float() for r in recs]
-    out: dict = {"steps": 50, "seeds": seeds, "prompts": len(prompts), "runs": runs}
+    out: dict = {"steps": 50, "seeds": seeds, "prompts": len(prompts), "runs": runs,
+                 "fp8_config": {"attention_scales": scales, "accumulation": accumulation}}
     for against in ("bf16", "fp32"):
         psnr = []
         for a, b in zip(frames["fp8_e4m3"], frames[against]):
@@ -299,7 +436,8 @@ def stage_tiny(seeds: list[int]) -> dict:
 
 # ------------------------------------------------------------------------------------- table
 COMMAND = ("bash bench/gpu_run_fp8.sh  (runs: python bench/denoiser.py --precision fp8 --out denoiser_fp8_h200.json "
-           "--stage env|micro|1.3b|14b|tiny|table)")
+           "--stage env|micro|1.3b|14b|tiny|table [--attention-scales bound|amax|smooth_k] "
+           "[--fp8-accumulation fp32|fast])")
 
 
 def kernel_groups(profile: dict) -> dict:
@@ -325,15 +463,32 @@ def kernel_groups(profile: dict) -> dict:
     return out
 
 
-def stage_table(path: Path) -> dict:
+def _write_summary(path: Path) -> dict:
+    """The top-level ``summary`` list from the model rows there (rewritten after every stage)."""
     data = _load(path)
-    summary = [data[k]["summary"] for k in ("model_1.3b", "model_14b") if "summary" in data.get(k, {})]
-    data["summary"] = summary
+    data["summary"] = [data[k]["summary"] for k in ("model_1.3b", "model_14b") if "summary" in data.get(k, {})]
     data["command"] = COMMAND
-    prof = data.get("model_1.3b", {}).get("profile_fp8", {})
-    if "top" in prof:
-        data["model_1.3b"]["profile_fp8_by_kind_ms"] = kernel_groups(prof)
     path.write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
+def stage_table(path: Path) -> dict:
+    data = _write_summary(path)
+    for k in ("model_1.3b", "model_14b"):
+        prof = data.get(k, {}).get("profile_fp8", {})
+        if "top" in prof:
+            data[k]["profile_fp8_by_kind_ms"] = kernel_groups(prof)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    if isinstance(data.get("micro", {}).get("attention_schemes"), dict):
+        print_attention_schemes(data["micro"]["attention_schemes"])
+    seen = set()
+    for gm in data.get("micro", {}).get("gemm", []):
+        if "bias_gelu_quant_ms_width4096" in gm and gm["k"] not in seen:
+            seen.add(gm["k"])
+            print(f"row quant k={gm['k']:5d}: one read {gm['quantize_rows_ms']:.3f} / gelu "
+                  f"{gm['bias_gelu_quant_ms']:.3f} ms"
+                  f" | two reads {gm['quantize_rows_ms_width4096']:.3f} / gelu {gm['bias_gelu_quant_ms_width4096']:.3f}"
+                  f" ms | GEMM bf16 {gm['bf16_ms']:.3f} fp8 {gm['fp8_ms']:.3f} fast-acc {gm['fp8_fast_accum_ms']} ms")
     print("\nmodel frames | ms_bf16 | ms_fp8 | speedup | rel_err_vs_bf16 | goal ms")
     for k in ("model_1.3b", "model_14b"):
         r = data.get(k, {})
@@ -342,12 +497,21 @@ def stage_table(path: Path) -> dict:
             continue
         s = r["summary"]
         print(f"{s['model']:5s} {s['frames']:3d} | {s['ms_bf16']:8.1f} | {s['ms_fp8']:8.1f} | {s['speedup']:5.2f}x | "
-              f"{s['rel_err_vs_bf16']:.2e} | {r['goal_ms']:.0f} {'met' if r['goal_met'] else 'missed'}")
+              f"{s['rel_err_vs_bf16']:.2e} | {r['goal_ms']:.0f} {'met' if r['goal_met'] else 'missed'} "
+              f"({r.get('fp8_config', {})}; eager {r['fp8'].get('ms')}, graph {r['fp8'].get('graph', {}).get('ms')})")
+        if "profile_fp8_by_kind_ms" in r:
+            print(f"      FP8 forward by kernel kind (ms): {r['profile_fp8_by_kind_ms']}")
+        for key in sorted(k for k in r if k.startswith(("fp8_scales_", "fp8_fast_acc", "fp8_fp32_acc", "fp8_gemm_"))):
+            v = r[key]
+            err = v.get("vs_bf16", v).get("rel_fro") if isinstance(v, dict) else None
+            print(f"      variant {key}: {v.get('ms')} ms eager, rel err {err}" if "error" not in v
+                  else f"      variant {key}: ERROR {v['error'][:120]}")
     t = data.get("tiny", {})
     if "runs" in t:
         print(f"tiny card: PSNR fp8 vs bf16 {t['psnr_fp8_vs_bf16_db']['mean']:.2f} dB (min "
               f"{t['psnr_fp8_vs_bf16_db']['min']:.2f}); adherence fp32 {t['runs']['fp32']['adherence_pct']}% "
-              f"bf16 {t['runs']['bf16']['adherence_pct']}% fp8 {t['runs']['fp8_e4m3']['adherence_pct']}%")
+              f"bf16 {t['runs']['bf16']['adherence_pct']}% fp8 {t['runs']['fp8_e4m3']['adherence_pct']}% "
+              f"({t.get('fp8_config', {})}; goals {t.get('goals')}; fp8 ran {t['runs']['fp8_e4m3']['forward']})")
     else:
         print("tiny card:", str(t.get("error", "not run"))[:200])
     return data
@@ -364,20 +528,30 @@ def run(args) -> int:
         _merge(path, "environment", environment())
         _merge(path, "command", COMMAND)
         return 0
+    key = {"1.3b": "model_1.3b", "14b": "model_14b"}.get(stage, stage)
+    from fastvideo3.kernels import fp8 as fp8k
+    fp8k.ROW_REGISTER_WIDTH = getattr(args, "row_register_width", fp8k.ROW_REGISTER_WIDTH)
+    scales = getattr(args, "attention_scales", "bound")
+    accumulation = getattr(args, "fp8_accumulation", "fp32")
     t0 = time.perf_counter()
     try:
         if stage == "micro":
-            res = stage_micro()
+            res = stage_micro(lambda part: _merge(path, key, part))
         elif stage in ("1.3b", "14b"):
-            res = stage_model(stage, args.quick)
+            def save(row):
+                _merge(path, key, {**row, "partial": "the stage's variants did not finish"})
+                _write_summary(path)
+            res = stage_model(stage, args.quick, scales, accumulation, save)
         elif stage == "tiny":
-            res = stage_tiny([int(s) for s in args.seeds.split(",")])
+            res = stage_tiny([int(s) for s in args.seeds.split(",")], scales, accumulation)
         else:
             raise SystemExit(f"unknown --stage {stage!r}")
     except Exception as e:  # noqa: BLE001 - recorded in the JSON; the other stages stand
         res = _err(e)
     res["stage_s"] = round(time.perf_counter() - t0, 1)
-    key = {"1.3b": "model_1.3b", "14b": "model_14b"}.get(stage, stage)
+    if "error" in res and "summary" in _load(path).get(key, {}):  # keep the figures a failed variant followed
+        res = {**_load(path)[key], "variant_error": res["error"], "stage_s": res["stage_s"]}
     _merge(path, key, res)
+    _write_summary(path)
     print(json.dumps({k: v for k, v in res.items() if k not in ("profile_fp8",)}, default=str)[:3000], flush=True)
     return 0 if "error" not in res else 1

@@ -35,6 +35,9 @@ class Fp8Spec(_Spec):
     activation_scaling: Literal["token", "tensor"] = "token"
     #: self-attention in FP8 where the GPU's kernel supports it (FlashAttention-3), else bf16
     attention: Literal["fp8", "bf16"] = "fp8"
+    #: FP8 attention's Q/K scales: "bound" (static, from the RMSNorm weights: no pass), "amax"
+    #: (measured per sample and head) or "smooth_k" (K minus its token mean, then measured)
+    attention_scales: Literal["bound", "amax", "smooth_k"] = "bound"
     #: GEMM partial sums: "fp32" (promoted, the default) or "fast" (kept in the tensor cores'
     #: narrower FP8 accumulator: faster, less exact)
     accumulation: Literal["fp32", "fast"] = "fp32"

@@ -33,6 +33,8 @@ E4M3_MAX = 448.0
 AMAX_FLOOR = 1e-12
 #: compute capability from which the tensor cores have an e4m3 path (Ada 8.9, Hopper 9.0, ...)
 FP8_MIN_CAPABILITY = (8, 9)
+#: rows up to this many columns (padded to a power of two) are quantized from registers in one read
+ROW_REGISTER_WIDTH = 16384
 
 
 # ------------------------------------------------------------------------------------- device
@@ -201,15 +203,16 @@ def _kernels():
 
     @triton.jit
     def qkv_kernel(
-        in_ptr, out_ptr, w_ptr, inv_ptr,
+        in_ptr, out_ptr, w_ptr, inv_ptr, mean_ptr,
         cos_ptr, sin_ptr, table_stride,
         rows_per_sample, batch, grid_h, grid_w, D, eps,
         HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, T_DIM: tl.constexpr, H_DIM: tl.constexpr,
-        HALF: tl.constexpr,
+        HALF: tl.constexpr, SMOOTH: tl.constexpr,
     ):
-        # one program per (token row, part): Q and K get RMSNorm across heads + 3-D RoPE, V
-        # passes through; each is multiplied by its per-(sample, head) inverse scale and stored
-        # as e4m3 into the [.., 3D] output at the same column offset
+        # one program per (token row, part): Q and K get RMSNorm across heads + 3-D RoPE (K then
+        # minus its per-sample token mean when SMOOTH), V passes through; each is multiplied by
+        # its per-(sample, head) inverse scale and stored as e4m3 into the [.., 3D] output at the
+        # same column offset
         row = tl.program_id(0).to(tl.int64)
         part = tl.program_id(1)
         sample = row // rows_per_sample
@@ -232,6 +235,9 @@ def _kernels():
             s = tl.load(sin_ptr + pos * table_stride + dh, mask=pmask, other=0.0).to(tl.float32)
             ye, yo = tl.split(y)
             x = tl.join(ye * c - yo * s, ye * s + yo * c)
+            if SMOOTH:
+                if part == 1:
+                    x = x - tl.load(mean_ptr + sample * D + offs, mask=mask, other=0.0)
         head = offs // HEAD_DIM
         inv = tl.load(inv_ptr + (part * batch + sample) * HEADS + head,
                       mask=mask, other=0.0)
@@ -252,12 +258,15 @@ def _launch_rows(x: torch.Tensor, bias: torch.Tensor | None, *, gelu: bool) -> t
     q = torch.empty(x2.shape, dtype=E4M3, device=x.device)
     s = torch.empty(m, 1, dtype=torch.float32, device=x.device)
     width = triton.next_power_of_2(k)
-    if width <= 4096:  # the whole row in registers; narrow rows several per program
+    if width <= ROW_REGISTER_WIDTH:
+        # the whole row in registers, read once (and the GELU computed once); narrow rows several
+        # per program, wide ones (Wan's 5,120 / 8,960 / 13,824) one per program over 16 warps
         chunk, nchunk, rows = width, 1, max(1, min(8, 4096 // width))
-    else:
-        chunk, nchunk, rows = 2048, triton.cdiv(k, 2048), 1
+        warps = 4 if rows * chunk < 4096 else (8 if rows * chunk <= 4096 else 16)
+    else:  # wider rows: amax over chunks, then a second (L2) read to quantize
+        chunk, nchunk, rows, warps = 2048, triton.cdiv(k, 2048), 1, 8
     _kernels()[0][(triton.cdiv(m, rows),)](x2, bias if bias is not None else x2, q, s, m, k, GELU=gelu, ROWS=rows,
-                                          CHUNK=chunk, NCHUNK=nchunk, num_warps=8 if rows * chunk >= 4096 else 4)
+                                          CHUNK=chunk, NCHUNK=nchunk, num_warps=warps)
     return q.view(*x.shape), s.view(*x.shape[:-1], 1)
 
 
@@ -288,38 +297,91 @@ def qk_scale_bound(norm_weight: torch.Tensor, heads: int) -> torch.Tensor:
     return (math.sqrt(d) * w).clamp_min(AMAX_FLOOR) / E4M3_MAX
 
 
+#: how Q and K of the FP8 self-attention are scaled (the card's ``fp8.attention_scales``):
+#: ``bound``: the static :func:`qk_scale_bound` of the RMSNorm weights (no pass over the data);
+#: ``amax``: the measured per-(sample, head) amax of the normed, rotated Q and K (one more pass);
+#: ``smooth_k``: as ``amax``, K first minus its per-(sample, channel) mean over the tokens
+#: (SageAttention's smoothing: softmax is invariant to it, and K's shared offset no longer spends
+#: e4m3 range). V always uses its measured per-(sample, head) amax.
+ATTENTION_SCALES = ("bound", "amax", "smooth_k")
+
+
+def qk_stats(qk: torch.Tensor, heads: int, smooth_k: bool, impl: str = "torch"
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """From the normed, rotated ``qk`` [B, L, 2D]: the amax-derived scales [2, B, heads] of Q and
+    K and, when ``smooth_k``, K's per-(sample, channel) mean over the tokens [B, D] (fp32). The K
+    scale then bounds ``|k - mean|`` by ``amax|k| + max|mean|`` per head, so it never saturates
+    without a further pass."""
+    b, n, width = qk.shape
+    d = width // 2
+    amax_q = head_amax(qk[..., :d], heads, impl)
+    amax_k = head_amax(qk[..., d:], heads, impl)
+    mean = None
+    if smooth_k:
+        mean = qk[..., d:].mean(dim=1, dtype=torch.float32)  # [B, D], no fp32 copy of K
+        amax_k = amax_k + mean.abs().view(b, heads, d // heads).amax(dim=2)
+    scales = torch.stack([amax_q, amax_k]).clamp_min(AMAX_FLOOR) / E4M3_MAX
+    return scales, mean
+
+
 def qkv_fp8(qkv: torch.Tensor, norm: torch.Tensor, qk_scales: torch.Tensor, *, heads: int, eps: float,
-            rope, impl: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+            rope, impl: str = "torch", scales: str = "bound") -> tuple[torch.Tensor, torch.Tensor]:
     """The fused self-attention projection ``qkv`` [B, L, 3D] (bf16) -> e4m3 [B, L, 3D] holding
-    RMSNorm+RoPE'd Q and K and plain V, and their descales [3, B, heads] (fp32): Q and K use the
-    bound scales ``qk_scales`` [2, heads] (:func:`qk_scale_bound`), V its measured per-(sample,
-    head) amax. ``norm`` [2, D] are the Q and K RMSNorm weights; ``rope`` a :class:`RopeGrid`."""
+    RMSNorm+RoPE'd Q and K and plain V, and their descales [3, B, heads] (fp32). ``scales`` picks
+    Q's and K's (:data:`ATTENTION_SCALES`): ``bound`` uses ``qk_scales`` [2, heads]
+    (:func:`qk_scale_bound`); ``amax`` / ``smooth_k`` measure them (:func:`qk_stats`), the
+    latter storing ``K - mean(K)`` (attention's output is unchanged by it). V uses its measured
+    per-(sample, head) amax. ``norm`` [2, D] are the Q and K RMSNorm weights; ``rope`` a
+    :class:`RopeGrid`. Q, K and V are each read once by the quantizing pass; ``amax`` and
+    ``smooth_k`` add one norm+RoPE pass for their statistics."""
+    if scales not in ATTENTION_SCALES:
+        raise ValueError(f"attention scales must be one of {ATTENTION_SCALES}, got {scales!r}")
     b, n, width = qkv.shape
     d = width // 3
     hd = d // heads
     v_amax = head_amax(qkv[..., 2 * d:], heads, impl)  # [B, H]
-    scales = torch.cat([qk_scales.float().view(2, 1, heads).expand(2, b, heads),
-                        (v_amax.clamp_min(AMAX_FLOOR) / E4M3_MAX).view(1, b, heads)])  # [3, B, H]
-    if impl == "torch" or qkv.device.type != "cuda":
+    v_scale = (v_amax.clamp_min(AMAX_FLOOR) / E4M3_MAX).view(1, b, heads)
+    mean, qk = None, None
+    if scales == "bound":
+        qk_s = qk_scales.float().view(2, 1, heads).expand(2, b, heads)
+    else:
         from fastvideo3.kernels.fused import qk_norm_rope
-        qk = qk_norm_rope(qkv, norm, parts=2, eps=eps, heads=heads, rope=rope, impl="torch").float()
+        qk = qk_norm_rope(qkv, norm, parts=2, eps=eps, heads=heads, rope=rope, impl=impl)
+        qk_s, mean = qk_stats(qk, heads, scales == "smooth_k", impl)
+    all_scales = torch.cat([qk_s, v_scale])  # [3, B, H]
+    if impl == "torch" or qkv.device.type != "cuda":
+        if qk is None:
+            from fastvideo3.kernels.fused import qk_norm_rope
+            qk = qk_norm_rope(qkv, norm, parts=2, eps=eps, heads=heads, rope=rope, impl="torch")
+        qk = qk.float()
+        if mean is not None:
+            qk = torch.cat([qk[..., :d], qk[..., d:] - mean[:, None, :]], dim=-1)
         full = torch.cat([qk, qkv[..., 2 * d:].float()], dim=-1).view(b, n, 3, heads, hd)
-        inv = (1.0 / scales).permute(1, 0, 2).reshape(b, 1, 3, heads, 1)
+        inv = (1.0 / all_scales).permute(1, 0, 2).reshape(b, 1, 3, heads, 1)
         q = (full * inv).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).view(b, n, 3 * d)
-        return q, scales
+        return q, all_scales
+    return _launch_qkv(qkv, norm, 1.0 / all_scales, mean, rope, heads=heads, eps=eps), all_scales
+
+
+def _launch_qkv(qkv: torch.Tensor, norm: torch.Tensor, inv: torch.Tensor, mean: torch.Tensor | None, rope, *,
+                heads: int, eps: float) -> torch.Tensor:
+    """The quantizing pass of :func:`qkv_fp8` (Triton): ``inv`` [3, B, H] inverse scales, ``mean``
+    [B, D] K's token mean to subtract (or None)."""
     import triton
     if not (qkv.is_contiguous() and norm.is_contiguous()):
         raise ValueError("qkv_fp8: qkv and norm must be contiguous")
+    b, n, width = qkv.shape
+    d = width // 3
     out = torch.empty(b, n, 3 * d, dtype=E4M3, device=qkv.device)
-    inv = (1.0 / scales).contiguous()
+    inv = inv.float().contiguous()
     block = triton.next_power_of_2(d)
     _kernels()[1][(b * n, 3)](
-        qkv, out, norm, inv, rope.cos, rope.sin, rope.cos.stride(0),
-        n, b, rope.grid[1], rope.grid[2], d, eps,
-        HEADS=heads, HEAD_DIM=hd, T_DIM=rope.t_dim, H_DIM=rope.h_dim, HALF=block // 2,
-        num_warps=max(4, min(16, block // 512)),
+        qkv, out, norm, inv, mean.float().contiguous() if mean is not None else inv,
+        rope.cos, rope.sin, rope.cos.stride(0), n, b, rope.grid[1], rope.grid[2], d, eps,
+        HEADS=heads, HEAD_DIM=d // heads, T_DIM=rope.t_dim, H_DIM=rope.h_dim, HALF=block // 2,
+        SMOOTH=mean is not None, num_warps=max(4, min(16, block // 512)),
     )
-    return out, scales
+    return out
 
 
 def fp8_attention_available(device: torch.device | str, head_dim: int) -> bool:

@@ -221,7 +221,8 @@ def load_dit(card: ModelCard, device: str = "cpu", dtype: torch.dtype = torch.fl
             model = WanDiT(cfg)
         if prequantized:
             from fastvideo3.models.wan.fp8 import fp8_skeleton_
-            fp8_skeleton_(model, fp8_spec.activation_scaling, fp8_spec.attention, fp8_spec.accumulation, dtype)
+            fp8_skeleton_(model, fp8_spec.activation_scaling, fp8_spec.attention, fp8_spec.accumulation, dtype,
+                          attention_scales=fp8_spec.attention_scales)
         load_dit_weights(model, folder, cfg, spec.key_map or "wan_dit_diffusers_v1", dtype, device, component)
         # non-persistent RoPE tables were created on meta: rebuild them for real
         from fastvideo3.models.wan.dit import rope_tables
@@ -234,11 +235,12 @@ def load_dit(card: ModelCard, device: str = "cpu", dtype: torch.dtype = torch.fl
         # the fp32 modules of the reference stay fp32 at any precision
     _keep_fp32(model)
     if fp8:
-        from fastvideo3.models.wan.fp8 import FP8_SCHEME, quantize_dit_
+        from fastvideo3.models.wan.fp8 import quantize_dit_, scheme_name
         if not prequantized:  # on the device, after every dtype cast
-            quantize_dit_(model, fp8_spec.activation_scaling, fp8_spec.attention, fp8_spec.accumulation)
-        digest = f"{digest}+" + FP8_SCHEME.format(act=fp8_spec.activation_scaling, attn=fp8_spec.attention,
-                                                  acc=fp8_spec.accumulation)
+            quantize_dit_(model, fp8_spec.activation_scaling, fp8_spec.attention, fp8_spec.accumulation,
+                          fp8_spec.attention_scales)
+        digest = f"{digest}+" + scheme_name(fp8_spec.activation_scaling, fp8_spec.attention, fp8_spec.accumulation,
+                                            fp8_spec.attention_scales)
     return model, digest
 
 

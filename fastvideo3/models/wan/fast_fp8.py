@@ -8,7 +8,8 @@ Per block (``impl="triton"``; the PyTorch twins compute the same on a CPU):
 * the FFN's bias + tanh-GELU and the FFN-out GEMM's per-token quantization are one kernel
   (:func:`bias_gelu_quant`);
 * self-attention: QK RMSNorm + RoPE + the e4m3 cast of Q, K and V are one kernel
-  (:func:`qkv_fp8`), then FlashAttention-3's FP8 forward with per-(sample, head) descales;
+  (:func:`qkv_fp8`; Q/K scales static bounds by default, or measured / K-smoothed as the card's
+  ``fp8.attention_scales`` says), then FlashAttention-3's FP8 forward with per-(sample, head) descales;
   without the fa3_fwd wheel (or for a head dim it lacks) attention runs in bf16 as before;
 * the two attention outputs are quantized per token (one small kernel each) before their
   output GEMMs; cross-attention itself (512 text keys, ~1% of the step) stays bf16;
@@ -92,6 +93,8 @@ class Fp8FastWanDiT(FastWanDiT):
         self.fp8_attention = (avail and wanted) if fp8_attention is None else bool(fp8_attention)
         #: keep GEMM partial sums in the FP8 accumulator (the card's ``fp8.accumulation: fast``)
         self.fast_accum = bool(getattr(dit, "fp8_fast_accum", False))
+        #: how Q and K of the FP8 self-attention are scaled (the card's ``fp8.attention_scales``)
+        self.attention_scales = getattr(dit, "fp8_attention_scales", "bound")
         self.per_tensor = dit.blocks[0].attn1.to_q.activation_scaling == "tensor"
 
     def _build(self, dit: WanDiT, share: bool) -> None:
@@ -162,7 +165,8 @@ class Fp8FastWanDiT(FastWanDiT):
             m = mod[i]
             qkv = self._gemm(hq, blk.qkv)
             if self.fp8_attention:
-                qkv8, scales = qkv_fp8(qkv, blk.qk_norm, blk.qk_scales, heads=heads, eps=eps, rope=rope, impl=impl)
+                qkv8, scales = qkv_fp8(qkv, blk.qk_norm, blk.qk_scales, heads=heads, eps=eps, rope=rope, impl=impl,
+                                       scales=self.attention_scales)
                 o = attention_fp8(qkv8, scales, heads)
             else:
                 qk = qk_norm_rope(qkv, blk.qk_norm, parts=2, eps=eps, heads=heads, rope=rope, impl=impl)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fastvideo3.kernels.fp8 import E4M3, fp8_linear, quantize_rows, quantize_weight
+from fastvideo3.kernels.fp8 import ATTENTION_SCALES, E4M3, fp8_linear, quantize_rows, quantize_weight
 
 #: the block-relative names of the quantized Linear layers
 FP8_LINEARS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
@@ -77,12 +77,12 @@ def _set(parent: nn.Module, leaf: str, module: nn.Module) -> None:
 
 @torch.no_grad()
 def quantize_dit_(model: nn.Module, activation_scaling: str = "token", attention: str = "fp8",
-                  accumulation: str = "fp32") -> nn.Module:
+                  accumulation: str = "fp32", attention_scales: str = "bound") -> nn.Module:
     """Replace every block Linear of a loaded WanDiT by its :class:`Fp8Linear`, in place (the
     weights are quantized where they are: on the GPU at load). ``attention`` ("fp8" or "bf16")
-    and ``accumulation`` ("fp32" or "fast") are recorded on the model for the fast path.
-    Returns ``model``."""
-    model.fp8_attention, model.fp8_fast_accum = attention == "fp8", accumulation == "fast"
+    ``accumulation`` ("fp32" or "fast") and ``attention_scales`` (:data:`ATTENTION_SCALES`) are
+    recorded on the model for the fast path. Returns ``model``."""
+    _record(model, attention, accumulation, attention_scales)
     for block in model.blocks:
         for name in FP8_LINEARS:
             parent, leaf = _parent(block, name)
@@ -93,10 +93,11 @@ def quantize_dit_(model: nn.Module, activation_scaling: str = "token", attention
 
 
 def fp8_skeleton_(model: nn.Module, activation_scaling: str = "token", attention: str = "fp8",
-                  accumulation: str = "fp32", dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+                  accumulation: str = "fp32", dtype: torch.dtype = torch.bfloat16,
+                  attention_scales: str = "bound") -> nn.Module:
     """On a WanDiT built on the meta device: put empty :class:`Fp8Linear` layers where the block
     Linears are, so a pre-quantized checkpoint loads into them (``load_state_dict(assign=True)``)."""
-    model.fp8_attention, model.fp8_fast_accum = attention == "fp8", accumulation == "fast"
+    _record(model, attention, accumulation, attention_scales)
     for block in model.blocks:
         for name in FP8_LINEARS:
             parent, leaf = _parent(block, name)
@@ -104,6 +105,20 @@ def fp8_skeleton_(model: nn.Module, activation_scaling: str = "token", attention
             _set(parent, leaf, Fp8Linear(lin.in_features, lin.out_features, activation_scaling=activation_scaling,
                                          device="meta", dtype=dtype))
     return model
+
+
+def _record(model: nn.Module, attention: str, accumulation: str, attention_scales: str) -> None:
+    if attention_scales not in ATTENTION_SCALES:
+        raise ValueError(f"attention_scales must be one of {ATTENTION_SCALES}, got {attention_scales!r}")
+    model.fp8_attention, model.fp8_fast_accum = attention == "fp8", accumulation == "fast"
+    model.fp8_attention_scales = attention_scales
+
+
+def scheme_name(activation_scaling: str, attention: str, accumulation: str, attention_scales: str = "bound") -> str:
+    """:data:`FP8_SCHEME` filled in; FP8 attention with other than the default bound scales is
+    named with them (``attention=fp8/smooth_k``), so the digest tells the schemes apart."""
+    attn = attention if attention != "fp8" or attention_scales == "bound" else f"fp8/{attention_scales}"
+    return FP8_SCHEME.format(act=activation_scaling, attn=attn, acc=accumulation)
 
 
 def is_fp8(model: nn.Module) -> bool:
