@@ -33,8 +33,11 @@ E4M3_MAX = 448.0
 AMAX_FLOOR = 1e-12
 #: compute capability from which the tensor cores have an e4m3 path (Ada 8.9, Hopper 9.0, ...)
 FP8_MIN_CAPABILITY = (8, 9)
-#: rows up to this many columns (padded to a power of two) are quantized from registers in one read
-ROW_REGISTER_WIDTH = 16384
+#: rows up to this many columns (padded to a power of two) are quantized from registers in one read;
+#: wider rows take two reads. 4096 is the width measured on the H200 (bench/results/denoiser_fp8_h200.json);
+#: 16384 (one read for every Wan row) is selectable for the bench (--row-register-width) and not yet
+#: measured there, so it is not the default.
+ROW_REGISTER_WIDTH = 4096
 
 
 # ------------------------------------------------------------------------------------- device

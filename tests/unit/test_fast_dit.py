@@ -86,7 +86,7 @@ def test_taps_and_limits_match_the_reference():
 
 def _tiny_card_dit_bf16() -> WanDiT:
     """The tiny cards' DiT config (patch (1, 4, 4), 9 heads of 32) with seeded weights, all bf16."""
-    from fastvideo3.card.registry import TINY_DIT
+    from fastvideo3.models.wan.cards import TINY_DIT
     torch.manual_seed(0)
     model = WanDiT(WanDiTConfig.from_dict(TINY_DIT))
     for name, p in model.named_parameters():

@@ -176,7 +176,7 @@ def test_scheme_reaches_the_fast_path_and_the_digest():
                                                    "layers=blocks.linear,attention=fp8,accumulation=fp32)")
     assert "attention=fp8/smooth_k," in scheme_name("token", "fp8", "fp32", "smooth_k")
     assert "attention=bf16," in scheme_name("token", "bf16", "fp32", "smooth_k")  # no FP8 attention: no scales
-    from fastvideo3.card.registry import TINY_DIT
+    from fastvideo3.models.wan.cards import TINY_DIT
     from fastvideo3.models.wan.dit import WanDiT, WanDiTConfig
     from fastvideo3.models.wan.fast import FastWanDiT
     model = WanDiT(WanDiTConfig.from_dict(TINY_DIT)).bfloat16().eval().requires_grad_(False)
