@@ -42,7 +42,9 @@ def _check(report: dict, specs: list[str]) -> None:
         assert errs.pop("a2_vs_a") < 1e-5, spec  # the restored copy continues as the original
         assert set(errs) == {"a", "a2", "b", "c", "d"}, spec
         for rid, err in errs.items():
-            assert err["frames_abs"] < 1e-5, (spec, rid, err)
+            # fp32 rounding: CFG-parallel runs a request's two rows as two batches of one, whose GEMMs
+            # round differently from one batch of two; the decode carries that into the frames
+            assert err["frames_abs"] < 5e-5, (spec, rid, err)
             assert err["latent_rel"] < 5e-5, (spec, rid, err)  # 3 guided steps of ~1e-6 per forward
 
 
