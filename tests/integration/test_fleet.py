@@ -145,6 +145,7 @@ def test_batch_invariant_alone_and_with_three_batch_mates_bit_identical(fleet, i
     assert desc["counters"]["diffusion_step.multi_request_batches"] > before  # it shared batches
     info = desc["description"]
     assert info["batch_invariant_bucket"] == 4 and info["config"]["batch_invariant"] == "on"
+    assert desc["card"]["labels"]["batch_invariant"] == "on"
     assert pool_describe(fleet.pools["denoiser"][0].target).counters["padding_rows"] > 0
     assert np.array_equal(alone.frames, together.frames)
     assert alone.sidecar["runtime"]["batch_invariant_bucket"] == 4
