@@ -450,12 +450,11 @@ class DenoiserExecutor(_Base):
         plugin_states = [copy.deepcopy(unit.params.get("plugin_state") or {}) for unit, _ in chunk]
         for branch_set in passes:
             lat, ts, txt, index = cfg_policy.branch_rows(chunk, branch_set)
-            x, t, text = torch.cat(lat).to(self.dtype), torch.tensor(ts, dtype=torch.float32, device=self.device), torch.cat(txt)
+            x = torch.cat(lat).to(self.dtype)
+            t = torch.tensor(ts, dtype=torch.float32, device=self.device)
             rows = [adapter_refs(chunk[i][0].params.get("adapters")) for i, _ in index]
-            pad = 0
-            if bucket is not None:  # batch-invariant: every forward at the bucket's rows
-                x, t, text, pad = pad_rows(x, t, text, bucket * len(branch_set))
-                rows += rows[:1] * pad
+            # batch-invariant mode: every forward at the bucket's rows (padding rows take row 0's adapters)
+            x, t, text, rows, pad = pad_rows(x, t, torch.cat(txt), rows, bucket and bucket * len(branch_set))
             with self.adapters.batch(rows):
                 if intercepted:
                     out = self._dit_intercepted(x, t, text, index, chunk, "+".join(branch_set), plugin_states,
@@ -498,8 +497,7 @@ class DenoiserExecutor(_Base):
         """One forward where each request's interceptors decide for its own rows
         (:mod:`fastvideo3.extend.runner`); the eager path (no captured graph). Each expert of a
         two-expert card keeps its own cached state (a residual of one expert means nothing to the other).
-        Rows of ``x`` past ``index`` are batch-invariant padding: they run every block, and with
-        ``fixed_rows`` every block runs over all rows (see staged_forward)."""
+        Rows past ``index`` are batch-invariant padding, computing every block (``fixed_rows``: see staged_forward)."""
         forward = self._forwards[expert] if expert is not None else self._forward
         if expert is not None and expert != self.experts[0]:
             stream = f"{stream}@{expert}"

@@ -35,15 +35,16 @@ def cut(members: list, bucket: int | None, batching: bool) -> list[list]:
     return [members[i:i + bucket] for i in range(0, len(members), bucket)]
 
 
-def pad_rows(x: torch.Tensor, t: torch.Tensor, text: torch.Tensor, rows: int):
-    """``(x, t, text)`` with copies of row 0 appended up to ``rows`` rows; also the number added.
-    Copies (not zeros) keep the padding's arithmetic that of a real row: no denormals, no NaN."""
-    extra = rows - x.shape[0]
+def pad_rows(x: torch.Tensor, t: torch.Tensor, text: torch.Tensor, tags: list, rows: int | None):
+    """``(x, t, text, tags)`` with copies of row 0 appended up to ``rows`` rows (None: unchanged),
+    and the number of rows added. ``tags`` is per-row metadata (adapters), extended the same way.
+    Copies, not zeros, keep the padding's arithmetic that of a real row: no denormals, no NaN."""
+    extra = 0 if rows is None else rows - x.shape[0]
     if extra < 0:
         raise ValueError(f"{x.shape[0]} rows exceed the bucket of {rows}")
     if extra == 0:
-        return x, t, text, 0
+        return x, t, text, tags, 0
 
     def grow(a: torch.Tensor) -> torch.Tensor:
         return torch.cat([a, a[:1].expand(extra, *a.shape[1:])])
-    return grow(x), grow(t), grow(text), extra
+    return grow(x), grow(t), grow(text), list(tags) + list(tags[:1]) * extra, extra

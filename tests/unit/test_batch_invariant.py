@@ -66,12 +66,13 @@ def test_cut_and_pad_rows():
     assert cut(members, 4, True) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     assert cut(members, None, True) == [members] and cut([1, 2], 4, False) == [[1], [2]]
     x, t, text = torch.randn(3, 4, 2), torch.tensor([1.0, 2.0, 3.0]), torch.randn(3, 5, 6)
-    px, pt, ptext, extra = pad_rows(x, t, text, 8)
-    assert extra == 5 and px.shape[0] == pt.shape[0] == ptext.shape[0] == 8
-    assert torch.equal(px[:3], x) and torch.equal(px[3:], x[:1].expand(5, 4, 2)) and torch.equal(pt[3:], t[:1].expand(5))
-    assert pad_rows(x, t, text, 3)[3] == 0
+    px, pt, ptext, tags, extra = pad_rows(x, t, text, ["a", "b", "c"], 8)
+    assert extra == 5 and px.shape[0] == pt.shape[0] == ptext.shape[0] == len(tags) == 8 and tags[3:] == ["a"] * 5
+    assert torch.equal(px[:3], x) and torch.equal(px[3:], x[:1].expand(5, 4, 2))
+    assert torch.equal(pt[3:], t[:1].expand(5)) and torch.equal(ptext[3:], text[:1].expand(5, 5, 6))
+    assert pad_rows(x, t, text, [1, 2, 3], 3)[4] == 0 and pad_rows(x, t, text, [1, 2, 3], None)[4] == 0
     with pytest.raises(ValueError):
-        pad_rows(x, t, text, 2)
+        pad_rows(x, t, text, [1, 2, 3], 2)
 
 
 @pytest.mark.parametrize("argv, bucket", [
