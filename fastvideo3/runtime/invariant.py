@@ -3,10 +3,10 @@
 A batched DiT forward is bit-identical per row only when every kernel's reduction order is the
 same whoever shares the batch. Row-wise kernels (norms, attention per sample, elementwise
 modulation) are; GEMMs are not in general: a BLAS picks its blocking, micro-kernel and thread
-split from the GEMM's M, so a row's sums can change with the batch size. On a CPU the per-sample
-GEMMs of the condition embedder (timestep MLP and projection, M = rows) take a different kernel at
-small M, so one request alone and the same request beside others differ in the last bits, and a
-resumed request whose batch-mates changed does not reproduce its uninterrupted run.
+split from the GEMM's M, so a row's sums can change with the batch size. On a CPU the timestep
+MLP (M = rows) and the patch embedding (M = rows x tokens, K = 64) give a row other bits at
+another M, so one request alone and the same request beside others differ in the last bits, and
+a resumed request whose batch-mates changed does not reproduce its uninterrupted run.
 
 The mode pins M: a request carries a bucket (``batch_bucket``, in units) chosen by the scheduler
 that planned it, and every forward holding it runs at exactly ``bucket x branches`` rows — larger

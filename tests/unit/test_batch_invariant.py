@@ -53,7 +53,7 @@ def test_with_step_caching_the_padding_rows_run_every_block():
 
 def test_without_the_mode_batch_mates_change_the_bits():
     """The control: with the mode off the comparison above is not bit-identical on a CPU whose BLAS
-    picks its GEMM kernel by M (the condition embedder's per-sample GEMMs)."""
+    picks its GEMM kernel by M (here: the timestep MLP's and the patch embedding's GEMMs)."""
     alone, together, counters = alone_and_together(False)
     assert counters["padding_rows"] == 0 and alone.metadata["runtime"]["batch_invariant_bucket"] is None
     np.testing.assert_allclose(alone.frames, together.frames, atol=1e-4)  # batching reorders sums only
