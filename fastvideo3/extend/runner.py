@@ -46,8 +46,11 @@ def _sel(rows: list[int]):
 
 @torch.no_grad()
 def staged_forward(model, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor,
-                   groups: list[RowGroup]) -> torch.Tensor:
-    """The model's output for every row; ``groups`` partition the rows."""
+                   groups: list[RowGroup], fixed_rows: bool = False) -> torch.Tensor:
+    """The model's output for every row; ``groups`` partition the rows. ``fixed_rows``
+    (batch-invariant mode): a segment some rows need runs over every row and keeps only theirs,
+    so no GEMM's M depends on the other requests' decisions (a reusing row then saves nothing
+    unless the whole batch reuses)."""
     stage = model.embed(latents, timestep, text)
     n_blocks = model.num_blocks
     h0 = stage.x
@@ -89,6 +92,9 @@ def staged_forward(model, latents: torch.Tensor, timestep: torch.Tensor, text: t
             g.blocks_run += end - start
         if len(rows) == h.shape[0]:
             h = model.run_blocks(stage, h, start, end)
+        elif fixed_rows:
+            idx = _idx(rows, dev)
+            h[idx] = model.run_blocks(stage, h.clone(), start, end)[idx]
         else:
             idx = _idx(rows, dev)
             h[idx] = model.run_blocks(stage.select(idx), h[idx].contiguous(), start, end)

@@ -58,6 +58,9 @@ class DenoiseState(LoopState):
     #: interceptor state (JSON): policy -> CFG stream -> values; the pool returns it updated
     #: with each step's result, and it is checkpointed with the rest of this state
     plugin_state: dict[str, Any] = {}
+    #: batch-invariant mode (fastvideo3.runtime.invariant): the units per forward every step of
+    #: this request runs at, fixed when the loop starts (a resume keeps it); None = off
+    batch_bucket: int | None = None
 
 
 class DenoiseLoop:
@@ -79,6 +82,7 @@ class DenoiseLoop:
             adapters=[dict(a) for a in getattr(request, "adapters", ())],
             **_experts(card, request, spec.num_train_timesteps if spec else 1000),
             cache=getattr(request, "cache", None),
+            batch_bucket=ctx.get("batch_bucket"),
         )
 
     def expert(self, state: DenoiseState, k: int) -> str:
@@ -109,6 +113,8 @@ class DenoiseLoop:
             params.adapters = [dict(a) for a in state.adapters]
         if state.cache:
             params.cache, params.plugin_state, params.num_steps = state.cache, state.plugin_state, state.num_steps
+        if state.batch_bucket:
+            params.batch_bucket = state.batch_bucket
         inputs = dict(state.embeds)
         if state.experts:
             params.expert = expert

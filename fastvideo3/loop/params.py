@@ -73,9 +73,11 @@ class DiffusionStepParams(StepParams):
     expert: str | None = None
     handoff: bool | None = None
     handoff_meta: dict | None = None
+    #: batch-invariant mode: every forward holding this unit runs at this many units' rows
+    batch_bucket: int | None = None
 
     OPTIONAL: ClassVar[tuple[str, ...]] = ("adapters", "cache", "plugin_state", "num_steps", "expert", "handoff",
-                                           "handoff_meta")
+                                           "handoff_meta", "batch_bucket")
 
 
 @dataclass(eq=False)

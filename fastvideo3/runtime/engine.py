@@ -40,9 +40,11 @@ class Video:
 class Engine:
     def __init__(self, model: str | ModelCard = "wan-tiny", device: str | None = None, *,
                  precision: str | None = None, batching: bool = True, max_batch: int = 16,
-                 keep_latents: bool = False, expert_pools: bool = False):
+                 keep_latents: bool = False, expert_pools: bool = False, batch_invariant: bool = False):
         """``expert_pools``: on a two-expert card, one denoiser pool per expert (the request's latent
-        moves from one to the other at the switch) instead of one pool holding both."""
+        moves from one to the other at the switch) instead of one pool holding both.
+        ``batch_invariant``: every denoise forward runs at ``max_batch`` requests' rows (padded), so
+        a request's output is bit-identical whatever shares its batches (fastvideo3.runtime.invariant)."""
         from fastvideo3.runtime.executors import DecoderExecutor, DenoiserExecutor, EncoderExecutor
         from fastvideo3.transport import make_transport
 
@@ -62,6 +64,7 @@ class Engine:
         self.load_seconds = time.perf_counter() - t0
         self.precision = self.denoiser.precision
         self.keep_latents = keep_latents
+        self.batch_bucket = (max_batch if batching else 1) if batch_invariant else None
         self.scheduler = CoreScheduler(
             {Role.ENCODER: [self.encoder], **{k: [v] for k, v in self.denoisers.items()}, Role.DECODER: [self.decoder]},
             max_batch=max_batch,
@@ -90,7 +93,8 @@ class Engine:
         return self.denoiser.unload_adapter(adapter_id, wait_s)
 
     def submit(self, prompt: str, **kw) -> RequestRun:
-        return self.scheduler.submit(self.resolve(prompt, **kw), self.card)
+        ctx = {"batch_bucket": self.batch_bucket} if self.batch_bucket else None
+        return self.scheduler.submit(self.resolve(prompt, **kw), self.card, ctx=ctx)
 
     def cancel(self, request_id: str) -> bool:
         return self.scheduler.cancel(request_id)
@@ -153,7 +157,7 @@ class Engine:
         return {"card": self.card.model_id, "precision": self.precision,
                 "pools": {Role.ENCODER: self.encoder.describe(), **{k: d.describe() for k, d in self.denoisers.items()},
                           Role.DECODER: self.decoder.describe()},
-                "scheduler": dict(self.scheduler.counters)}
+                "scheduler": dict(self.scheduler.counters), "batch_invariant_bucket": self.batch_bucket}
 
     def close(self) -> None:
         for run in list(self.scheduler.runs.values()):

@@ -23,6 +23,7 @@ from fastvideo3.loop.samplers import SamplerHistory, sampler_step
 from fastvideo3.models.wan.components import TextEncoder, VideoDecoder, load_dit, precision_dtype
 from fastvideo3.request.schema import ID_CHARS
 from fastvideo3.runtime.adapters import adapter_refs
+from fastvideo3.runtime.invariant import bucket_of, cut, pad_rows
 from fastvideo3.runtime.workunit import WorkUnit
 from fastvideo3.transport.ref import TensorRef
 from fastvideo3.vocab import OUTPUT_FORMATS, Role
@@ -191,7 +192,7 @@ class DenoiserExecutor(_Base):
         self.runtime = self._build_runtime(default_buckets(card))
         self.batching = batching
         self.regions: dict[str, Region] = {}
-        self.counters.update({"forwards": 0, "rows": 0, "max_batch_rows": 0})
+        self.counters.update({"forwards": 0, "rows": 0, "max_batch_rows": 0, "padding_rows": 0})
         self.fault_hook = None  # test hook: fn(unit, latent) -> latent, to inject numeric faults
         #: read-only step observers (behavior capture for rollouts, parity taps):
         #: fn(unit, latent_in, model_output, latent_out), called after each successful step.
@@ -409,11 +410,10 @@ class DenoiserExecutor(_Base):
                 results[unit.unit_id] = _fail(unit, e)
         groups: dict[tuple, list[tuple[WorkUnit, Region]]] = {}
         for unit, reg in ready:
-            groups.setdefault((unit.shape_sig, unit.params["cfg_policy"], unit.params.get("expert")), []).append(
-                (unit, reg))
-        for members in groups.values():
-            chunks = [members] if self.batching else [[m] for m in members]
-            for chunk in chunks:
+            key = (unit.shape_sig, unit.params["cfg_policy"], unit.params.get("expert"), bucket_of(unit))
+            groups.setdefault(key, []).append((unit, reg))
+        for key, members in groups.items():
+            for chunk in cut(members, key[-1], self.batching):  # bucket-sized in batch-invariant mode
                 self._run(chunk, results)
         return [results[u.unit_id] for u in batch]
 
@@ -431,9 +431,10 @@ class DenoiserExecutor(_Base):
         if not needed <= set(unit.inputs) | set(self.regions.get(unit.request_id, Region(torch.empty(0), SamplerHistory())).embeds):
             raise InvalidRequest(f"missing inputs {sorted(needed - set(unit.inputs))}", field="inputs")
 
-    def _count_forward(self, rows: int) -> None:
+    def _count_forward(self, rows: int, padding: int = 0) -> None:
         self.counters["forwards"] += 1
         self.counters["rows"] += rows
+        self.counters["padding_rows"] += padding  # batch-invariant mode: computed and discarded
         self.counters["max_batch_rows"] = max(self.counters["max_batch_rows"], rows)
 
     @torch.no_grad()
@@ -444,6 +445,7 @@ class DenoiserExecutor(_Base):
         passes = [branches] if policy in ("batched", "none") else [(b,) for b in branches]
         preds: list[dict[str, torch.Tensor]] = [{} for _ in chunk]
         intercepted = any(unit.params.get("cache") for unit, _ in chunk)
+        bucket = bucket_of(chunk[0][0])
         # each request's interceptor state for this step: a copy of its LoopState's, returned updated
         plugin_states = [copy.deepcopy(unit.params.get("plugin_state") or {}) for unit, _ in chunk]
         for branch_set in passes:
@@ -451,13 +453,15 @@ class DenoiserExecutor(_Base):
             x = torch.cat(lat).to(self.dtype)
             t = torch.tensor(ts, dtype=torch.float32, device=self.device)
             rows = [adapter_refs(chunk[i][0].params.get("adapters")) for i, _ in index]
+            # batch-invariant mode: every forward at the bucket's rows (padding rows take row 0's adapters)
+            x, t, text, rows, pad = pad_rows(x, t, torch.cat(txt), rows, bucket and bucket * len(branch_set))
             with self.adapters.batch(rows):
                 if intercepted:
-                    out = self._dit_intercepted(x, t, torch.cat(txt), index, chunk, "+".join(branch_set), plugin_states,
-                                                chunk[0][0].params.get("expert"))
+                    out = self._dit_intercepted(x, t, text, index, chunk, "+".join(branch_set), plugin_states,
+                                                chunk[0][0].params.get("expert"), fixed_rows=bucket is not None)
                 else:
-                    out = self._dit(x, t, torch.cat(txt), chunk[0][0].params.get("expert"))
-            self._count_forward(len(index))
+                    out = self._dit(x, t, text, chunk[0][0].params.get("expert"))
+            self._count_forward(len(index), pad)
             for row, (i, b) in enumerate(index):
                 preds[i][b] = out[row : row + 1]
         for i, (unit, reg) in enumerate(chunk):
@@ -489,10 +493,11 @@ class DenoiserExecutor(_Base):
 
 
     def _dit_intercepted(self, x, t, text, index, chunk, stream: str, plugin_states: list[dict],
-                         expert: str | None = None) -> torch.Tensor:
+                         expert: str | None = None, fixed_rows: bool = False) -> torch.Tensor:
         """One forward where each request's interceptors decide for its own rows
         (:mod:`fastvideo3.extend.runner`); the eager path (no captured graph). Each expert of a
-        two-expert card keeps its own cached state (a residual of one expert means nothing to the other)."""
+        two-expert card keeps its own cached state (a residual of one expert means nothing to the other).
+        Rows past ``index`` are batch-invariant padding, computing every block (``fixed_rows``: see staged_forward)."""
         forward = self._forwards[expert] if expert is not None else self._forward
         if expert is not None and expert != self.experts[0]:
             stream = f"{stream}@{expert}"
@@ -512,7 +517,8 @@ class DenoiserExecutor(_Base):
             view = RowView(step=int(unit.params["step"]), num_steps=int(unit.params["num_steps"]), state=state,
                            tensors=reg.plugin.setdefault(f"{name}/{stream}", {}))
             groups.append(RowGroup(rows, view, step_icpt, block_icpt))
-        out = staged_forward(forward, x, t, text, groups)
+        padding = [RowGroup(list(range(len(index), x.shape[0])))] if x.shape[0] > len(index) else []
+        out = staged_forward(forward, x, t, text, groups + padding, fixed_rows=fixed_rows)
         n_blocks = forward.num_blocks
         for g in groups:
             if g.view is not None:  # block evaluations, counted per row

@@ -23,7 +23,9 @@ def provenance(card, run, *, weights: dict[str, str], runtime: dict[str, Any], p
         "request": r.to_dict(),
         "weights": weights,
         "adapters": [dict(a) for a in r.adapters],
-        "runtime": {**runtime, "adapters": list(r.adapter_versions)},
+        "runtime": {**runtime, "adapters": list(r.adapter_versions),
+                    # batch-invariant mode: the units every denoise forward ran at (None = off)
+                    "batch_invariant_bucket": run.ctx.get("batch_bucket")},
         "timings_s": {k: round(v, 4) for k, v in phase_seconds.items()},
         "latent_norms": denoise.get("latent_norms", []),
         # every output-changing interceptor setting, and what it reused

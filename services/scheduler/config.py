@@ -3,7 +3,7 @@
     python -m services.scheduler --port 50051 --card wan-tiny \\
         --pools encoder=127.0.0.1:50061 --pools denoiser=127.0.0.1:50062,127.0.0.1:50063 \\
         --pools decoder=127.0.0.1:50064 [--pools reward=...] [--transport auto|cuda_ipc|shm|grpc|nixl] \\
-        [--edge-transport denoiser->decoder=grpc] [--no-batching] [--max-running N]
+        [--edge-transport denoiser->decoder=grpc] [--no-batching] [--max-running N] [--batch-invariant auto|on|off]
     python -m services.scheduler --config fleet.yaml        # same keys; flags given also win
 
 fleet.yaml::
@@ -12,7 +12,7 @@ fleet.yaml::
     port: 50051
     pools: {encoder: [127.0.0.1:50061], denoiser: [127.0.0.1:50062, 127.0.0.1:50063], decoder: [...]}
     transport: {default: auto, edges: {"denoiser->decoder": grpc}}
-    scheduler: {batching: true, max_batch: 16, max_running: 64, max_queued: 256}
+    scheduler: {batching: true, max_batch: 16, max_running: 64, max_queued: 256, batch_invariant: auto}
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from fastvideo3.vocab import ROLES, Role
 REQUIRED_ROLES = (Role.ENCODER, Role.DENOISER, Role.DECODER)
 EDGES = ((Role.ENCODER, Role.DENOISER), (Role.DENOISER, Role.DECODER), (Role.DECODER, Role.REWARD))
 TRANSPORTS = ("auto", "cuda_ipc", "shm", "grpc", "nixl")
+BATCH_INVARIANT = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,11 @@ class SchedulerConfig:
     # denoise steps between checkpoints (each carries a snapshot of the request's latent and
     # sampler history, copied to the host): a resume redoes at most this many steps; 0 = off
     checkpoint_every: int = 4
+    # batch-invariant mode (fastvideo3.runtime.invariant): every denoise forward padded to the
+    # max batch, so a request's output is bit-identical whatever its batch-mates (and a resume
+    # with batching on reproduces the uninterrupted run). auto = on when checkpoints go to a
+    # durable store (checkpoint_every > 0 and a state store other than memory://)
+    batch_invariant: str = "auto"
     # high availability (services/scheduler/leader.py): with a lease, replicas over one store
     # elect a leader (the only one that admits and steps); the others forward to it and take
     # over its requests from their checkpoints when its lease expires. 0 = no election.
@@ -86,12 +92,27 @@ class SchedulerConfig:
     exit_with_parent: bool = False
     log_level: str = "INFO"
 
+    def batch_bucket(self, max_batch: int) -> int | None:
+        """Units per denoise forward in batch-invariant mode (the max batch; 1 without batching),
+        or None when the mode is off."""
+        on = self.batch_invariant == "on" or (self.batch_invariant == "auto" and self.checkpoint_every > 0
+                                              and not self.state_store.startswith("memory"))
+        return (max_batch if self.batching else 1) if on else None
+
     def security(self):
         from services.common.auth import from_args
         return from_args(self.__dict__)
 
     def edge_backend(self, producer: str, consumer: str) -> str:
         return self.edge_transport.get(f"{producer}->{consumer}", self.transport)
+
+
+def _on_off(v) -> str:
+    """A YAML boolean or one of BATCH_INVARIANT."""
+    v = {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else str(v)
+    if v not in BATCH_INVARIANT:
+        raise InvalidRequest(f"{v!r}", field="batch_invariant", limit=", ".join(BATCH_INVARIANT))
+    return v
 
 
 def _pool_spec(text: str) -> tuple[str, tuple[str, ...]]:
@@ -146,6 +167,9 @@ def parse_args(argv: list[str] | None = None) -> SchedulerConfig:
     p.add_argument("--state-timeout", type=float, default=None, dest="state_timeout_s")
     p.add_argument("--checkpoint-every", type=int, default=None,
                    help="checkpoint (and snapshot) each request every N denoise steps; 0 = off")
+    p.add_argument("--batch-invariant", default=None, choices=BATCH_INVARIANT,
+                   help="pad every denoise batch to the max batch: outputs independent of batch-mates "
+                        "(auto: on when checkpointing to a durable state store)")
     p.add_argument("--leader-lease", type=float, default=None, dest="leader_lease_s",
                    help="seconds: elect one leader among scheduler replicas sharing the state store (needs redis)")
     p.add_argument("--replica-wait", type=float, default=None, dest="replica_wait_s",
@@ -228,6 +252,7 @@ def build_config(a: argparse.Namespace) -> SchedulerConfig:
         state_ttl_s=float(pick(a.state_ttl_s, "state_ttl_s", 3600.0, sched)),
         state_timeout_s=float(pick(a.state_timeout_s, "state_timeout_s", 2.0, sched)),
         checkpoint_every=int(pick(a.checkpoint_every, "checkpoint_every", 4, sched)),
+        batch_invariant=_on_off(pick(a.batch_invariant, "batch_invariant", "auto", sched)),
         leader_lease_s=float(pick(a.leader_lease_s, "leader_lease_s", 0.0, sched)),
         advertise=pick(a.advertise, "advertise", None, sched),
         replica_wait_s=float(pick(a.replica_wait_s, "replica_wait_s", 30.0, sched)),

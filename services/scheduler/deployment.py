@@ -59,6 +59,7 @@ def build_card(cfg: SchedulerConfig, card, replicas: dict[str, list], edges: dic
                 for n, loops in PROGRAMS.items() if n == Program.T2V or Role.REWARD in replicas]
     labels = {f"transport.{edge}": backend for edge, backend in edges.items()}
     labels["batching"] = "on" if cfg.batching else "off"
+    labels["batch_invariant"] = "on" if cfg.batch_bucket(cfg.max_batch) else "off"
     return deployment_pb2.DeploymentCard(
         engine_id=cfg.engine_id, version=fastvideo3.__version__, schema_version="1", models=[summary],
         capability_matrix=[deployment_pb2.CapabilityCell(card_id=card.model_id, capability=Program.T2V,

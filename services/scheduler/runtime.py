@@ -47,7 +47,7 @@ class Stream:
 class FleetRuntime:
     def __init__(self, executors: dict[str, list[Any]], *, batching: bool = True, max_batch: int = 16,
                  max_running: int = 64, max_queued: int = 256, retain_finished: int = 1000,
-                 pricer=None, admission=None, telemetry=None, checkpointer=None):
+                 pricer=None, admission=None, telemetry=None, checkpointer=None, batch_bucket: int | None = None):
         replicas = sum(len(v) for v in executors.values())
         cp = checkpointer
         self.sched = CoreScheduler(executors, max_batch=max_batch if batching else 1, max_running=max_running,
@@ -60,6 +60,7 @@ class FleetRuntime:
         self.card_of = None  # card id -> ModelCard, for requests read back from the store
         self.checkpointer = cp.attach(self.sched) if cp else None
         self.batching = batching
+        self.batch_bucket = batch_bucket  # batch-invariant mode: units per denoise forward (None = off)
         self.retain_finished = retain_finished
         self.streams: dict[str, Stream] = {}
         self._finished: deque[str] = deque()
@@ -83,6 +84,8 @@ class FleetRuntime:
         request that failed with a retryable error again (from its checkpoint); other parameters
         are refused with ALREADY_EXISTS naming ``request_id``."""
         rid = request.request_id
+        if self.batch_bucket:  # the denoise loop pins it into the request's state (a resume keeps it)
+            ctx = {**ctx, "batch_bucket": self.batch_bucket}
         existing = self.lookup(rid)
         if existing is not None and not (existing.status == RunStatus.CANCELLED):
             if existing.request != request:

@@ -320,7 +320,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             live[rep.replica_id]["remote_counters"] = dict(rep.counters)
             live[rep.replica_id]["health_changed_unix"] = rep.health_changed_unix
         sched = self.runtime.sched
-        desc = {"transport_edges": self.edges, "batching": self.runtime.batching, "config": self.config,
+        desc = {"transport_edges": self.edges, "batching": self.runtime.batching,
+                "batch_invariant_bucket": self.runtime.batch_bucket, "config": self.config,
                 "pools": live, "scheduler": counters,
                 "recent_denoise_batch_sizes": list(sched.batch_sizes)[-64:],
                 "adapters": dict(self.adapters)}  # id -> the version new requests get

@@ -1,8 +1,9 @@
 """The fleet end to end: real pool and scheduler processes on loopback, started once per module.
 
-Two denoiser replicas; two schedulers share the same pools: the default one (step batching on)
-and one started with ``--no-batching``. Outputs are compared with the embedded engine (same seeds and options):
-within 1e-3 with batching, bit-identical without.
+Two denoiser replicas; schedulers share the same pools: the default one (step batching on),
+one started with ``--no-batching`` and one in batch-invariant mode. Outputs are compared with the
+embedded engine (same seeds and options): within 1e-3 with batching, bit-identical without; in
+batch-invariant mode a request alone and beside batch-mates is bit-identical.
 """
 from __future__ import annotations
 
@@ -118,6 +119,37 @@ def test_without_batching_outputs_are_bit_identical_to_embedded(fleet, embedded_
     assert counters["diffusion_step.max_batch_units"] == 1, counters
     for i, (video, ref) in enumerate(zip(videos, embedded_frames)):
         assert np.array_equal(video.frames, ref), f"request {i} differs from the embedded output"
+
+
+@pytest.fixture(scope="module")
+def invariant_target(fleet):
+    """A scheduler in batch-invariant mode (bucket: a max batch of 4) routing every denoise step to
+    one replica, so concurrent requests share its batches."""
+    d0 = fleet.pools["denoiser"][0].target
+    return fleet.add_scheduler(["--batch-invariant", "on", "--max-batch", "4", "--pools", f"denoiser={d0}"],
+                               name="scheduler-invariant")
+
+
+@pytest.mark.timeout(300)
+def test_batch_invariant_alone_and_with_three_batch_mates_bit_identical(fleet, invariant_target):
+    me = dict(prompt="a red circle moving left", seed=21, num_inference_steps=6, num_frames=9, height=32, width=32)
+    mates = [dict(me, prompt="a blue square", seed=22, num_inference_steps=2),
+             dict(me, prompt="waves at sunset", seed=23, num_inference_steps=4, guidance_scale=3.0),
+             dict(me, prompt="a green ball", seed=24)]
+    alone = _run_concurrently(invariant_target, [me])[0]
+    with FleetClient(invariant_target) as c:
+        before = c.describe()["counters"].get("diffusion_step.multi_request_batches", 0)
+    together = _run_concurrently(invariant_target, [me, *mates])[0]
+    with FleetClient(invariant_target) as c:
+        desc = c.describe()
+    assert desc["counters"]["diffusion_step.multi_request_batches"] > before  # it shared batches
+    info = desc["description"]
+    assert info["batch_invariant_bucket"] == 4 and info["config"]["batch_invariant"] == "on"
+    assert desc["card"]["labels"]["batch_invariant"] == "on"
+    assert pool_describe(fleet.pools["denoiser"][0].target).counters["padding_rows"] > 0
+    assert np.array_equal(alone.frames, together.frames)
+    assert alone.sidecar["runtime"]["batch_invariant_bucket"] == 4
+    wait_until(lambda: resident_total(fleet) == 0, 10, "every pool to release every request")
 
 
 @pytest.mark.timeout(240)

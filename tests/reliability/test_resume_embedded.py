@@ -78,3 +78,46 @@ def test_crash_and_resume_in_process_is_bit_identical():
         assert store.list_inflight() == ["crashy"]  # the service ends it (FleetRuntime.finish); do it here
         cp.finish(resumed)
         assert store.list_inflight() == [] and store.status("crashy") == "SUCCEEDED"
+
+
+@pytest.mark.timeout(180)
+def test_crash_and_resume_with_batching_on_is_bit_identical_in_batch_invariant_mode():
+    """The same crash with step batching on: the request shares its batches with other requests
+    before the crash and with others after it; batch-invariant mode (a bucket of 4 units pinned in
+    its denoise state) keeps it bit-identical to its uninterrupted run alone."""
+    with fastvideo3.Engine("wan-tiny-seeded", max_batch=4, batch_invariant=True) as engine:
+        ref = engine.generate("a red circle", **KW).frames
+        pools = {"encoder": [engine.encoder], "denoiser": [engine.denoiser], "decoder": [engine.decoder]}
+        data = MemoryData()
+        ctx = {"batch_bucket": 4}
+
+        def scheduler():
+            cp = Checkpointer(MemoryStateStore(data=data), every=3)
+            sched = CoreScheduler(pools, max_batch=4, checkpoint=cp.checkpoint, admit_hook=cp.register,
+                                  recover=cp.recover)
+            return sched, cp.attach(sched)
+
+        def mate(sched, name, **kw):
+            return sched.submit(engine.resolve(name, request_id=name.replace(" ", "-"), **{**KW, **kw}), engine.card,
+                                ctx=ctx)
+
+        first, _ = scheduler()
+        run = first.submit(engine.resolve("a red circle", request_id="crashy-batched", **KW), engine.card, ctx=ctx)
+        mate(first, "mate one", seed=8)
+        mate(first, "mate two", seed=9, num_inference_steps=5)
+        while run.driver is None or run.loop_id != "diffusion_denoise" or run.driver.state.step < 7:
+            first.tick()
+        assert first.counters["multi_request_batches"] >= 5
+        del first
+        second, cp = scheduler()
+        assert "crashy-batched" in cp.resume(engine.card)
+        for rid in [r for r in list(second.runs) if r != "crashy-batched"]:  # the old mates end here
+            second.cancel(rid)
+        mate(second, "mate three", seed=10, num_inference_steps=3)
+        resumed = second.get("crashy-batched")
+        assert resumed.resumed and resumed.driver.state.step == 6 and resumed.driver.state.batch_bucket == 4
+        while resumed.status not in TERMINAL:
+            second.tick()
+        assert second.counters["multi_request_batches"] >= 1
+        engine.scheduler = second
+        assert np.array_equal(engine.result(resumed).frames, ref)
