@@ -30,7 +30,8 @@ import hashlib
 import logging
 import threading
 import time
-from typing import Any
+from collections import deque
+from typing import Any, Callable
 
 from fastvideo3.errors import ErrorInfo, FastVideoError, Unavailable
 from fastvideo3.runtime.resume import RunRecord, rebuild_run, record_of, request_meta
@@ -65,6 +66,12 @@ class Checkpointer:
         self._end_infos: dict[str, dict] = {}  # request -> what end_request records with its status
         self._down_until = 0.0
         self._lock = threading.Lock()
+        # the background writer (start_writer): store writes of the step path, in order
+        self._writer: threading.Thread | None = None
+        self._jobs: deque = deque()
+        self._queued: dict[str, RunRecord] = {}  # request -> its newest record not yet written
+        self._cv = threading.Condition()
+        self._busy = False
         self.counters: dict[str, float] = {
             "checkpoints": 0, "snapshots": 0, "snapshot_bytes": 0, "checkpoint_skipped_store_down": 0,
             "checkpoint_errors": 0, "store_errors": 0, "recovered": 0, "recovery_failed": 0, "resumed": 0,
@@ -74,6 +81,60 @@ class Checkpointer:
     def attach(self, sched) -> "Checkpointer":
         self.sched = sched
         return self
+
+    # -- the writer: store I/O off the step path ----------------------------------------------
+    def start_writer(self) -> "Checkpointer":
+        """Write checkpoints and ends from a background thread (the scheduler service): a slow
+        or hung store then never holds up a step of any request. One request's writes keep
+        their order; a checkpoint superseded before it was written is skipped."""
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write_loop, name="state-writer", daemon=True)
+            self._writer.start()
+        return self
+
+    def _enqueue(self, job: tuple) -> None:
+        with self._cv:
+            self._jobs.append(job)
+            self._cv.notify_all()
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cv:
+                self._busy = False
+                self._cv.notify_all()  # drain() waits for an idle writer
+                while not self._jobs:
+                    if not self._cv.wait(timeout=max(0.1, self.retry_s)) and self.pending_ends:
+                        break  # ends deferred by an outage: try them again
+                job = self._jobs.popleft() if self._jobs else None
+                record = self._queued.pop(job[1], None) if job is not None and job[0] == "checkpoint" else None
+                self._busy = True
+            try:
+                if job is None:
+                    self._flush_now()
+                elif job[0] == "checkpoint":
+                    if record is not None:
+                        self._write(record)
+                else:
+                    try:
+                        self._finish(job[1])
+                    finally:
+                        if job[2] is not None:
+                            job[2]()
+            except Exception:  # noqa: BLE001 - the writer must outlive one bad write
+                log.exception("state-store write failed")
+
+    def drain(self, timeout_s: float = 30.0) -> bool:
+        """Wait until every queued write was tried; False on timeout."""
+        if self._writer is None:
+            return True
+        end = time.monotonic() + timeout_s
+        with self._cv:
+            while self._jobs or self._busy:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
 
     @property
     def executors(self) -> dict[str, list]:
@@ -141,7 +202,14 @@ class Checkpointer:
         record = record_of(run, snapshot=snapshot, snapshot_role=role, snapshot_fingerprint=fingerprint)
         self.latest[run.request_id] = record
         self.counters["checkpoints"] += 1
-        self._write(record)
+        if self._writer is None:
+            self._write(record)
+            return
+        with self._cv:  # the newest record replaces one still queued, in its place in the queue
+            fresh = record.request_id not in self._queued
+            self._queued[record.request_id] = record
+        if fresh:
+            self._enqueue(("checkpoint", record.request_id))
 
     def _denoise_pools(self, run) -> str:
         """The pools holding the request's latent: ``denoiser``, or — where each expert of a
@@ -335,8 +403,22 @@ class Checkpointer:
         run.driver = LoopDriver(LOOPS[rec.loop_id](), STATES[rec.loop_id].from_json(rec.loop_state))
 
     # -- terminal -----------------------------------------------------------------------------
-    def finish(self, run) -> None:
-        """Record the artifact index and end the request in the store (outside the scheduler lock)."""
+    def finish(self, run, then: Callable[[], None] | None = None) -> None:
+        """Record the artifact index and end the request in the store (outside the scheduler
+        lock), then call ``then`` — with a writer, on its thread, after the request's earlier
+        writes."""
+        if self._writer is None:
+            try:
+                self._finish(run)
+            finally:
+                if then is not None:
+                    then()
+            return
+        with self._cv:
+            self._queued.pop(run.request_id, None)  # ended: a checkpoint not yet written is moot
+        self._enqueue(("finish", run, then))
+
+    def _finish(self, run) -> None:
         rid, status = run.request_id, run.status
         if status not in ("SUCCEEDED", "FAILED", "CANCELLED"):
             return  # the id was already reused by a newer request: that one owns the store record
@@ -382,8 +464,17 @@ class Checkpointer:
             self.pending_ends[rid] = status
         return False
 
-    def flush(self) -> int:
-        """Retry ends deferred by a store outage; returns how many are still pending."""
+    def flush(self, wait: bool = False) -> int:
+        """Retry ends deferred by a store outage; returns how many are still pending. With a
+        writer, the writer retries them; ``wait`` first waits for every queued write, then
+        retries here."""
+        if self._writer is not None and not wait:
+            return len(self.pending_ends)
+        if wait:
+            self.drain()
+        return self._flush_now()
+
+    def _flush_now(self) -> int:
         with self._lock:
             pending = dict(self.pending_ends)
         if pending and not self._store_down():

@@ -294,7 +294,7 @@ def _checkpointer(cfg: SchedulerConfig):
                                                     ttl_after_end_s=cfg.state_ttl_s, timeout_s=cfg.state_timeout_s))
     store.ping()
     return Checkpointer(store, every=cfg.checkpoint_every, retry_s=max(0.5, cfg.state_timeout_s),
-                        replica_wait_s=cfg.replica_wait_s)
+                        replica_wait_s=cfg.replica_wait_s).start_writer()
 
 
 def _economy(cfg: SchedulerConfig):

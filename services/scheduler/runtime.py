@@ -257,19 +257,28 @@ class FleetRuntime:
             self.sched.release(rid)  # every replica of every role frees the request
             run = self.sched.get(rid)
             if self.checkpointer is not None and run is not None:
-                self.checkpointer.finish(run)  # artifact index + end (or delete) in the state store
-            if stream is not None and not stream.closed:
-                stream.events.put(finished)
-            if run is not None and run.resumed and (stream is None or stream.closed):
-                pass  # no client yet: keep its result for the one that re-attaches
-            elif run is not None:
-                run.artifacts = {}
-                for ev in run.events:  # the stream got its own copy; drop bytes from the record
-                    if ev.kind == "artifact":
-                        ev.data = {k: v for k, v in ev.data.items() if k != "artifacts"}
+                # artifact index + end (or delete) in the state store; then the client's finished
+                # (with a writer thread, off this thread: a slow store holds up no step)
+                self.checkpointer.finish(run, then=lambda r=run, f=finished, s=stream: self._deliver(r.request_id, r, f, s))
+            else:
+                self._deliver(rid, run, finished, stream)
+
+    def _deliver(self, rid: str, run: RequestRun | None, finished: Event, stream: Stream | None) -> None:
+        """A terminal request's ``finished`` to its client; the retained record loses its bytes."""
+        if stream is not None and not stream.closed:
+            stream.events.put(finished)
+        if run is not None and run.resumed and (stream is None or stream.closed):
+            pass  # no client yet: keep its result for the one that re-attaches
+        elif run is not None:
+            run.artifacts = {}
+            for ev in run.events:  # the stream got its own copy; drop bytes from the record
+                if ev.kind == "artifact":
+                    ev.data = {k: v for k, v in ev.data.items() if k != "artifacts"}
+        with self._lock:
             self._finished.append(rid)
-        while len(self._finished) > self.retain_finished:
-            self.sched.forget(self._finished.popleft())
+            old = [self._finished.popleft() for _ in range(max(0, len(self._finished) - self.retain_finished))]
+        for gone in old:  # the oldest ended requests: read back from the store from now on
+            self.sched.forget(gone)
 
     def hand_over(self, timeout_s: float = 30.0) -> list[str]:
         """Stop stepping without ending anything (a leader leaving: another replica adopts the
@@ -286,7 +295,7 @@ class FleetRuntime:
             time.sleep(0.05)  # the dispatch threads apply their results and clear the flag
         self._after_tick()  # requests that ended meanwhile: their ends reach the store and clients
         if self.checkpointer is not None:
-            self.checkpointer.flush()
+            self.checkpointer.flush(wait=True)  # every queued checkpoint and end written first
         left = [r.request_id for r in self.sched.active()]
         with self._lock:
             streams = list(self.streams.values())
@@ -310,7 +319,7 @@ class FleetRuntime:
             for run in list(self.sched.runs.values()):
                 self.sched.release(run.request_id)
         if self.checkpointer is not None:
-            self.checkpointer.flush()
+            self.checkpointer.flush(wait=True)
             self.checkpointer.store.close()
         self.sched.close()
 
