@@ -23,6 +23,9 @@ through the scheduler's hooks:
   an outage no request stays in flight in the store.
 * ``resume`` (scheduler start): every request the store lists in flight is rebuilt from its
   latest record, its snapshot restored onto a replica, and adopted by the scheduler.
+
+With ``start_writer`` (the scheduler service) checkpoint and end writes run on a background
+thread (:mod:`fastvideo3.runtime.store_writer`), so a slow or frozen store never holds up a step.
 """
 from __future__ import annotations
 
@@ -30,7 +33,6 @@ import hashlib
 import logging
 import threading
 import time
-from collections import deque
 from typing import Any, Callable
 
 from fastvideo3.errors import ErrorInfo, FastVideoError, Unavailable
@@ -66,12 +68,7 @@ class Checkpointer:
         self._end_infos: dict[str, dict] = {}  # request -> what end_request records with its status
         self._down_until = 0.0
         self._lock = threading.Lock()
-        # the background writer (start_writer): store writes of the step path, in order
-        self._writer: threading.Thread | None = None
-        self._jobs: deque = deque()
-        self._queued: dict[str, RunRecord] = {}  # request -> its newest record not yet written
-        self._cv = threading.Condition()
-        self._busy = False
+        self.writer = None  # a StoreWriter (start_writer): the step path's store writes, off it
         self.counters: dict[str, float] = {
             "checkpoints": 0, "snapshots": 0, "snapshot_bytes": 0, "checkpoint_skipped_store_down": 0,
             "checkpoint_errors": 0, "store_errors": 0, "recovered": 0, "recovery_failed": 0, "resumed": 0,
@@ -82,59 +79,13 @@ class Checkpointer:
         self.sched = sched
         return self
 
-    # -- the writer: store I/O off the step path ----------------------------------------------
     def start_writer(self) -> "Checkpointer":
-        """Write checkpoints and ends from a background thread (the scheduler service): a slow
-        or hung store then never holds up a step of any request. One request's writes keep
-        their order; a checkpoint superseded before it was written is skipped."""
-        if self._writer is None:
-            self._writer = threading.Thread(target=self._write_loop, name="state-writer", daemon=True)
-            self._writer.start()
+        """Write checkpoints and ends from a background thread (the scheduler service; see
+        :mod:`fastvideo3.runtime.store_writer`): a slow or hung store holds up no step."""
+        if self.writer is None:
+            from fastvideo3.runtime.store_writer import StoreWriter
+            self.writer = StoreWriter(self).start()
         return self
-
-    def _enqueue(self, job: tuple) -> None:
-        with self._cv:
-            self._jobs.append(job)
-            self._cv.notify_all()
-
-    def _write_loop(self) -> None:
-        while True:
-            with self._cv:
-                self._busy = False
-                self._cv.notify_all()  # drain() waits for an idle writer
-                while not self._jobs:
-                    if not self._cv.wait(timeout=max(0.1, self.retry_s)) and self.pending_ends:
-                        break  # ends deferred by an outage: try them again
-                job = self._jobs.popleft() if self._jobs else None
-                record = self._queued.pop(job[1], None) if job is not None and job[0] == "checkpoint" else None
-                self._busy = True
-            try:
-                if job is None:
-                    self._flush_now()
-                elif job[0] == "checkpoint":
-                    if record is not None:
-                        self._write(record)
-                else:
-                    try:
-                        self._finish(job[1])
-                    finally:
-                        if job[2] is not None:
-                            job[2]()
-            except Exception:  # noqa: BLE001 - the writer must outlive one bad write
-                log.exception("state-store write failed")
-
-    def drain(self, timeout_s: float = 30.0) -> bool:
-        """Wait until every queued write was tried; False on timeout."""
-        if self._writer is None:
-            return True
-        end = time.monotonic() + timeout_s
-        with self._cv:
-            while self._jobs or self._busy:
-                left = end - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cv.wait(left)
-        return True
 
     @property
     def executors(self) -> dict[str, list]:
@@ -202,14 +153,10 @@ class Checkpointer:
         record = record_of(run, snapshot=snapshot, snapshot_role=role, snapshot_fingerprint=fingerprint)
         self.latest[run.request_id] = record
         self.counters["checkpoints"] += 1
-        if self._writer is None:
+        if self.writer is not None:
+            self.writer.checkpoint(record)
+        else:
             self._write(record)
-            return
-        with self._cv:  # the newest record replaces one still queued, in its place in the queue
-            fresh = record.request_id not in self._queued
-            self._queued[record.request_id] = record
-        if fresh:
-            self._enqueue(("checkpoint", record.request_id))
 
     def _denoise_pools(self, run) -> str:
         """The pools holding the request's latent: ``denoiser``, or — where each expert of a
@@ -407,16 +354,14 @@ class Checkpointer:
         """Record the artifact index and end the request in the store (outside the scheduler
         lock), then call ``then`` — with a writer, on its thread, after the request's earlier
         writes."""
-        if self._writer is None:
-            try:
-                self._finish(run)
-            finally:
-                if then is not None:
-                    then()
+        if self.writer is not None:
+            self.writer.finish(run, then)
             return
-        with self._cv:
-            self._queued.pop(run.request_id, None)  # ended: a checkpoint not yet written is moot
-        self._enqueue(("finish", run, then))
+        try:
+            self._finish(run)
+        finally:
+            if then is not None:
+                then()
 
     def _finish(self, run) -> None:
         rid, status = run.request_id, run.status
@@ -468,10 +413,10 @@ class Checkpointer:
         """Retry ends deferred by a store outage; returns how many are still pending. With a
         writer, the writer retries them; ``wait`` first waits for every queued write, then
         retries here."""
-        if self._writer is not None and not wait:
-            return len(self.pending_ends)
-        if wait:
-            self.drain()
+        if self.writer is not None:
+            if not wait:
+                return len(self.pending_ends)
+            self.writer.drain()
         return self._flush_now()
 
     def _flush_now(self) -> int:

@@ -5,8 +5,9 @@
   step for every running request, batches compatible units across requests, places them on
   replicas and folds the results back; it sleeps on an event when idle (woken by submit/cancel);
 * a request that reached a terminal state is released on every pool replica right after its
-  tick, and only then does its stream get the ``finished`` event: a client that saw
-  ``finished`` finds nothing of its request left in any pool. Artifact bytes are dropped from
+  tick, and only then — after its end was written to the state store, or deferred — does its
+  stream get the ``finished`` event: a client that saw ``finished`` finds nothing of its request
+  left in any pool. Artifact bytes are dropped from
   the retained record once copied into the stream;
 * ``cancel`` takes effect at the request's next step boundary;
 * old finished requests are forgotten beyond ``retain_finished``;
