@@ -15,7 +15,8 @@ and started again; a scheduler that exits on its own (a deposed leader) is start
 
 Reported: requests that succeeded (first try, after a retry), failed (by code; whether the error
 said ``retryable``), lost (no answer at all); latency percentiles; per kill the relaunch time;
-RSS and thread count of every process incarnation, with the RSS slope after warm-up (KiB/min).
+RSS and thread count of every process incarnation (summaries, slopes after warm-up in KiB/min,
+and the samples themselves).
 
     python bench/soak.py --duration 1800 --kill-every 60 --out bench/results/soak_cpu.json
 """
@@ -358,6 +359,9 @@ class Soak:
             "kills": self.kills,
             "restarted_on_exit": self.restarted_on_exit,
             "processes": procs,
+            # every sample: [seconds since the load started, RSS KiB, threads(, 1 while the leader)]
+            "series": {name: [[x["t"], x.get("rss_kib"), x.get("threads"), *([int(x["leader"])] if "leader" in x else [])]
+                              for x in ser] for name, ser in self.samples.items()},
             "scheduler_counters": {k: v for k, v in counters.items()
                                    if k.startswith("state.") or k in ("admitted", "succeeded", "failed", "cancelled",
                                                                       "refused", "tick_errors")},
