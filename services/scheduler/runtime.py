@@ -63,6 +63,10 @@ class FleetRuntime:
         self.retain_finished = retain_finished
         self.streams: dict[str, Stream] = {}
         self._finished: deque[str] = deque()
+        self._ended: dict[str, float] = {}  # ended request -> when it ended (unix seconds)
+        # with a state store, an ended request is known for its TTL there, and no longer here either
+        store_cfg = getattr(getattr(cp, "store", None), "config", None)
+        self.ended_ttl_s: float | None = getattr(store_cfg, "ttl_after_end_s", None)
         self._to_release: list[tuple[str, Event, Stream | None]] = []  # terminal requests, held-back finished events
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -136,6 +140,11 @@ class FleetRuntime:
         """The request with this id: in memory, or — ended within the store's TTL, e.g. before a
         restart — rebuilt read-only from the store (and retained like any ended request)."""
         run = self.sched.get(request_id)
+        if run is not None and run.status in TERMINAL and self.ended_ttl_s is not None and \
+                time.time() - self._ended.get(request_id, time.time()) > self.ended_ttl_s:
+            self.sched.forget(request_id)  # its keys expired in the store: the id is unknown now
+            self._ended.pop(request_id, None)
+            run = None
         if run is not None or self.checkpointer is None:
             return run
         try:
@@ -154,6 +163,7 @@ class FleetRuntime:
             self.sched.runs[request_id] = run
         with self._lock:
             self._finished.append(request_id)
+            self._ended[request_id] = float(kept["info"].get("ended") or time.time())
         return run
 
     def _load_media(self, run: RequestRun) -> None:
@@ -277,7 +287,10 @@ class FleetRuntime:
                     ev.data = {k: v for k, v in ev.data.items() if k != "artifacts"}
         with self._lock:
             self._finished.append(rid)
+            self._ended[rid] = time.time()
             old = [self._finished.popleft() for _ in range(max(0, len(self._finished) - self.retain_finished))]
+            for gone in old:
+                self._ended.pop(gone, None)
         for gone in old:  # the oldest ended requests: read back from the store from now on
             self.sched.forget(gone)
 
