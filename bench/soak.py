@@ -18,7 +18,8 @@ said ``retryable``), lost (no answer at all); latency percentiles; per kill the 
 RSS and thread count of every process incarnation (summaries, slopes after warm-up in KiB/min,
 and the samples themselves).
 
-    python bench/soak.py --duration 1800 --kill-every 60 --out bench/results/soak_cpu.json
+    python bench/soak.py --duration 1800 --kill-every 60 --load 0.5 --warmup 120 --sample-every 10 \
+        --out bench/results/soak_cpu.json
 """
 from __future__ import annotations
 
