@@ -15,9 +15,11 @@ and started again; a scheduler that exits on its own (a deposed leader) is start
 
 Reported: requests that succeeded (first try, after a retry), failed (by code; whether the error
 said ``retryable``), lost (no answer at all); latency percentiles; per kill the relaunch time;
-RSS and thread count of every process incarnation, with the RSS slope after warm-up (KiB/min).
+RSS and thread count of every process incarnation (summaries, slopes after warm-up in KiB/min,
+and the samples themselves).
 
-    python bench/soak.py --duration 1800 --kill-every 60 --out bench/results/soak_cpu.json
+    python bench/soak.py --duration 1800 --kill-every 60 --load 0.5 --warmup 120 --sample-every 10 \
+        --out bench/results/soak_cpu.json
 """
 from __future__ import annotations
 
@@ -39,6 +41,15 @@ sys.path.insert(0, str(REPO))
 def pct(values: list[float], q: float) -> float | None:
     s = sorted(values)
     return round(s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))], 4) if s else None
+
+
+def git_commit() -> str | None:
+    import subprocess
+    try:
+        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def proc_stats(pid: int) -> dict[str, int]:
@@ -69,10 +80,13 @@ def summarize(series: list[dict], key: str, warmup: int = 1) -> dict:
 
 def slope_per_min(series: list[dict], key: str, warmup_s: float) -> float | None:
     """Least-squares slope of ``key`` over time (units per minute), from the samples taken
-    ``warmup_s`` or more after the process's first sample (a restarted process warms up again)."""
+    ``warmup_s`` or more after the process's first sample (a restarted process warms up again) —
+    for a scheduler replica, after its first sample as the leader (a standby does no work: it
+    warms up when it takes the lease)."""
     if not series:
         return None
-    start = series[0]["t"] + warmup_s
+    led = [x["t"] for x in series if x.get("leader")]
+    start = (led[0] if led else series[0]["t"]) + warmup_s
     pts = [(x["t"], x[key]) for x in series if key in x and x["t"] >= start]
     if len(pts) < 3:
         return None
@@ -165,10 +179,16 @@ class Soak:
 
     def sample(self) -> None:
         now = round(time.monotonic() - self.t_start, 2)
+        try:
+            leader = self.leader(default_first=False)
+        except Exception:  # noqa: BLE001 - Redis down (being restarted): no leader known
+            leader = None
         for p in self.fleet.processes():
             if p.proc is None or p.proc.poll() is not None:
                 continue
             st = proc_stats(p.proc.pid)
+            if st and p in self.fleet.schedulers:
+                st["leader"] = p is leader
             if st:
                 self.samples.setdefault(f"{p.name}#{p.proc.pid}", []).append({"t": now, **st})
         if self.redis.proc is not None and self.redis.proc.poll() is None:
@@ -176,7 +196,7 @@ class Soak:
             if st:
                 self.samples.setdefault(f"redis#{self.redis.proc.pid}", []).append({"t": now, **st})
 
-    def leader(self):
+    def leader(self, default_first: bool = True):
         """The scheduler process holding the leader lease (the one a crash hurts most)."""
         import redis as redis_py
         client = redis_py.Redis.from_url(self.redis.url, socket_timeout=2)
@@ -185,7 +205,8 @@ class Soak:
         finally:
             client.close()
         address = holder.rsplit("@", 1)[-1]
-        return next((p for p in self.fleet.schedulers if p.target == address), self.fleet.schedulers[0])
+        fallback = self.fleet.schedulers[0] if default_first else None
+        return next((p for p in self.fleet.schedulers if p.target == address), fallback)
 
     def killer(self) -> None:
         chaos = [c for c in self.args.chaos.split(",") if c]
@@ -244,7 +265,8 @@ class Soak:
                                 pool_args={"denoiser": ["--fake-step-seconds", str(a.step_seconds)]},
                                 scheduler_args=["--no-batching", "--health-interval", "0.5", "--health-timeout", "0.5",
                                                 "--checkpoint-every", "1", "--state-store", self.redis.url,
-                                                "--state-namespace", self.NS, "--state-ttl", "900", *budgets])
+                                                "--state-namespace", self.NS, "--state-ttl", str(a.state_ttl),
+                                                "--retain-finished", str(a.retain_finished), *budgets])
         try:
             self.fleet.start(timeout_s=240)
             return self._load()
@@ -275,6 +297,8 @@ class Soak:
                 pool.submit(self.one, n)
                 n += 1
             self.stop.set()
+            self.t_load_end = time.monotonic()  # arrivals stop; the pool then waits for every answer
+        self.t_end = time.monotonic()
         for t in threads:
             t.join(timeout=180)
         self.sample()
@@ -297,24 +321,37 @@ class Soak:
             codes[r["code"]] = codes.get(r["code"], 0) + 1
         lat = [r["latency_s"] for r in ok]
         warm = a.warmup
+        kinds: dict[str, int] = {}
+        for k in self.kills:
+            kinds[k["what"]] = kinds.get(k["what"], 0) + 1
         procs = {name: {"rss_kib": summarize(s, "rss_kib"), "threads": summarize(s, "threads"),
                         "rss_slope_kib_per_min": slope_per_min(s, "rss_kib", warm),
                         "threads_slope_per_min": slope_per_min(s, "threads", warm)}
                  for name, s in self.samples.items()}
-        slopes = [v["rss_slope_kib_per_min"] for v in procs.values() if v["rss_slope_kib_per_min"] is not None]
+        by_proc = {name: v["rss_slope_kib_per_min"] for name, v in procs.items()
+                   if v["rss_slope_kib_per_min"] is not None}
+        slopes = list(by_proc.values())
+        worst = max(by_proc, key=by_proc.get) if by_proc else None
         return {
             "command": "python bench/soak.py " + " ".join(sys.argv[1:]),
+            "commit": git_commit(),
             "host": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
             "config": {"duration_s": a.duration, "load": a.load, "capacity_req_per_s": round(self.capacity(), 3),
                        "arrival_rate_req_per_s": round(rate, 3), "steps": a.steps, "step_seconds": a.step_seconds,
                        "denoisers": a.denoisers, "schedulers": a.schedulers, "leader_lease_s": a.leader_lease,
                        "kill_every_s": a.kill_every, "chaos": a.chaos, "attempts": a.attempts,
-                       "fake_pools": True, "batching": False, "checkpoint_every": 1, "warmup_s": warm},
+                       "fake_pools": True, "batching": False, "checkpoint_every": 1, "warmup_s": warm,
+                       "retain_finished": a.retain_finished, "state_ttl_s": a.state_ttl},
             "summary": {
                 "requests": sent, "succeeded": len(ok), "succeeded_after_retry": sum(r["attempts"] > 1 for r in ok),
                 "failed": len(failed), "failed_not_retryable": sum(not r.get("retryable") for r in failed),
                 "lost": sent - len(res), "success_rate": round(len(ok) / sent, 5) if sent else None,
-                "kills": len(self.kills), "max_rss_slope_kib_per_min": max(slopes) if slopes else None,
+                "kills": len(self.kills), "kills_by_part": kinds,
+                "duration_s": round(self.t_load_end - self.t_start, 1),
+                "wall_s": round(self.t_end - self.t_start, 1),
+                "max_rss_slope_kib_per_min": max(slopes) if slopes else None,
+                "max_rss_slope_process": worst,
+                "rss_slope_kib_per_min_by_process": by_proc,
             },
             "requests": {"failed_by_code": codes, "throughput_req_per_s": round(len(ok) / a.duration, 3),
                          "attempts_max": max((r["attempts"] for r in res), default=0),
@@ -323,6 +360,9 @@ class Soak:
             "kills": self.kills,
             "restarted_on_exit": self.restarted_on_exit,
             "processes": procs,
+            # every sample: [seconds since the load started, RSS KiB, threads(, 1 while the leader)]
+            "series": {name: [[x["t"], x.get("rss_kib"), x.get("threads"), *([int(x["leader"])] if "leader" in x else [])]
+                              for x in ser] for name, ser in self.samples.items()},
             "scheduler_counters": {k: v for k, v in counters.items()
                                    if k.startswith("state.") or k in ("admitted", "succeeded", "failed", "cancelled",
                                                                       "refused", "tick_errors")},
@@ -344,6 +384,10 @@ def main() -> None:
     p.add_argument("--attempts", type=int, default=10, help="sends of one request (same id) before giving up")
     p.add_argument("--warmup", type=float, default=60.0, help="seconds before memory slopes are measured")
     p.add_argument("--sample-every", type=float, default=10.0)
+    p.add_argument("--retain-finished", type=int, default=100,
+                   help="ended requests each scheduler keeps in memory (a bounded record; older ones are read "
+                        "back from Redis)")
+    p.add_argument("--state-ttl", type=float, default=300.0, help="seconds ended requests stay in Redis")
     p.add_argument("--clients", type=int, default=64, help="client threads (bounds requests in flight)")
     p.add_argument("--request-timeout", type=float, default=120.0)
     p.add_argument("--out", default=None, help="write the JSON report here")

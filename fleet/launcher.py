@@ -190,9 +190,10 @@ class LocalFleet:
             raise
         return self
 
-    def add_scheduler(self, args: list[str], name: str | None = None, timeout_s: float = 120.0) -> str:
+    def add_scheduler(self, args: list[str], name: str | None = None, timeout_s: float = 120.0,
+                      port: int | None = None) -> str:
         """Start another scheduler over the same pools (e.g. with other flags); returns its target."""
-        fp = self._spawn(self._scheduler_process(None, list(args), name or f"scheduler-{len(self.schedulers)}"))
+        fp = self._spawn(self._scheduler_process(port, list(args), name or f"scheduler-{len(self.schedulers)}"))
         self.schedulers.append(fp)
         self.wait_serving(timeout_s, [fp])
         return fp.target

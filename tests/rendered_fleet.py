@@ -6,12 +6,15 @@ every fleet Deployment, with the cluster mapped onto this machine.
     with RenderedFleet(plan) as fleet: FleetClient(fleet.target).generate(...)
 
 The mapping, and nothing else, is what differs from a pod:
-- one pod per Deployment, one process per container (replicas are a scheduling matter);
+- one pod per Deployment, one process per container (replicas are a scheduling matter) — but
+  the scheduler's Deployment runs one pod per replica (they elect a leader: that is behaviour,
+  not scheduling), each with ports of its own; its Service maps to the first;
   `python` is this interpreter;
 - every container port gets a free loopback port (below 32768: Dynamo reads its system port as
   an i16), used where the container names that port (flags, env values); Service DNS names
   (short or FQDN) with a Service port become 127.0.0.1:<the port of the selected container>;
-- a listen address 0.0.0.0 and $(POD_IP) become 127.0.0.1; `--metrics-port` gets a free port;
+- a listen address 0.0.0.0 and $(POD_IP) become 127.0.0.1 (and $(POD_IP):<container port> the
+  pod's local port); `--metrics-port` gets a free port;
 - cards are mapped (a GPU card to the tiny card) in args and in the mounted config files;
 - volumes: the ConfigMap is written to a directory; a model volume (claim, hostPath, emptyDir)
   is a directory; a claim or hostPath is filled with the tiny card's weights (the test plays
@@ -136,8 +139,13 @@ class LocalPlan:
         self._write_config()
         for dep in deployments:
             comp = self._component(dep)
-            if comp not in self.replaced:
-                self.procs += self._pod(dep, comp, local_ports)
+            if comp in self.replaced:
+                continue
+            self.procs += self._pod(dep, comp, local_ports)
+            pods = int(dep["spec"].get("replicas", 1) or 1) if comp == "scheduler" else 1
+            for k in range(1, pods):  # further scheduler replicas: the same pod on ports of its own
+                own = {key: (free_port() if key[0] == comp else port) for key, port in local_ports.items()}
+                self.procs += self._pod(dep, comp, own, replica=k)
 
     def map_text(self, text: str) -> str:
         """Service addresses -> loopback, mounted paths are left to the caller, cards mapped."""
@@ -200,8 +208,11 @@ class LocalPlan:
             flag, eq, value = self._map_value(_expand(a, env), mounts).partition("=")
             if value in self.download_urls:
                 value = self.download_urls[value]
+            host, colon, port = value.rpartition(":")
             if value.isdigit() and int(value) in ports:  # a container port: its local port
                 value = str(ports[int(value)])
+            elif host == "127.0.0.1" and colon and port.isdigit() and int(port) in ports:  # $(POD_IP):port
+                value = f"{host}:{ports[int(port)]}"
             elif flag == "--metrics-port":
                 value = str(free_port())
             elif flag.endswith("host") and value == "0.0.0.0":
@@ -211,7 +222,7 @@ class LocalPlan:
             out.append(f"{flag}{eq}{value}")
         return out
 
-    def _pod(self, dep: dict, comp: str, local_ports: dict) -> list[ProcSpec]:
+    def _pod(self, dep: dict, comp: str, local_ports: dict, replica: int = 0) -> list[ProcSpec]:
         spec = dep["spec"]["template"]["spec"]
         dirs = {v["name"]: self._volume_dir(comp, v) for v in spec.get("volumes", [])}
 
@@ -235,8 +246,9 @@ class LocalPlan:
                 # CPU can run of that set, NIXL included, so the chart's edge choice is exercised
                 argv = [("--transport=shm,grpc,nixl" if a == "--transport=auto" else a) for a in argv]
             service = module.startswith("services.")
+            pod = comp if replica == 0 else f"{comp}-{replica}"
             out.append(ProcSpec(
-                comp if i == 0 else f"{comp}-{c['name']}", module.split(".", 1)[1] if service else module,
+                pod if i == 0 else f"{pod}-{c['name']}", module.split(".", 1)[1] if service else module,
                 local_ports.get((comp, "grpc")) if service else None,
                 argv + (["--exit-with-parent"] if service else []), env, init if i == 0 else [],
                 {p["name"]: local_ports[(comp, p["name"])] for p in c.get("ports", [])}))

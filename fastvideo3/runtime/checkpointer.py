@@ -23,6 +23,9 @@ through the scheduler's hooks:
   an outage no request stays in flight in the store.
 * ``resume`` (scheduler start): every request the store lists in flight is rebuilt from its
   latest record, its snapshot restored onto a replica, and adopted by the scheduler.
+
+With ``start_writer`` (the scheduler service) checkpoint and end writes run on a background
+thread (:mod:`fastvideo3.runtime.store_writer`), so a slow or frozen store never holds up a step.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ import hashlib
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from fastvideo3.errors import ErrorInfo, FastVideoError, Unavailable
 from fastvideo3.runtime.resume import RunRecord, rebuild_run, record_of, request_meta
@@ -66,6 +69,7 @@ class Checkpointer:
         self._end_infos: dict[str, dict] = {}  # request -> what end_request records with its status
         self._down_until = 0.0
         self._lock = threading.Lock()
+        self.writer = None  # a StoreWriter (start_writer): the step path's store writes, off it
         self.counters: dict[str, float] = {
             "checkpoints": 0, "snapshots": 0, "snapshot_bytes": 0, "checkpoint_skipped_store_down": 0,
             "checkpoint_errors": 0, "store_errors": 0, "recovered": 0, "recovery_failed": 0, "resumed": 0,
@@ -74,6 +78,14 @@ class Checkpointer:
 
     def attach(self, sched) -> "Checkpointer":
         self.sched = sched
+        return self
+
+    def start_writer(self) -> "Checkpointer":
+        """Write checkpoints and ends from a background thread (the scheduler service; see
+        :mod:`fastvideo3.runtime.store_writer`): a slow or hung store holds up no step."""
+        if self.writer is None:
+            from fastvideo3.runtime.store_writer import StoreWriter
+            self.writer = StoreWriter(self).start()
         return self
 
     @property
@@ -142,7 +154,10 @@ class Checkpointer:
         record = record_of(run, snapshot=snapshot, snapshot_role=role, snapshot_fingerprint=fingerprint)
         self.latest[run.request_id] = record
         self.counters["checkpoints"] += 1
-        self._write(record)
+        if self.writer is not None:
+            self.writer.checkpoint(record)
+        else:
+            self._write(record)
 
     def _denoise_pools(self, run) -> str:
         """The pools holding the request's latent: ``denoiser``, or — where each expert of a
@@ -337,8 +352,20 @@ class Checkpointer:
         run.driver = LoopDriver(LOOPS[rec.loop_id](), STATES[rec.loop_id].from_json(rec.loop_state))
 
     # -- terminal -----------------------------------------------------------------------------
-    def finish(self, run) -> None:
-        """Record the artifact index and end the request in the store (outside the scheduler lock)."""
+    def finish(self, run, then: Callable[[], None] | None = None) -> None:
+        """Record the artifact index and end the request in the store (outside the scheduler
+        lock), then call ``then`` — with a writer, on its thread, after the request's earlier
+        writes."""
+        if self.writer is not None:
+            self.writer.finish(run, then)
+            return
+        try:
+            self._finish(run)
+        finally:
+            if then is not None:
+                then()
+
+    def _finish(self, run) -> None:
         rid, status = run.request_id, run.status
         if status not in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED):
             return  # the id was already reused by a newer request: that one owns the store record
@@ -384,8 +411,17 @@ class Checkpointer:
             self.pending_ends[rid] = status
         return False
 
-    def flush(self) -> int:
-        """Retry ends deferred by a store outage; returns how many are still pending."""
+    def flush(self, wait: bool = False) -> int:
+        """Retry ends deferred by a store outage; returns how many are still pending. With a
+        writer, the writer retries them; ``wait`` first waits for every queued write, then
+        retries here."""
+        if self.writer is not None:
+            if not wait:
+                return len(self.pending_ends)
+            self.writer.drain()
+        return self._flush_now()
+
+    def _flush_now(self) -> int:
         with self._lock:
             pending = dict(self.pending_ends)
         if pending and not self._store_down():

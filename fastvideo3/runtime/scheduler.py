@@ -170,31 +170,42 @@ class CoreScheduler:
         self.pipelined = pipelined
         self.wake = wake
         self._busy: set[int] = set()  # id(executor) with a batch of this scheduler in flight (pipelined)
+        self._registering: set[str] = set()  # request ids being registered by ``admit_hook``
 
     # -- requests ----------------------------------------------------------------------
     def submit(self, request: ResolvedRequest, card: ModelCard, *, program: tuple[str, ...] | None = None,
                ctx: dict[str, Any] | None = None, trace_parent: Any = None) -> RequestRun:
         """Queue a request. ``program`` is the loop sequence (default text-to-video); ``ctx`` seeds
         the context every loop's ``init`` sees (e.g. ``encode`` for the decode loop)."""
+        rid = request.request_id
         with self._lock:
-            old = self.runs.get(request.request_id)
-            if old is not None and old.status not in TERMINAL:
+            old = self.runs.get(rid)
+            if (old is not None and old.status not in TERMINAL) or rid in self._registering:
                 raise InvalidRequest("a request with this id is still running", field="request_id")
-            queued = sum(r.status == RunStatus.QUEUED for r in self.runs.values())
+            queued = sum(r.status == RunStatus.QUEUED for r in self.runs.values()) + len(self._registering)
             if queued >= self.max_queued:
                 self.counters["refused"] += 1
                 self.telemetry.refused("queue", request.slo_class)
                 raise ResourceExhausted(f"queue is full ({queued} waiting)", field="queue",
                                         limit=str(self.max_queued), retry_after_s=1.0)
-            self.runs.pop(request.request_id, None)
             run = RequestRun(request=request, card=card, program=tuple(program or PROGRAM_T2V), ctx=dict(ctx or {}))
+            self._registering.add(rid)  # the id is taken while it is registered
+        try:
             if self.admit_hook is not None:
-                try:
+                try:  # the state store, outside the lock: a slow store holds up no step of any request
                     self.admit_hook(run)
                 except FastVideoError:
-                    self.counters["refused"] += 1
+                    with self._lock:
+                        self.counters["refused"] += 1
                     raise
-            self.runs[request.request_id] = run
+        except BaseException:
+            with self._lock:
+                self._registering.discard(rid)
+            raise
+        with self._lock:
+            self._registering.discard(rid)
+            self.runs.pop(rid, None)
+            self.runs[rid] = run
             self.counters["admitted"] += 1
             self.telemetry.submitted(request.request_id, card.model_id, request.slo_class, parent=trace_parent,
                                      created_s=run.created)

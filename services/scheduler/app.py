@@ -17,6 +17,9 @@ from services.scheduler.config import SchedulerConfig, parse_args
 log = logging.getLogger("fastvideo3.scheduler")
 
 
+FORWARDED_BY = "x-fastvideo3-forwarded-by"  # metadata of a call a standby forwarded to the leader
+
+
 class _Gate(scheduler_pb2_grpc.SchedulerServicer):
     """Answers UNAVAILABLE until the fleet is connected, then delegates to the real servicer."""
 
@@ -39,11 +42,19 @@ class _Gate(scheduler_pb2_grpc.SchedulerServicer):
         if lead is None or lead.is_leader:
             return None
         address = lead.leader_address
-        if not address:
-            from fastvideo3.errors import Unavailable
+        forwarded = any(k == FORWARDED_BY for k, _ in context.invocation_metadata())
+        if not address or address == lead.address or forwarded:
+            # no leader; or the lease still names a dead incarnation of this very replica
+            # (restarted on the same address before its lease expired); or another standby sent
+            # this call here believing this replica leads: forwarding again could loop (each hop
+            # holding a server thread until the deadline), so the client is told to retry
+            from fastvideo3.errors import Unavailable, loss_report
             from services.common.errors import abort
-            abort(context, Unavailable("no scheduler leader right now (an election is under way)",
-                                       retry_after_s=lead.ttl_s))
+            why = ("no scheduler leader right now (an election is under way)" if not address or address == lead.address
+                   else f"this replica is not the scheduler leader (the lease names {lead.holder})")
+            abort(context, Unavailable(f"{why}: send the same request again (same id and parameters) to any replica",
+                                       retry_after_s=lead.ttl_s,
+                                       details=loss_report(retryable=True, role="scheduler")))
         channel = self._channels.get(address)
         if channel is None:
             import grpc
@@ -52,9 +63,9 @@ class _Gate(scheduler_pb2_grpc.SchedulerServicer):
             self._channels[address] = channel
         return scheduler_pb2_grpc.SchedulerStub(channel)
 
-    @staticmethod
-    def _forwarded(context) -> list:
-        return [(k, v) for k, v in context.invocation_metadata() if k in ("authorization", "traceparent")]
+    def _forwarded(self, context) -> list:
+        keep = [(k, v) for k, v in context.invocation_metadata() if k in ("authorization", "traceparent")]
+        return [*keep, (FORWARDED_BY, self.leadership.owner)]  # one hop only (see _leader)
 
     def _unary(self, name: str, request, context):
         stub = self._leader(context)
@@ -180,11 +191,11 @@ def run_scheduler(argv: list[str] | None = None) -> int:
         if stopping:
             return 0
         return 2 if isinstance(e, FastVideoError) and e.code in ("INVALID_ARGUMENT", "NOT_FOUND") else 1
-    gate.target = servicer
     leadership = None
-    if cfg.leader_lease_s:
+    if cfg.leader_lease_s:  # elected (or not) before the gate opens: a standby never serves a call itself
         leadership = _elect(cfg, port, runtime, servicer.card)
         gate.leadership, gate.security = leadership, cfg.security()
+    gate.target = servicer
     monitor_stop = threading.Event()
     _monitor(replicas, monitor_stop, cfg.health_interval_s, cfg.health_timeout_s)
     if cfg.metrics_port is not None:
@@ -286,7 +297,7 @@ def _checkpointer(cfg: SchedulerConfig):
                                                     ttl_after_end_s=cfg.state_ttl_s, timeout_s=cfg.state_timeout_s))
     store.ping()
     return Checkpointer(store, every=cfg.checkpoint_every, retry_s=max(0.5, cfg.state_timeout_s),
-                        replica_wait_s=cfg.replica_wait_s)
+                        replica_wait_s=cfg.replica_wait_s).start_writer()
 
 
 def _economy(cfg: SchedulerConfig):

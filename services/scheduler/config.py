@@ -153,6 +153,8 @@ def parse_args(argv: list[str] | None = None) -> SchedulerConfig:
     p.add_argument("--max-batch", type=int, default=None)
     p.add_argument("--max-running", type=int, default=None, help="requests stepping at once (1 = request-at-a-time)")
     p.add_argument("--max-queued", type=int, default=None)
+    p.add_argument("--retain-finished", type=int, default=None,
+                   help="ended requests kept in memory (older ones are read back from the state store)")
     p.add_argument("--rpc-timeout", type=float, default=None, dest="rpc_timeout_s")
     p.add_argument("--connect-timeout", type=float, default=None, dest="connect_timeout_s")
     p.add_argument("--engine-id", default=None)
@@ -236,6 +238,7 @@ def build_config(a: argparse.Namespace) -> SchedulerConfig:
         max_batch=int(pick(a.max_batch, "max_batch", 16, sched)),
         max_running=int(pick(a.max_running, "max_running", 64, sched)),
         max_queued=int(pick(a.max_queued, "max_queued", 256, sched)),
+        retain_finished=int(pick(a.retain_finished, "retain_finished", 1000, sched)),
         rpc_timeout_s=float(pick(a.rpc_timeout_s, "rpc_timeout_s", 300.0, sched)),
         connect_timeout_s=float(pick(a.connect_timeout_s, "connect_timeout_s", 300.0, sched)),
         drain_timeout_s=float(pick(a.drain_timeout_s, "drain_timeout_s", 60.0, sched)),
@@ -293,7 +296,7 @@ def build_config(a: argparse.Namespace) -> SchedulerConfig:
     if not 1 <= cfg.scaling_window_s <= 3600:
         raise InvalidRequest(f"{cfg.scaling_window_s} is out of range", field="scaling_window_s",
                              limit="[1, 3600] seconds")
-    for name in ("max_batch", "max_running", "max_queued"):
+    for name in ("max_batch", "max_running", "max_queued", "retain_finished"):
         if getattr(cfg, name) < 1:
             raise InvalidRequest(f"must be >= 1, got {getattr(cfg, name)}", field=name, limit=">= 1")
     return cfg

@@ -46,6 +46,11 @@ class Leadership:
         self._thread = threading.Thread(target=self._loop, name="leader-lease", daemon=True)
 
     @property
+    def address(self) -> str:
+        """This replica's own address, as the lease names it."""
+        return self.owner.rsplit("@", 1)[-1]
+
+    @property
     def leader_address(self) -> str:
         return self.holder.rsplit("@", 1)[-1] if self.holder else ""
 

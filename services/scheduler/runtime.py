@@ -5,8 +5,9 @@
   step for every running request, batches compatible units across requests, places them on
   replicas and folds the results back; it sleeps on an event when idle (woken by submit/cancel);
 * a request that reached a terminal state is released on every pool replica right after its
-  tick, and only then does its stream get the ``finished`` event: a client that saw
-  ``finished`` finds nothing of its request left in any pool. Artifact bytes are dropped from
+  tick, and only then — after its end was written to the state store, or deferred — does its
+  stream get the ``finished`` event: a client that saw ``finished`` finds nothing of its request
+  left in any pool. Artifact bytes are dropped from
   the retained record once copied into the stream;
 * ``cancel`` takes effect at the request's next step boundary;
 * old finished requests are forgotten beyond ``retain_finished``;
@@ -64,6 +65,10 @@ class FleetRuntime:
         self.retain_finished = retain_finished
         self.streams: dict[str, Stream] = {}
         self._finished: deque[str] = deque()
+        self._ended: dict[str, float] = {}  # ended request -> when it ended (unix seconds)
+        # with a state store, an ended request is known for its TTL there, and no longer here either
+        store_cfg = getattr(getattr(cp, "store", None), "config", None)
+        self.ended_ttl_s: float | None = getattr(store_cfg, "ttl_after_end_s", None)
         self._to_release: list[tuple[str, Event, Stream | None]] = []  # terminal requests, held-back finished events
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -139,6 +144,11 @@ class FleetRuntime:
         """The request with this id: in memory, or — ended within the store's TTL, e.g. before a
         restart — rebuilt read-only from the store (and retained like any ended request)."""
         run = self.sched.get(request_id)
+        if run is not None and run.status in TERMINAL and self.ended_ttl_s is not None and \
+                time.time() - self._ended.get(request_id, time.time()) > self.ended_ttl_s:
+            self.sched.forget(request_id)  # its keys expired in the store: the id is unknown now
+            self._ended.pop(request_id, None)
+            run = None
         if run is not None or self.checkpointer is None:
             return run
         try:
@@ -157,6 +167,7 @@ class FleetRuntime:
             self.sched.runs[request_id] = run
         with self._lock:
             self._finished.append(request_id)
+            self._ended[request_id] = float(kept["info"].get("ended") or time.time())
         return run
 
     def _load_media(self, run: RequestRun) -> None:
@@ -262,19 +273,31 @@ class FleetRuntime:
             self.sched.release(rid)  # every replica of every role frees the request
             run = self.sched.get(rid)
             if self.checkpointer is not None and run is not None:
-                self.checkpointer.finish(run)  # artifact index + end (or delete) in the state store
-            if stream is not None and not stream.closed:
-                stream.events.put(finished)
-            if run is not None and run.resumed and (stream is None or stream.closed):
-                pass  # no client yet: keep its result for the one that re-attaches
-            elif run is not None:
-                run.artifacts = {}
-                for ev in run.events:  # the stream got its own copy; drop bytes from the record
-                    if ev.kind == EventKind.ARTIFACT:
-                        ev.data = {k: v for k, v in ev.data.items() if k != "artifacts"}
+                # artifact index + end (or delete) in the state store; then the client's finished
+                # (with a writer thread, off this thread: a slow store holds up no step)
+                self.checkpointer.finish(run, then=lambda r=run, f=finished, s=stream: self._deliver(r.request_id, r, f, s))
+            else:
+                self._deliver(rid, run, finished, stream)
+
+    def _deliver(self, rid: str, run: RequestRun | None, finished: Event, stream: Stream | None) -> None:
+        """A terminal request's ``finished`` to its client; the retained record loses its bytes."""
+        if stream is not None and not stream.closed:
+            stream.events.put(finished)
+        if run is not None and run.resumed and (stream is None or stream.closed):
+            pass  # no client yet: keep its result for the one that re-attaches
+        elif run is not None:
+            run.artifacts = {}
+            for ev in run.events:  # the stream got its own copy; drop bytes from the record
+                if ev.kind == EventKind.ARTIFACT:
+                    ev.data = {k: v for k, v in ev.data.items() if k != "artifacts"}
+        with self._lock:
             self._finished.append(rid)
-        while len(self._finished) > self.retain_finished:
-            self.sched.forget(self._finished.popleft())
+            self._ended[rid] = time.time()
+            old = [self._finished.popleft() for _ in range(max(0, len(self._finished) - self.retain_finished))]
+            for gone in old:
+                self._ended.pop(gone, None)
+        for gone in old:  # the oldest ended requests: read back from the store from now on
+            self.sched.forget(gone)
 
     def hand_over(self, timeout_s: float = 30.0) -> list[str]:
         """Stop stepping without ending anything (a leader leaving: another replica adopts the
@@ -291,7 +314,7 @@ class FleetRuntime:
             time.sleep(0.05)  # the dispatch threads apply their results and clear the flag
         self._after_tick()  # requests that ended meanwhile: their ends reach the store and clients
         if self.checkpointer is not None:
-            self.checkpointer.flush()
+            self.checkpointer.flush(wait=True)  # every queued checkpoint and end written first
         left = [r.request_id for r in self.sched.active()]
         with self._lock:
             streams = list(self.streams.values())
@@ -315,7 +338,7 @@ class FleetRuntime:
             for run in list(self.sched.runs.values()):
                 self.sched.release(run.request_id)
         if self.checkpointer is not None:
-            self.checkpointer.flush()
+            self.checkpointer.flush(wait=True)
             self.checkpointer.store.close()
         self.sched.close()
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +22,7 @@ import pytest
 import yaml
 
 from fastvideo3.client import FleetClient
+from fastvideo3.errors import FastVideoError
 from tests.fleet_fixture import dump_logs, pool_describe, wait_until
 from tests.redis_server import RedisServer
 from tests.rendered_fleet import LocalPlan, RenderedFleet, weights_archive
@@ -36,6 +38,8 @@ CASES = {
     "gpu-production": "gpu-production.yaml",
     # the same fleet with its weights copied by the download init container instead of a claim
     "gpu-production-download": "gpu-production.yaml",
+    # the minimal fleet with two scheduler replicas electing a leader through the bundled Redis
+    "cpu-minimal-ha": "cpu-minimal.yaml",
 }
 REQUEST = dict(num_frames=5, height=64, width=64, num_inference_steps=2, output_format="npy", seed=3)
 
@@ -63,6 +67,12 @@ def _run_case(helm: str, case: str, tmp_path, redis_url: str, monkeypatch) -> No
         data["modelSources"][GPU_CARD] = {"download": {"url": DOWNLOAD_URL}}
         values = tmp_path / "values.yaml"
         values.write_text(yaml.safe_dump(data))
+    if case.endswith("-ha"):
+        data = yaml.safe_load(values.read_text())
+        data["scheduler"].update(replicas=2, leaderLeaseSeconds=2)
+        data["redis"] = {**(data.get("redis") or {}), "enabled": True}
+        values = tmp_path / "values.yaml"
+        values.write_text(yaml.safe_dump(data))
     objects = render(helm, [values])
     by_component = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d for d in objects
                     if d["kind"] == "Deployment"}
@@ -78,7 +88,8 @@ def _run_case(helm: str, case: str, tmp_path, redis_url: str, monkeypatch) -> No
         download_urls={DOWNLOAD_URL:
                        weights_archive(tmp_path / "wan.tar.gz").resolve().as_uri()},
     )
-    started = {p.name.split("-")[0] if p.name.endswith("-worker") else p.name for p in plan.procs}
+    started = {p.name.split("-")[0] if p.name.endswith("-worker") else re.sub(r"-\d+$", "", p.name)
+               for p in plan.procs}
     assert started == deployments - replaced and "scheduler" in started and "denoiser" in started
     dynamo = case.startswith("gpu-production")
     assert ("frontend" in started) == dynamo
@@ -106,6 +117,10 @@ def _run_case(helm: str, case: str, tmp_path, redis_url: str, monkeypatch) -> No
         assert video.frames.shape[0] == REQUEST["num_frames"]
         if dynamo:
             _through_dynamo(fleet, plan)
+        replicas = by_component["scheduler"]["spec"]["replicas"]
+        assert len(fleet.schedulers) == replicas
+        if replicas > 1:
+            _scheduler_takeover(fleet)
         codes = fleet.stop()  # every process stops cleanly on SIGTERM, as in a pod
         assert codes and all(code == 0 for code in codes.values()), codes
     except BaseException:
@@ -115,6 +130,38 @@ def _run_case(helm: str, case: str, tmp_path, redis_url: str, monkeypatch) -> No
         raise
     finally:
         fleet.stop()
+
+
+def _scheduler_takeover(fleet: RenderedFleet) -> None:
+    """The rendered scheduler replicas (``--leader-lease``, ``--advertise=$(POD_IP):port``) are
+    one fleet: each answers (a standby forwards to the leader), exactly one admits, and when the
+    leader is SIGKILLed another replica takes the lease and serves."""
+    for fp in fleet.schedulers:
+        with FleetClient(fp.target) as client:
+            assert client.generate(f"through {fp.name}", **REQUEST).frames.shape[0] == REQUEST["num_frames"]
+
+    def admitted(fp) -> float:
+        with FleetClient(fp.target) as client:
+            return client.describe()["counters"]["admitted"]
+
+    counts = {fp.name: admitted(fp) for fp in fleet.schedulers}
+    leaders = [fp for fp in fleet.schedulers if counts[fp.name] > 0]
+    assert len(leaders) == 1 and counts[leaders[0].name] >= 1 + len(fleet.schedulers), counts
+    fleet.kill(leaders[0])
+    t_kill = time.monotonic()
+    other = next(fp for fp in fleet.schedulers if fp is not leaders[0])
+
+    def serves() -> bool:
+        try:
+            with FleetClient(other.target, timeout_s=60) as client:
+                return client.generate("after the leader died", **REQUEST).frames.shape[0] == REQUEST["num_frames"]
+        except FastVideoError:
+            return False  # the dead leader's lease has not expired yet
+
+    wait_until(serves, timeout_s=60, what=f"{other.name} to take the lease over and serve", interval_s=0.5)
+    print(f"a rendered scheduler replica served {time.monotonic() - t_kill:.1f}s after the leader's SIGKILL")
+    assert admitted(other) >= 1
+    fleet.restart(leaders[0])  # back, as a standby: the fleet then stops cleanly as a whole
 
 
 def _discovery(frontend: dict) -> str:

@@ -47,7 +47,8 @@ def fleet(tmp_path_factory, redis_proc):
         f.sched_q = f.add_scheduler(["--max-running", "1", "--max-queued", "2", "--memory-budget-bytes", "100000000",
                                      *BUDGETS], name="scheduler-q")
         f.sched_redis = f.add_scheduler(["--state-store", redis_proc.url, "--state-namespace", "rel-fake",
-                                         "--state-timeout", "0.5", *BUDGETS], name="scheduler-redis")
+                                         "--state-timeout", "0.5", "--checkpoint-every", "1", *BUDGETS],
+                                        name="scheduler-redis")
         yield f
 
 
@@ -162,13 +163,23 @@ def test_state_store_outage_fails_admissions_fast_and_in_flight_requests_end(fle
     target, steps = fleet.sched_redis, 40
     units = pool_units(_targets(fleet))
     started = threading.Barrier(3, timeout=30)
+    at_step_3 = once_at_step(3, started.wait)
+    paused_at: list[float] = []
+    steps_seen: dict[str, list[float]] = {}
+
+    def hook(out, ev):
+        at_step_3(out, ev)
+        if paused_at and ev.kind == "progress" and ev.data["phase"] == "denoise":
+            steps_seen.setdefault(out.request_id, []).append(time.monotonic())
+
     jobs = [(target, "in flight", dict(num_inference_steps=steps, request_id=f"outage-{i}", **SMALL,
-                                       on_event=once_at_step(3, started.wait))) for i in range(2)]
+                                       on_event=hook)) for i in range(2)]
     outs: list = []
     t = threading.Thread(target=lambda: outs.extend(run_all(jobs)))
     t.start()
     started.wait()
     redis_proc.pause()  # hung: answers nothing
+    paused_at.append(time.monotonic())
     try:
         t0 = time.monotonic()
         with pytest.raises(Unavailable), FleetClient(target) as c:
@@ -176,6 +187,11 @@ def test_state_store_outage_fails_admissions_fast_and_in_flight_requests_end(fle
         assert time.monotonic() - t0 < 2.0
         t.join(timeout=120)
         assert [o.state for o in outs] == ["SUCCEEDED", "SUCCEEDED"]  # in flight: finished regardless
+        # ... and at their step rate: checkpoint writes (one per step) and ends wait on the hung
+        # store off the step path, so no step waits out a store timeout (0.5 s; a step is 0.05 s)
+        gaps = [b - a for ts in steps_seen.values() for a, b in zip([paused_at[0], *ts], ts)]
+        assert len(gaps) >= steps, steps_seen
+        assert sum(g >= 0.45 for g in gaps) <= 1, sorted(gaps)[-6:]
         assert sched_counters(target)["state.pending_ends"] >= 2  # their ends (and the refused one's cleanup)
     finally:
         redis_proc.resume()

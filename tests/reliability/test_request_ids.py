@@ -5,16 +5,19 @@
   byte-identical (the video is stored before the request is marked SUCCEEDED).
 * Reusing the id of a live or retained request with other parameters is refused with
   ALREADY_EXISTS naming ``request_id``; a cancelled request's id is free again.
+* An ended request no longer in the scheduler's memory (``--retain-finished``) is read back from
+  the store until ``--state-ttl``; after that its id is unknown and free.
 """
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from fastvideo3.client import FleetClient
-from fastvideo3.errors import AlreadyExists
-from tests.fleet_fixture import START_TIMEOUT_S, dump_logs
+from fastvideo3.errors import AlreadyExists, NotFound
+from tests.fleet_fixture import START_TIMEOUT_S, dump_logs, wait_until
 from tests.reliability.helpers import stream
 
 NS = "rel-ids"
@@ -84,3 +87,45 @@ def test_reusing_a_live_id_with_other_parameters_is_refused(fake_fleet):
     # a cancelled id is free again, with any parameters
     again = stream(fleet.target, "something else", request_id="live-1", **PARAMS)
     assert again.state == "SUCCEEDED", (again.error, again.error_event)
+
+
+def test_ended_requests_are_read_back_from_the_store_until_the_ttl_then_the_id_is_free(fake_fleet, real_redis):
+    """With one ended request kept in memory (``--retain-finished 1``), an older one is read back
+    from the store — GetRequest, re-attach, id reuse refused — until ``--state-ttl``; then it is
+    unknown and its id names a new request."""
+    fleet, ttl_s = fake_fleet, 4.0
+    target = fleet.add_scheduler(["--state-store", real_redis.url, "--state-namespace", NS + "-ttl", "--state-ttl",
+                                  str(ttl_s), "--checkpoint-every", "1", "--retain-finished", "1"],
+                                 name="scheduler-ttl", timeout_s=START_TIMEOUT_S)
+    try:
+        old = stream(target, "old", request_id="ttl-old", **PARAMS)
+        t_end = time.monotonic()
+        assert old.state == "SUCCEEDED", (old.error, old.error_event)
+        assert stream(target, "newer", request_id="ttl-new", **PARAMS).state == "SUCCEEDED"  # pushes it out
+        with FleetClient(target) as c:
+            assert c.get("ttl-old")["state"] == "SUCCEEDED"  # from the store
+            with pytest.raises(AlreadyExists) as err:
+                list(c.stream("other", request_id="ttl-old", **PARAMS))
+            assert err.value.field == "request_id"
+        replay = stream(target, "old", request_id="ttl-old", **PARAMS)
+        assert replay.state == "SUCCEEDED" and replay.artifact() == old.artifact()
+        assert not replay.denoise_steps()  # its result, not a new run
+        assert time.monotonic() - t_end < ttl_s, "too slow to check within the TTL"
+        stream(target, "newer still", request_id="ttl-newest", **PARAMS)  # ttl-old leaves memory again
+
+        def unknown() -> bool:
+            try:
+                with FleetClient(target) as c:
+                    c.get("ttl-old")
+                return False
+            except NotFound:
+                return True
+
+        wait_until(unknown, ttl_s + 5.0, "the ended request's keys to expire", interval_s=0.25)
+        assert time.monotonic() - t_end >= ttl_s - 1.0  # kept for its TTL (the store counts from its end)
+        fresh = stream(target, "other", request_id="ttl-old", **PARAMS)  # the id is free again
+        assert fresh.state == "SUCCEEDED" and fresh.denoise_steps(), (fresh.error, fresh.error_event)
+    finally:
+        fp = fleet.process("scheduler-ttl")
+        fleet.terminate(fp)
+        fleet.schedulers.remove(fp)

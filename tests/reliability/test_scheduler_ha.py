@@ -159,3 +159,40 @@ def test_a_leader_stopped_with_sigterm_hands_its_requests_over(ha_fleet, real_re
     with FleetClient(other.target) as c:
         assert c.describe()["counters"]["cancelled"] == 0
     fleet.restart(leader)  # back as a standby
+
+
+def test_a_replica_restarted_under_its_own_stale_lease_does_not_forward_to_itself(ha_fleet, real_redis):
+    """A replica restarted on its address before its dead predecessor's lease expired finds the
+    lease naming that address: it must not forward calls to itself (each hop would hold a server
+    thread until the client's deadline), but answer a retryable UNAVAILABLE at once — and lead,
+    and serve, once the stale lease expires."""
+    import redis
+
+    from fleet.launcher import free_port
+    fleet, ns, port = ha_fleet, NS + "-stale", free_port()
+    client = redis.Redis.from_url(real_redis.url)
+    lease_s = 60.0
+    args = ["--state-store", real_redis.url, "--state-namespace", ns, "--state-ttl", "120", "--checkpoint-every", "1",
+            "--no-batching", "--leader-lease", "1.5", *BUDGETS]
+    try:
+        client.set(f"{ns}:lease:scheduler", f"dead-1@127.0.0.1:{port}", px=round(lease_s * 1000))
+        t_lease = time.monotonic()
+        target = fleet.add_scheduler(args, name="scheduler-stale", port=port, timeout_s=START_TIMEOUT_S)
+        assert time.monotonic() - t_lease < lease_s - 5.0, "the replica started too late for the check"
+        t0 = time.monotonic()
+        out = stream(target, "stale", seed=3, request_id="stale-1", timeout_s=30, **PARAMS)
+        assert out.error is not None and out.error.code == "UNAVAILABLE", (out.state, out.error)
+        assert time.monotonic() - t0 < 3.0, time.monotonic() - t0  # answered, not forwarded in a loop
+        assert out.error.details["retryable"] in (True, "True"), out.error.details
+        client.delete(f"{ns}:lease:scheduler")  # the stale lease expires: the replica takes it
+        again = _reattach(target, "stale", 30, seed=3, request_id="stale-1", **PARAMS)
+        assert again.state == "SUCCEEDED", (again.error, again.error_event)
+        assert (client.get(f"{ns}:lease:scheduler") or b"").decode().endswith(f"@127.0.0.1:{port}")
+        with FleetClient(target) as c:
+            assert c.describe()["counters"]["admitted"] == 1
+    finally:
+        fp = fleet.process("scheduler-stale")
+        fleet.terminate(fp)
+        fleet.schedulers.remove(fp)
+        client.delete(f"{ns}:lease:scheduler")
+        client.close()
