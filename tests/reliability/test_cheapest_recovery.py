@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from tests.fleet_fixture import health, pool_describe, wait_until
-from tests.reliability.helpers import SMALL, once_at_step, pool_units, sched_counters, stream
+from tests.reliability.helpers import SMALL, once_at_step, pool_units, sched_counters, sched_pools, stream
 from tests.reliability.test_recovery import _regions, reference
 
 STEPS = 8
@@ -98,6 +98,9 @@ def test_encoder_and_denoiser_sigkill_mid_denoise_re_encodes_and_denoises_on(bal
     # a replica restarted by an earlier test may still be loading: the move needs a serving spare
     for proc in fleet.pools["denoiser"] + fleet.pools["encoder"]:
         wait_until(lambda p=proc: health(p.target) == "SERVING", timeout_s=120, what=f"{proc.name} serving")
+        # and as the scheduler sees it: its health watch marks a restarted replica a moment later
+        wait_until(lambda p=proc: sched_pools(fleet.target).get(p.target), timeout_s=60,
+                   what=f"the scheduler sees {proc.name} healthy")
     steps = 12
     ref = reference(fleet, "encoded twice", 53, steps=steps)
     encoder = fleet.pools["encoder"][0]
