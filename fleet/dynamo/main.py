@@ -127,8 +127,9 @@ class FastVideoEngine(DiffusionEngine):
                 job = replace(job, output_format=self.args.fleet_output_format)
             response = await self.handler.run(job, context)
         except FastVideoError as e:
-            log.info("request refused or failed: %s", e.one_line())
-            raise to_dynamo_error(e) from None
+            err = to_dynamo_error(e)  # its text keeps the fleet's loss report, if any
+            log.info("request refused or failed: %s", err)
+            raise err from None
         yield response
 
     async def abort(self, context: Context) -> None:

@@ -218,8 +218,9 @@ class CostRouterEngine(DiffusionEngine):
         except FastVideoError as e:
             if e.code == "UNAVAILABLE":  # the fleet went away under the request
                 self.router.set_serving(fleet.name, False)
-            log.info("request %s on fleet %s failed: %s", request_id, fleet.name, e.one_line())
-            raise to_dynamo_error(e) from None
+            err = to_dynamo_error(e)  # its text keeps the fleet's loss report, if any
+            log.info("request %s on fleet %s failed: %s", request_id, fleet.name, err)
+            raise err from None
         finally:
             self.router.done(fleet.name, request_id)
         response["fleet"] = fleet.name  # which fleet served it (extra field; clients may ignore it)

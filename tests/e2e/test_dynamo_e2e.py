@@ -9,6 +9,7 @@ event plane, everything on loopback. Readiness is polled with deadlines; teardow
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import json
 import os
@@ -30,7 +31,7 @@ pytest.importorskip("dynamo.frontend", reason="needs the dynamo extra (ai-dynamo
 from fastvideo3.client import FleetClient  # noqa: E402
 from fastvideo3.media import probe_video  # noqa: E402
 from fleet.deployment_card import parse_card  # noqa: E402
-from tests.fleet_fixture import dump_logs, fleet_fixture, wait_until  # noqa: E402
+from tests.fleet_fixture import dump_logs, fleet_fixture, running, wait_until  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL = "wan-tiny"
@@ -125,7 +126,14 @@ def _models(stack: Stack) -> list[str]:
 
 @pytest.fixture(scope="module")
 def stack(fleet, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("dynamo")
+    with dynamo_stack(fleet, tmp_path_factory.mktemp("dynamo")) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def dynamo_stack(fleet, tmp: Path):
+    """Dynamo's frontend and our worker in front of ``fleet``; ready once the frontend lists the
+    model. Stopped with SIGTERM afterwards, checking that no process of theirs is left."""
     kv_dir, media_dir = tmp / "kv", tmp / "media"
     http_port, system_port = _free_port(), _free_port(below=32768)
     env = dict(os.environ)
@@ -268,7 +276,7 @@ def test_client_disconnect_cancels_the_request_on_the_fleet(stack):
 
 @pytest.mark.timeout(300)
 def test_health_canary_follows_the_fleet(stack):
-    """Last in the module: it stops the fleet's scheduler."""
+    """Last on the module's fleet: it stops the fleet's scheduler."""
     health = f"http://127.0.0.1:{stack.system_port}/health"
     wait_until(lambda: stack.get_json(health).get("status") == "ready", 30, "the worker's /health to be ready")
 
@@ -283,3 +291,70 @@ def test_health_canary_follows_the_fleet(stack):
     print(f"worker /health not ready {time.monotonic() - t0:.2f}s after the scheduler stopped")
     status, reply = stack.post_video({"model": MODEL, "prompt": "x", "size": "32x32", "nvext": SMALL})
     assert status == 503, reply
+
+
+@pytest.fixture
+def lone_denoiser_stack(tmp_path_factory):
+    """A fleet of its own with ONE denoiser (no-op pools, 0.05 s a step, so a long request is
+    surely in flight when it dies) and a Dynamo stack in front of it: the loss test kills that
+    denoiser, which must not touch the module's fleet."""
+    from fleet.launcher import LocalFleet
+    lone = LocalFleet(MODEL, fake=True, roles=("encoder", "denoiser", "decoder"),
+                      log_dir=tmp_path_factory.mktemp("loss-fleet-logs"),
+                      scheduler_args=["--health-interval", "0.5", "--health-timeout", "0.5"],
+                      pool_args={"denoiser": ["--fake-step-seconds", "0.05"]})
+    with running(lone) as f, dynamo_stack(f, tmp_path_factory.mktemp("dynamo-loss")) as s:
+        yield s
+
+
+#: what Dynamo 1.6.1's frontend answers for every 5xx, whatever the worker raised (measured with
+#: CannotConnect, Disconnected, StreamIncomplete, HttpError(503) and HttpError(502), Unknown):
+#: only 4xx replies keep the worker's message
+GENERIC_5XX = ("Service temporarily unavailable", "Bad gateway", "Internal server error")
+
+
+@pytest.mark.timeout(300)
+def test_lost_last_denoiser_fails_the_request_with_503_and_the_loss_report(lone_denoiser_stack):
+    """Last in the module, on a fleet of its own: the fleet's only denoiser is SIGKILLed while a
+    /v1/videos request is denoising. The client gets a 503 (retry later) within seconds, and the
+    error the worker raised for it carries the fleet's loss report: the lost role and replica, that
+    the request is retryable and the step it would resume from. Dynamo 1.6.1's frontend replaces
+    the text of every 5xx with a generic one, so the report is checked in the worker's log, and
+    in the client's message only if the frontend passes one on."""
+    stack = lone_denoiser_stack
+    denoiser = stack.fleet.pools["denoiser"][0]
+    before = stack.counters()
+    outcome: dict = {}
+
+    def post():
+        outcome["reply"] = stack.post_video({"model": MODEL, "prompt": "lost mid-denoise", "size": "32x32",
+                                             "nvext": {"num_frames": 9, "num_inference_steps": 1000, "seed": 3}},
+                                            timeout_s=60)
+
+    t = threading.Thread(target=post, daemon=True)
+    t.start()
+    steps = lambda: stack.counters().get("diffusion_step.units", 0)  # noqa: E731  (absent until a step ran)
+    start = steps()
+    wait_until(lambda: steps() >= start + 3, 30, "the request to be denoising on the fleet")
+    t_kill = time.monotonic()
+    stack.fleet.kill(denoiser)  # SIGKILL: a crash, nothing is drained
+    t.join(45)
+    assert not t.is_alive(), f"no reply {time.monotonic() - t_kill:.0f}s after the kill\n{stack.logs()}"
+    status, reply = outcome["reply"]
+    print(f"client answered {time.monotonic() - t_kill:.2f}s after the kill: {status} {reply}")
+    assert status == 503, reply
+    report = f"lost=denoiser/{denoiser.name}]"
+
+    def worker_line():
+        lines = [ln for ln in stack.worker.log.read_text(errors="replace").splitlines()
+                 if "request refused or failed:" in ln and report in ln]
+        return lines[-1] if lines else None
+    line = wait_until(worker_line, 10, "the worker's log line for the lost request")
+    print(f"worker: {line}")
+    assert f"UNAVAILABLE: role: denoiser replica {denoiser.name} was lost at denoise step" in line, line
+    assert "[retryable=true resume_from_step=" in line and "Stream removed" not in line, line
+    message = reply.get("message", "")
+    if message not in GENERIC_5XX:  # a frontend that passes the worker's text on carries the report
+        assert f"denoiser replica {denoiser.name}" in message and report in message, reply
+        assert "retryable=true" in message and "resume_from_step=" in message, reply
+    assert stack.counters().get("failed", 0) == before.get("failed", 0) + 1
