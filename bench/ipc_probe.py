@@ -111,7 +111,9 @@ def _profile(fn, n: int) -> list[str]:
     prof.disable()
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(14)
-    return [line for line in buf.getvalue().splitlines() if line.strip()][-16:]
+    lines = [line for line in buf.getvalue().splitlines() if line.strip()][-16:]
+    site = str(Path(torch.__file__).resolve().parents[1]) + "/"
+    return [line.replace(str(ROOT) + "/", "").replace(site, "site-packages/") for line in lines]
 
 
 def _steps(reader, ref: TensorRef, repeats: int) -> dict:
