@@ -21,9 +21,9 @@ import pytest
 from fastvideo3.runtime.workunit import WorkUnit
 from fastvideo3.v1 import pool_pb2
 from services.common import convert
-from tests.fleet_fixture import pool_describe, pool_stub
+from tests.fleet_fixture import health, pool_describe, pool_stub, wait_until
 from tests.reliability.conftest import FETCH_TIMEOUT_S
-from tests.reliability.helpers import SMALL, run_all, sched_counters, stream
+from tests.reliability.helpers import SMALL, run_all, sched_counters, sched_pools, stream
 
 STEPS = 8
 
@@ -31,6 +31,12 @@ STEPS = 8
 @pytest.mark.timeout(180)
 def test_nan_aborts_only_its_request_while_batch_mates_finish(balanced):
     fleet = balanced
+    # an earlier test may have restarted denoiser-0: start once the pool serves and the one-replica
+    # scheduler's health watch sees it so (its counters then count this test's batches)
+    d0 = fleet.pools["denoiser"][0]
+    wait_until(lambda: health(d0.target) == "SERVING", timeout_s=120, what="denoiser-0 serving")
+    wait_until(lambda: sched_pools(fleet.one).get(d0.target), timeout_s=60,
+               what="the one-replica scheduler sees denoiser-0 healthy")
     prompts = {"nan-mate-0": ("a red ball", 51), "nan-mate-1": ("a green tree", 52)}
     refs = {rid: stream(fleet.target, p, seed=s, num_inference_steps=STEPS, **SMALL).frames()
             for rid, (p, s) in prompts.items()}
