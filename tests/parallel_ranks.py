@@ -122,7 +122,7 @@ def run_spmd(rank: int, world: int, port: int, spec: str, out: str) -> None:
     others get them with each broadcast batch); every other rank serves what it broadcasts."""
     from fastvideo3.models.wan.cards import wan_tiny
     from fastvideo3.parallel.executor import ParallelDenoiserExecutor
-    from fastvideo3.parallel.mesh import init_mesh
+    from fastvideo3.parallel.mesh import init_mesh, shutdown
     from fastvideo3.parallel.plan import ParallelPlan
     from fastvideo3.parallel.spmd import LeaderExecutor, serve_worker
     from fastvideo3.runtime.executors import DenoiserExecutor
@@ -133,6 +133,7 @@ def run_spmd(rank: int, world: int, port: int, spec: str, out: str) -> None:
     mesh = init_mesh(ParallelPlan.parse(spec), rank, world, f"127.0.0.1:{port}", "cpu", timeout_s=60)
     if rank != 0:
         code = serve_worker(ParallelDenoiserExecutor(card, None, mesh, "cpu"))
+        shutdown()  # tear the groups down before the process exits, as run_plans does
         assert code == 0, code
         return
     transport = make_transport("inproc", owner="leader")
@@ -146,3 +147,4 @@ def run_spmd(rank: int, world: int, port: int, spec: str, out: str) -> None:
     leader.stop()
     with open(os.path.join(out, "spmd.json"), "w") as f:
         json.dump(report, f)
+    shutdown()
