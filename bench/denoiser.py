@@ -320,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=None, help="newer families: cuda (default when present) or cpu")
     ap.add_argument("--stage-timeout", type=float, default=150.0, help="newer families: seconds per row/stage")
     ap.add_argument("--all-experts", action="store_true", help="newer families: every expert at every shape")
+    ap.add_argument("--skip-rows", default="", help="newer families: family:shape rows not to run (comma list), "
+                    "e.g. wan2.2-a14b:720p")
     args = ap.parse_args(argv)
     if args.precision == "fp8":
         from denoiser_fp8 import run

@@ -107,6 +107,7 @@ def run(args) -> int:
         result["environment"] = base.environment()
     summary = {"ours_faster_480p": {}, "ours_faster_720p": {}, "moe_switch_recompiles": None,
                "moe_switch_weight_reloads": None}
+    skip = {r.strip() for r in getattr(args, "skip_rows", "").split(",") if r.strip()}
     families.sort(key=list(FAMILIES).index)  # the smaller family first: its rows land even if time runs out
     result["summary"] = summary
 
@@ -142,6 +143,9 @@ def run(args) -> int:
         labels = list(shapes)
         for li, label in enumerate(labels):
             shape = shapes[label]
+            if f"{fam}:{label}" in skip:
+                result.setdefault("skipped_rows", []).append(f"{fam}:{label}")
+                continue
             faster = []
             # the experts share one architecture, so one speaks for both at 720p (--all-experts: each)
             for e in (experts if (label == "480p" or args.all_experts) else experts[:1]):

@@ -10,13 +10,17 @@
 #   transport  bench/gpu_transport.sh: the data plane (NIXL probe + bench/transport.py --device cuda)
 #   lora       bench/lora.py: mixed-adapter batches against no LoRA
 #   fp8        bench/denoiser_fp8.py: FP8 against bf16 (needs the fa3_fwd wheel for FP8 attention)
+#   models     bench/denoiser.py --models $MODELS: newer families against diffusers (bench/denoiser_models.py),
+#              rows named in $SKIP_ROWS (family:shape,...) left out; JSON as $MODELS_JSON
+# Wheels come from the folders in $WHEELS (default: .wheels .wheels_fa3 .wheels_extra), those present.
 # Time limits come from <PART>_TIMEOUT_S (seconds).
 set -uo pipefail
 OUT=${OUT:-out/gpu_call}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 shopt -s nullglob
-wheels=(.wheels/*.whl .wheels_fa3/*.whl .wheels_extra/*.whl)
+wheels=()
+for d in ${WHEELS:-.wheels .wheels_fa3 .wheels_extra}; do wheels+=("$d"/*.whl); done
 shopt -u nullglob
 if ((${#wheels[@]})); then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -36,12 +40,15 @@ for part in "$@"; do
     lora)      timeout "${LORA_TIMEOUT_S:-200}" python3 bench/lora.py --out "$work/$part/lora_h200.json" \
                  --time-limit $(( ${LORA_TIMEOUT_S:-200} - 40 )) ;;
     fp8)       timeout "${FP8_TIMEOUT_S:-300}" python3 bench/denoiser_fp8.py --out "$work/$part/denoiser_fp8_h200.json" ;;
+    models)    timeout "${MODELS_TIMEOUT_S:-480}" python3 bench/denoiser.py --models "${MODELS:?}" --quick \
+                 --stage-timeout "${STAGE_TIMEOUT_S:-150}" --skip-rows "${SKIP_ROWS:-}" \
+                 --out "$work/$part/${MODELS_JSON:-denoiser_models_h200.json}" ;;
     *) echo "unknown part $part" >&2; continue ;;
   esac > "$work/$part.log" 2>&1
   echo "== $part rc=$? in $((SECONDS - start))s"; tail -n 25 "$work/$part.log"
 done
 for f in "$work"/*/*.json; do
-  case "$(basename "$f")" in nixl_probe.json|ipc_probe.json|transport_h200.json|lora_h200.json|denoiser_fp8_h200.json)
+  case "$(basename "$f")" in nixl_probe.json|ipc_probe.json|transport_h200.json|lora_h200.json|denoiser_fp8_h200.json|denoiser_models*.json)
     cp "$f" "$OUT"/ ;; esac
 done
 tar -czf "$OUT/logs.tgz" -C "$work" .
