@@ -1,4 +1,5 @@
 """Driven loops: the Loop protocol, typed LoopStates, the one driver, and the loops."""
+from fastvideo3.loop.context import RequestContext
 from fastvideo3.loop.decode import DecodeLoop, DecodeState
 from fastvideo3.loop.denoise import DenoiseLoop, DenoiseState
 from fastvideo3.loop.driver import LoopDriver, run_loop
@@ -14,6 +15,6 @@ STATES = {LoopId.TEXT_ENCODE: TextEncodeState, LoopId.DIFFUSION_DENOISE: Denoise
 
 __all__ = [
     "DecodeLoop", "DecodeState", "DenoiseLoop", "DenoiseState", "Done", "LOOPS", "Loop", "LoopDriver",
-    "LoopResult", "LoopState", "Resources", "RewardScoreLoop", "RewardScoreState", "STATES", "StepResult",
+    "LoopResult", "LoopState", "RequestContext", "Resources", "RewardScoreLoop", "RewardScoreState", "STATES", "StepResult",
     "TextEncodeLoop", "TextEncodeState", "WorkPlan", "run_loop",
 ]

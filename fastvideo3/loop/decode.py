@@ -6,29 +6,30 @@ to the scheduler.
 """
 from __future__ import annotations
 
+from fastvideo3.loop.context import RequestContext
 from fastvideo3.loop.params import VaeTileParams
-from fastvideo3.loop.protocol import Done, LoopResult, LoopState, StepResult, WorkPlan
+from fastvideo3.loop.protocol import Done, LoopResult, LoopState, Ref, StepResult, WorkPlan
 from fastvideo3.vocab import LoopId, Role, UnitKind
 
 
 class DecodeState(LoopState):
     model_id: str
-    latent: dict  # TensorRef dict
+    latent: Ref  # the final latents, in the denoiser pool
     latent_shape: list[int]
     encode: str | None = None  # "mp4" | "npy": the decoder pool returns the encoded file inline
     fps: int = 16
-    outputs: dict[str, dict] = {}
+    outputs: dict[str, Ref] = {}
     payload: dict = {}
 
 
 class DecodeLoop:
     loop_id = LoopId.VAE_DECODE
 
-    def init(self, request, card, ctx: dict) -> DecodeState:
-        ref = ctx["latents"]
+    def init(self, request, card, ctx: RequestContext) -> DecodeState:
+        ref = ctx.ref("latents")
         return DecodeState(request_id=request.request_id, loop_id=self.loop_id, model_id=card.model_id,
-                           latent=ref, latent_shape=list(ref["shape"])[1:], encode=ctx.get("encode"),
-                           fps=int(ctx.get("fps") or card.limits.fps))
+                           latent=ref, latent_shape=list(ref.shape)[1:], encode=ctx.encode,
+                           fps=int(ctx.fps or card.limits.fps))
 
     def next(self, state: DecodeState) -> WorkPlan | Done:
         if state.done:

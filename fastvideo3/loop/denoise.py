@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from fastvideo3.errors import NumericFault
-from fastvideo3.loop.protocol import Done, LoopResult, LoopState, Resources, StepResult, WorkPlan
+from fastvideo3.loop.context import RequestContext
+from fastvideo3.loop.protocol import Done, LoopResult, LoopState, Ref, Resources, StepResult, WorkPlan
 from fastvideo3.loop.params import DiffusionStepParams
 from fastvideo3.loop.samplers import make_schedule
 from fastvideo3.vocab import LoopId, Role, UnitKind
@@ -41,7 +42,7 @@ class DenoiseState(LoopState):
     guidance_2: float | None = None
     #: references to the latent and sampler history published at the expert switch, so a pool
     #: holding only the low-noise expert can take the request over (see DenoiserExecutor)
-    handoff: dict[str, dict] = {}
+    handoff: dict[str, Ref] = {}
     handoff_meta: dict = {}
     cfg_policy: str
     sampler: str
@@ -49,10 +50,10 @@ class DenoiseState(LoopState):
     seed: int
     latent_shape: list[int]  # [C, F, H, W]
     precision: str
-    embeds: dict[str, dict]  # name -> TensorRef dict, fetched once by the pool
+    embeds: dict[str, Ref]  # name -> the encoder pool's ref, fetched once by the pool
     latent_norms: list[float] = []
     adapters: list[dict] = []  # [{"id", "version", "scale"}]: applied per row by the denoiser
-    outputs: dict[str, dict] = {}
+    outputs: dict[str, Ref] = {}
     #: the request's interceptor settings (fastvideo3.extend), None for none
     cache: dict | None = None
     #: interceptor state (JSON): policy -> CFG stream -> values; the pool returns it updated
@@ -66,7 +67,7 @@ class DenoiseState(LoopState):
 class DenoiseLoop:
     loop_id = LoopId.DIFFUSION_DENOISE
 
-    def init(self, request, card, ctx: dict) -> DenoiseState:
+    def init(self, request, card, ctx: RequestContext) -> DenoiseState:
         from fastvideo3.card.family import family_of
         spec = card.denoise.sampler
         sched = make_schedule(request.sampler, request.num_inference_steps, request.flow_shift,
@@ -78,11 +79,11 @@ class DenoiseLoop:
             solver_order=spec.solver_order if spec else 2, seed=request.seed,
             latent_shape=list(family_of(card).latent_shape(card, request.num_frames, request.height, request.width)),
             precision=request.precision,
-            embeds={k: ctx[k] for k in ("prompt_embeds", "negative_embeds") if k in ctx},
+            embeds={k: ctx.refs[k] for k in ("prompt_embeds", "negative_embeds") if k in ctx.refs},
             adapters=[dict(a) for a in getattr(request, "adapters", ())],
             **_experts(card, request, spec.num_train_timesteps if spec else 1000),
             cache=getattr(request, "cache", None),
-            batch_bucket=ctx.get("batch_bucket"),
+            batch_bucket=ctx.batch_bucket,
         )
 
     def expert(self, state: DenoiseState, k: int) -> str:

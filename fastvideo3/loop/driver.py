@@ -10,6 +10,7 @@ from typing import Callable
 
 from fastvideo3.errors import Internal
 from fastvideo3.loop.protocol import Done, Loop, LoopResult, LoopState, StepResult, WorkPlan
+from fastvideo3.transport.ref import TensorRef
 
 
 class LoopDriver:
@@ -43,6 +44,10 @@ class LoopDriver:
         if not result.ok:
             self._pending = None
             raise (result.error.to_exception() if result.error else Internal("step failed"))
+        for name, ref in result.outputs.items():  # refs are objects in a process; dicts only on the wire
+            if not isinstance(ref, TensorRef):
+                raise Internal(f"result output {name!r} is a {type(ref).__name__}, not a TensorRef",
+                               field=f"outputs.{name}")
         self.state = self.loop.advance(self.state, result)
         self._pending = None
         self.steps_applied += 1

@@ -14,11 +14,29 @@ pool-resident regions it names by reference. The only place iteration lives is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Annotated, Any, Mapping, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator, ValidationInfo
 
 from fastvideo3.errors import ErrorInfo
+from fastvideo3.transport.ref import TensorRef
+
+if TYPE_CHECKING:
+    from fastvideo3.loop.context import RequestContext
+
+
+def _ref_in(value: Any, info: ValidationInfo) -> TensorRef:
+    """A LoopState field holds TensorRef objects; only a checkpoint's JSON brings the dict form."""
+    if isinstance(value, TensorRef):
+        return value
+    if info.mode == "json" and isinstance(value, Mapping):
+        return TensorRef.from_dict(value)
+    raise ValueError(f"expected a TensorRef, got {type(value).__name__}")
+
+
+#: a LoopState field type: a TensorRef in the process, its ``to_dict()`` form in the state's JSON
+Ref = Annotated[TensorRef, PlainValidator(_ref_in), PlainSerializer(lambda r: r.to_dict(), return_type=dict,
+                                                                     when_used="json")]
 
 
 class LoopState(BaseModel):
@@ -58,7 +76,7 @@ class WorkPlan:
     shape_sig: str
     #: the kind's typed params (fastvideo3.loop.params), or a plain mapping for ad-hoc loops
     params: Mapping[str, Any] = field(default_factory=dict)
-    inputs: dict[str, dict] = field(default_factory=dict)  # name -> TensorRef.to_dict()
+    inputs: dict[str, TensorRef] = field(default_factory=dict)  # name -> ref, pulled by the pool
     resources: Resources = field(default_factory=Resources)
     step: int | None = None
     total: int | None = None
@@ -72,7 +90,7 @@ class StepResult:
     request_id: str
     ok: bool = True
     error: ErrorInfo | None = None
-    outputs: dict[str, dict] = field(default_factory=dict)  # name -> TensorRef.to_dict()
+    outputs: dict[str, TensorRef] = field(default_factory=dict)  # name -> ref to what the pool published
     metrics: dict[str, float] = field(default_factory=dict)
     payload: dict[str, Any] = field(default_factory=dict)
     measured_seconds: float = 0.0
@@ -85,7 +103,7 @@ class StepResult:
 class LoopResult:
     request_id: str
     loop_id: str
-    outputs: dict[str, dict] = field(default_factory=dict)
+    outputs: dict[str, TensorRef] = field(default_factory=dict)
     payload: dict[str, Any] = field(default_factory=dict)
 
 
@@ -98,7 +116,7 @@ class Done:
 class Loop(Protocol):
     loop_id: str
 
-    def init(self, request: Any, card: Any, ctx: dict) -> LoopState: ...
+    def init(self, request: Any, card: Any, ctx: "RequestContext") -> LoopState: ...
 
     def next(self, state: LoopState) -> WorkPlan | Done: ...
 

@@ -5,14 +5,15 @@ context); the frames stay in the decoder pool and the reward pool pulls them by 
 """
 from __future__ import annotations
 
+from fastvideo3.loop.context import RequestContext
 from fastvideo3.loop.params import RewardBatchParams
-from fastvideo3.loop.protocol import Done, LoopResult, LoopState, StepResult, WorkPlan
+from fastvideo3.loop.protocol import Done, LoopResult, LoopState, Ref, StepResult, WorkPlan
 from fastvideo3.vocab import LoopId, Role, UnitKind
 
 
 class RewardScoreState(LoopState):
     model_id: str
-    frames: dict  # TensorRef dict of the decoded frames [F, H, W, 3]
+    frames: Ref  # the decoded frames [F, H, W, 3], in the decoder pool
     scorers: list[str]
     scores: dict[str, float] = {}
 
@@ -20,14 +21,14 @@ class RewardScoreState(LoopState):
 class RewardScoreLoop:
     loop_id = LoopId.REWARD_SCORE
 
-    def init(self, request, card, ctx: dict) -> RewardScoreState:
+    def init(self, request, card, ctx: RequestContext) -> RewardScoreState:
         return RewardScoreState(request_id=request.request_id, loop_id=self.loop_id, model_id=card.model_id,
-                                frames=ctx["frames"], scorers=list(ctx.get("rewards") or []))
+                                frames=ctx.ref("frames"), scorers=list(ctx.rewards))
 
     def next(self, state: RewardScoreState) -> WorkPlan | Done:
         if state.done or not state.scorers:
             return Done(self.finalize(state))
-        f, h, w = (list(state.frames.get("shape", [])) + [0, 0, 0])[:3]
+        f, h, w = (list(state.frames.shape) + [0, 0, 0])[:3]
         return WorkPlan(loop_id=self.loop_id, request_id=state.request_id, kind=UnitKind.REWARD_BATCH, role=Role.REWARD,
                         shape_sig=f"reward_batch|{state.model_id}|{f}x{h}x{w}|{','.join(state.scorers)}",
                         inputs={"frames": state.frames}, params=RewardBatchParams(scorers=list(state.scorers)))

@@ -2,8 +2,9 @@
 held by the encoder pool; the loop keeps only their references."""
 from __future__ import annotations
 
+from fastvideo3.loop.context import RequestContext
 from fastvideo3.loop.params import EncoderChunkParams
-from fastvideo3.loop.protocol import Done, LoopResult, LoopState, StepResult, WorkPlan
+from fastvideo3.loop.protocol import Done, LoopResult, LoopState, Ref, StepResult, WorkPlan
 from fastvideo3.vocab import LoopId, Role, UnitKind
 
 
@@ -11,14 +12,14 @@ class TextEncodeState(LoopState):
     model_id: str
     prompts: dict[str, str]  # output name -> text
     max_len: int
-    outputs: dict[str, dict] = {}
+    outputs: dict[str, Ref] = {}
     adapter_versions: list[str] = []  # enter the prompt cache's key
 
 
 class TextEncodeLoop:
     loop_id = LoopId.TEXT_ENCODE
 
-    def init(self, request, card, ctx: dict) -> TextEncodeState:
+    def init(self, request, card, ctx: RequestContext) -> TextEncodeState:
         prompts = {"prompt_embeds": request.prompt}
         if request.cfg_policy != "none":
             prompts["negative_embeds"] = request.negative_prompt

@@ -27,10 +27,12 @@ from fastvideo3.parallel.dit import ShardedDiT, gather_latent, grid_of, shard_la
 from fastvideo3.parallel.mesh import Mesh
 from fastvideo3.runtime.executors import DenoiserExecutor, Region, _fail
 from fastvideo3.loop.protocol import StepResult
+from fastvideo3.transport.ref import TensorRef
 
 
-def ref_key(d: dict) -> str:
-    return json.dumps(d, sort_keys=True, default=str)
+def ref_key(ref: TensorRef) -> str:
+    """The key a broadcast input travels under (every field, the descriptor included)."""
+    return json.dumps(ref.to_dict(), sort_keys=True, default=str)
 
 
 class RankTransport:
@@ -42,7 +44,7 @@ class RankTransport:
         self.prefetched: dict[str, torch.Tensor] = {}
 
     def fetch(self, ref, deadline_s: float | None = None):
-        key = ref_key(ref.to_dict())
+        key = ref_key(ref)
         if key in self.prefetched:
             value = self.prefetched[key]
             if isinstance(value, BaseException):  # the leader's fetch failed: every rank fails alike
@@ -154,7 +156,7 @@ class ParallelDenoiserExecutor(DenoiserExecutor):
             if p.get("final"):
                 full = gather_latent(new, self.mesh, self.shapes[unit.request_id], self.patch)
                 if self.mesh.rank == 0:
-                    res.outputs["latents"] = self.transport.publish(unit.request_id, "latents", full).to_dict()
+                    res.outputs["latents"] = self.transport.publish(unit.request_id, "latents", full)
             results[unit.unit_id] = res
         except Exception as e:  # noqa: BLE001
             self.regions.pop(unit.request_id, None)

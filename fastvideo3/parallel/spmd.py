@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from fastvideo3.errors import FastVideoError, NotFound, Unavailable
 from fastvideo3.parallel.executor import ParallelDenoiserExecutor, ref_key
-from fastvideo3.runtime.executors import _fail, _ref
+from fastvideo3.runtime.executors import _fail
 
 log = logging.getLogger("fastvideo3.parallel")
 
@@ -107,14 +107,14 @@ class LeaderExecutor(ParallelDenoiserExecutor):
         out = {}
         for u in batch:
             reg = self.regions.get(u.request_id)
-            for name, d in u.inputs.items():
+            for name, ref in u.inputs.items():
                 if reg is not None and name in reg.embeds:
                     continue
-                key = ref_key(d)
+                key = ref_key(ref)
                 if key in out:
                     continue
                 try:
-                    out[key] = self.transport.inner.fetch(_ref(d), deadline_s=self.fetch_deadline_s).cpu()
+                    out[key] = self.transport.inner.fetch(ref, deadline_s=self.fetch_deadline_s).cpu()
                 except Exception as e:  # noqa: BLE001 - every rank fails the unit the same way
                     out[key] = e if isinstance(e, FastVideoError) else Unavailable(f"fetch failed: {e}", field="inputs")
         return out

@@ -36,6 +36,7 @@ import time
 from typing import Any, Callable
 
 from fastvideo3.errors import ErrorInfo, FastVideoError, Unavailable
+from fastvideo3.loop.context import RequestContext
 from fastvideo3.runtime.resume import RunRecord, rebuild_run, record_of, request_meta
 from fastvideo3.vocab import EventKind, LoopId, OutputFormat, Role, RunStatus
 
@@ -280,7 +281,7 @@ class Checkpointer:
             target = self._restore_somewhere(rid, rec, denoisers, order) if rec is not None else None
             run.loop_index = den
             for loop_id in program[den:]:
-                run.ctx.get("payloads", {}).pop(loop_id, None)
+                run.ctx.payloads.pop(loop_id, None)
             if target is None:  # no snapshot: the denoise loop runs again (deterministic)
                 self._release_role(rid, Role.DENOISER)
                 run.driver, target, from_step = None, order[0], 0
@@ -374,7 +375,7 @@ class Checkpointer:
             self.before_final.pop(rid, None)
             self.recoveries.pop(rid, None)
         if status == RunStatus.SUCCEEDED and not self._store_down():
-            fmt = run.ctx.get("encode") or OutputFormat.MP4
+            fmt = run.ctx.encode or OutputFormat.MP4
             for loop_id, data in (run.artifacts or {}).items():
                 meta = {"name": f"video.{fmt}", "loop": loop_id, "bytes": len(data),
                         "checksum": "sha256:" + hashlib.sha256(data).hexdigest()}
@@ -465,14 +466,14 @@ class Checkpointer:
             ck = self.store.load_checkpoint(rid)
         except Unavailable as e:
             self._store_failed(e)
-        fresh = RequestRun(request=request, card=card, program=tuple(program), ctx=dict(ctx))
+        fresh = RequestRun(request=request, card=card, program=tuple(program), ctx=RequestContext.of(ctx))
         self.register(fresh)  # replaces the ended record (and its checkpoint): write it back below
         run, rec = fresh, None
         if ck is not None:
             try:
                 rec = RunRecord.from_bytes(ck.loop_state)
                 run = rebuild_run(rec, card)
-                run.ctx.update(ctx)
+                run.ctx.merge_options(fresh.ctx)
                 self._resume_resident(run, rec)
                 self.latest[rid] = rec
                 self._write(rec)
@@ -501,7 +502,7 @@ class Checkpointer:
                     raise Unavailable(f"request is for card {meta.get('card_id')!r}, not {card.model_id!r}")
                 if ck is None:  # admitted but never checkpointed: start it again, from nothing
                     run = RequestRun(request=ResolvedRequest.from_dict(meta["request"]), card=card,
-                                     program=tuple(meta["program"]), ctx=dict(meta.get("ctx") or {}),
+                                     program=tuple(meta["program"]), ctx=RequestContext.from_dict(meta.get("ctx")),
                                      created=float(meta.get("created") or time.time()))
                     self.sched.release(rid)
                 else:

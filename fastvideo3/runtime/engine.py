@@ -18,6 +18,7 @@ import numpy as np
 from fastvideo3.card.registry import resolve_card
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import FastVideoError, Unavailable
+from fastvideo3.loop.context import RequestContext
 from fastvideo3.request.schema import GenerateRequest, ResolvedRequest, resolve
 from fastvideo3.runtime.scheduler import TERMINAL, CoreScheduler, Event, RequestRun
 from fastvideo3.vocab import Role, RunStatus
@@ -93,7 +94,7 @@ class Engine:
         return self.denoiser.unload_adapter(adapter_id, wait_s)
 
     def submit(self, prompt: str, **kw) -> RequestRun:
-        ctx = {"batch_bucket": self.batch_bucket} if self.batch_bucket else None
+        ctx = RequestContext(batch_bucket=self.batch_bucket) if self.batch_bucket else None
         return self.scheduler.submit(self.resolve(prompt, **kw), self.card, ctx=ctx)
 
     def cancel(self, request_id: str) -> bool:
@@ -114,13 +115,11 @@ class Engine:
         try:
             if run.status != RunStatus.SUCCEEDED:
                 raise (run.error.to_exception() if run.error else Unavailable("request did not finish"))
-            from fastvideo3.transport.ref import TensorRef
             from fastvideo3.runtime.executors import frames_as_float
-            frames = frames_as_float(self.transport.fetch(TensorRef.from_dict(run.ctx["frames"]),
-                                                          deadline_s=30.0)).numpy().copy()
+            frames = frames_as_float(self.transport.fetch(run.ctx.ref("frames"), deadline_s=30.0)).numpy().copy()
             latents = None
             if self.keep_latents:
-                latents = self.transport.fetch(TensorRef.from_dict(run.ctx["latents"]), deadline_s=30.0).clone()
+                latents = self.transport.fetch(run.ctx.ref("latents"), deadline_s=30.0).clone()
             return Video(frames=frames, fps=self.card.limits.fps, metadata=self._provenance(run), latents=latents)
         finally:
             self.scheduler.release(run.request_id)

@@ -25,7 +25,6 @@ from fastvideo3.request.schema import ID_CHARS
 from fastvideo3.runtime.adapters import adapter_refs
 from fastvideo3.runtime.invariant import bucket_of, cut, pad_rows
 from fastvideo3.runtime.workunit import WorkUnit
-from fastvideo3.transport.ref import TensorRef
 from fastvideo3.vocab import OUTPUT_FORMATS, Role
 
 FETCH_DEADLINE_S = 30.0
@@ -38,10 +37,6 @@ def _fail(unit: WorkUnit, exc: BaseException) -> StepResult:
     if info.step is None and unit.step is not None:  # every step failure names its step
         info = ErrorInfo(info.code, info.message, info.field, info.limit, unit.step, info.retry_after_s, info.details)
     return StepResult(unit.unit_id, unit.request_id, ok=False, error=info)
-
-
-def _ref(d: dict) -> TensorRef:
-    return TensorRef.from_dict(d)
 
 
 def _auto_device(device: str | None) -> str:
@@ -105,8 +100,7 @@ class EncoderExecutor(_Base):
                 names = list(prompts)
                 embeds = self._encode([prompts[n] for n in names], unit.request_id,
                                       tuple(unit.params.get("adapter_versions", ())))
-                refs = {n: self.transport.publish(unit.request_id, n, embeds[i : i + 1]).to_dict()
-                        for i, n in enumerate(names)}
+                refs = {n: self.transport.publish(unit.request_id, n, embeds[i : i + 1]) for i, n in enumerate(names)}
                 out.append(StepResult(unit.unit_id, unit.request_id, outputs=refs))
             except Exception as e:  # noqa: BLE001 - a unit's failure stays in its result
                 out.append(_fail(unit, e))
@@ -215,11 +209,11 @@ class DenoiserExecutor(_Base):
             reg = Region(latent=latent, history=SamplerHistory(order=int(p.get("solver_order", 2))))
         if reg.step != p["step"]:
             raise FastVideoError(f"step {p['step']} issued but the resident latent is at step {reg.step}", step=p["step"])
-        for name, d in unit.inputs.items():
+        for name, ref in unit.inputs.items():
             if name.startswith(HANDOFF_PREFIX):
                 continue
-            if name not in reg.embeds:  # fetched once per request, reused across steps
-                fetched = self.transport.fetch(_ref(d), deadline_s=self.fetch_deadline_s)
+            if name not in reg.embeds:  # fetched once per request, reused across steps (fetch validates the ref)
+                fetched = self.transport.fetch(ref, deadline_s=self.fetch_deadline_s)
                 reg.embeds[name] = fetched.to(self.device, self.dtype)
         # resident only once its inputs arrived: a refused or failed first step leaves nothing behind
         self.regions[unit.request_id] = reg
@@ -289,8 +283,7 @@ class DenoiserExecutor(_Base):
         the latent and sampler history for the other pool and drop the region here."""
         tensors = {"latent": reg.latent, **{f"history.{k}": v for k, v in reg.history.tensors().items()}}
         for name, t in tensors.items():
-            res.outputs[HANDOFF_PREFIX + name] = self.transport.publish(unit.request_id, HANDOFF_PREFIX + name,
-                                                                       t).to_dict()
+            res.outputs[HANDOFF_PREFIX + name] = self.transport.publish(unit.request_id, HANDOFF_PREFIX + name, t)
         res.payload["handoff_meta"] = {"step": reg.step, "history": reg.history.meta()}
         self.regions.pop(unit.request_id, None)
 
@@ -299,9 +292,9 @@ class DenoiserExecutor(_Base):
         if int(meta["step"]) != int(p["step"]):
             raise FastVideoError(f"handed-over latent is at step {meta['step']}, step {p['step']} issued", step=p["step"])
         got = {}
-        for name, d in unit.inputs.items():
+        for name, ref in unit.inputs.items():
             if name.startswith(HANDOFF_PREFIX):
-                got[name[len(HANDOFF_PREFIX):]] = self.transport.fetch(_ref(d), deadline_s=self.fetch_deadline_s)
+                got[name[len(HANDOFF_PREFIX):]] = self.transport.fetch(ref, deadline_s=self.fetch_deadline_s)
         if "latent" not in got:
             raise Unavailable("the expert switch names no handed-over latent", step=p["step"], field="inputs",
                               details={"lost_region": True})
@@ -483,7 +476,7 @@ class DenoiserExecutor(_Base):
                 if p.get("cache"):
                     res.payload["plugin_state"] = plugin_states[i]
                 if p.get("final"):
-                    res.outputs["latents"] = self.transport.publish(unit.request_id, "latents", new).to_dict()
+                    res.outputs["latents"] = self.transport.publish(unit.request_id, "latents", new)
                 if p.get("handoff") and any(e not in self.dits for e in self.card.dit_components()):
                     self._hand_off(unit, reg, res)  # the next step's expert lives in another pool
                 results[unit.unit_id] = res
@@ -582,11 +575,11 @@ class DecoderExecutor(_Base):
         out = []
         for unit in batch:
             try:
-                latent = self.transport.fetch(_ref(unit.inputs["latents"]), deadline_s=self.fetch_deadline_s)
+                latent = self.transport.fetch(unit.inputs["latents"], deadline_s=self.fetch_deadline_s)
                 frames = self.vae.decode(latent)[0].contiguous()  # [F, H, W, 3] float32 in [0, 1]
                 wire = frames_for_transport(frames, self._frames_dtype(unit))
                 ref = self.transport.publish(unit.request_id, "frames", wire)
-                res = StepResult(unit.unit_id, unit.request_id, outputs={"frames": ref.to_dict()},
+                res = StepResult(unit.unit_id, unit.request_id, outputs={"frames": ref},
                                  payload={"frames_shape": list(frames.shape), "frames_dtype": ref.dtype})
                 fmt = unit.params.get("encode")
                 if fmt:  # the pool encodes the file itself; only its bytes travel back

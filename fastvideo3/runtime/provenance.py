@@ -16,7 +16,7 @@ def provenance(card, run, *, weights: dict[str, str], runtime: dict[str, Any], p
     loop's latent norms and cache report, fps and the package version."""
     import fastvideo3
     r = run.request
-    denoise = run.ctx.get("payloads", {}).get(LoopId.DIFFUSION_DENOISE, {})
+    denoise = run.ctx.payloads.get(LoopId.DIFFUSION_DENOISE, {})
     return {
         "card": card.model_id,
         "recipe": card.recipe.model_dump(mode="json"),
@@ -25,7 +25,7 @@ def provenance(card, run, *, weights: dict[str, str], runtime: dict[str, Any], p
         "adapters": [dict(a) for a in r.adapters],
         "runtime": {**runtime, "adapters": list(r.adapter_versions),
                     # batch-invariant mode: the units every denoise forward ran at (None = off)
-                    "batch_invariant_bucket": run.ctx.get("batch_bucket")},
+                    "batch_invariant_bucket": run.ctx.batch_bucket},
         "timings_s": {k: round(v, 4) for k, v in phase_seconds.items()},
         "latent_norms": denoise.get("latent_norms", []),
         # every output-changing interceptor setting, and what it reused

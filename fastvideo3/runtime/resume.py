@@ -9,7 +9,8 @@ travel in one blob, so a reader never pairs one step's state with another step's
 
 Wire form: ``MAGIC``, a little-endian u32 header length, the UTF-8 JSON header, then the
 snapshot bytes (possibly none). The header's ``snapshot_bytes`` and ``snapshot_sha256`` check
-the tail.
+the tail. The context is :meth:`RequestContext.to_dict`'s form since version 2; a version-1
+record (the context's flat form) is still read.
 """
 from __future__ import annotations
 
@@ -20,15 +21,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastvideo3.errors import DataLoss, FailedPrecondition
+from fastvideo3.errors import DataLoss, FailedPrecondition, FastVideoError
+from fastvideo3.loop.context import RequestContext
 from fastvideo3.request.schema import ResolvedRequest
 from fastvideo3.vocab import LoopId, RunStatus
 
 MAGIC = b"FV3RUN\x00\x01"
-VERSION = 1
+VERSION = 2
+#: versions this reader accepts: 1 differs only in the context's form (RequestContext.from_dict reads both)
+READABLE_VERSIONS = (1, 2)
 _LEN = struct.Struct("<I")
-#: ctx keys that never go into a checkpoint (bytes, or rebuilt on resume)
-_VOLATILE_CTX = ("artifacts",)
 
 
 @dataclass
@@ -41,7 +43,7 @@ class RunRecord:
     loop_index: int
     loop_id: str | None
     loop_state: str | None  # LoopState JSON of the current loop, None between loops
-    ctx: dict[str, Any]
+    ctx: dict[str, Any]  # RequestContext.to_dict()
     placement: dict[str, int]
     created: float
     started: float | None
@@ -82,9 +84,9 @@ class RunRecord:
             head = json.loads(data[start:start + n].decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
             raise DataLoss(f"bad checkpoint header: {exc}", field="checkpoint") from None
-        if head.pop("version", None) != VERSION:
+        if head.pop("version", None) not in READABLE_VERSIONS:
             raise FailedPrecondition("checkpoint written by another format version", field="checkpoint",
-                                     limit=str(VERSION))
+                                     limit=", ".join(map(str, READABLE_VERSIONS)))
         size, digest = head.pop("snapshot_bytes", 0), head.pop("snapshot_sha256", "")
         snap = data[start + n:]
         if len(snap) != size or (snap and hashlib.sha256(snap).hexdigest() != digest):
@@ -95,25 +97,13 @@ class RunRecord:
             raise DataLoss(f"bad checkpoint header: {exc}", field="checkpoint") from None
 
 
-def _json_safe(value: Any) -> Any:
-    """``value`` if it survives a JSON round trip unchanged in kind, else None (dropped)."""
-    try:
-        return json.loads(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError):
-        return None
-
-
 def record_of(run, *, snapshot: bytes = b"", snapshot_role: str = "", snapshot_fingerprint: str = "") -> RunRecord:
     """The record of ``run`` as it stands now (call at a step boundary)."""
-    ctx = {k: v for k, v in run.ctx.items() if k not in _VOLATILE_CTX}
-    safe = _json_safe(ctx)
-    if safe is None:  # keep what serializes; a non-JSON value never reaches a LoopState anyway
-        safe = {k: v for k, v in ((k, _json_safe(v)) for k, v in ctx.items()) if v is not None}
     driver = run.driver
     return RunRecord(
         request=run.request.to_dict(), card_id=run.card.model_id, program=list(run.program),
         loop_index=run.loop_index, loop_id=run.loop_id if driver is not None else None,
-        loop_state=driver.state.to_json() if driver is not None else None, ctx=safe,
+        loop_state=driver.state.to_json() if driver is not None else None, ctx=run.ctx.to_dict(),
         placement=dict(run.placement), created=run.created, started=run.started,
         phase_seconds=dict(run.phase_seconds), snapshot=snapshot, snapshot_role=snapshot_role,
         snapshot_fingerprint=snapshot_fingerprint,
@@ -123,7 +113,7 @@ def record_of(run, *, snapshot: bytes = b"", snapshot_role: str = "", snapshot_f
 def request_meta(run) -> dict[str, Any]:
     """The metadata registered with the StateStore when a request is admitted."""
     return {"request": run.request.to_dict(), "card_id": run.card.model_id, "program": list(run.program),
-            "ctx": _json_safe({k: v for k, v in run.ctx.items() if k not in _VOLATILE_CTX}) or {},
+            "ctx": run.ctx.to_dict(),
             "created": run.created}
 
 
@@ -138,7 +128,11 @@ def rebuild_run(record: RunRecord, card, *, rewind_decode: bool = True):
     if record.card_id != card.model_id:
         raise FailedPrecondition(f"checkpoint is for card {record.card_id!r}", field="card_id", limit=card.model_id)
     request = ResolvedRequest.from_dict(record.request)
-    run = RequestRun(request=request, card=card, program=tuple(record.program), ctx=dict(record.ctx),
+    try:
+        ctx = RequestContext.from_dict(record.ctx)
+    except FastVideoError as e:
+        raise DataLoss(f"bad checkpoint context: {e.message}", field=f"checkpoint.{e.field or 'ctx'}") from None
+    run = RequestRun(request=request, card=card, program=tuple(record.program), ctx=ctx,
                      created=record.created, started=record.started, placement=dict(record.placement),
                      phase_seconds=dict(record.phase_seconds))
     run.status = RunStatus.RUNNING if record.started is not None else RunStatus.QUEUED
@@ -153,5 +147,5 @@ def rebuild_run(record: RunRecord, card, *, rewind_decode: bool = True):
         at = run.program.index(LoopId.VAE_DECODE)
         if run.loop_index >= at:
             run.loop_index, run.driver = at, None
-            run.ctx.get("payloads", {}).pop(LoopId.VAE_DECODE, None)
+            run.ctx.payloads.pop(LoopId.VAE_DECODE, None)
     return run

@@ -10,7 +10,7 @@ import hashlib
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.models.reward.scorers import SCORERS, check_scorer_names, make_scorer
-from fastvideo3.runtime.executors import FETCH_DEADLINE_S, _Base, _fail, _ref, frames_as_float
+from fastvideo3.runtime.executors import FETCH_DEADLINE_S, _Base, _fail, frames_as_float
 from fastvideo3.vocab import Role
 
 
@@ -29,7 +29,7 @@ class RewardExecutor(_Base):
         for unit in batch:
             try:
                 names = check_scorer_names(unit.params.get("scorers") or [], available=self.scorers)
-                frames = frames_as_float(self.transport.fetch(_ref(unit.inputs["frames"]),
+                frames = frames_as_float(self.transport.fetch(unit.inputs["frames"],
                                                               deadline_s=FETCH_DEADLINE_S))
                 scores = {n: float(self.scorers[n].score(frames)) for n in names}
                 out.append(StepResult(unit.unit_id, unit.request_id, payload={"scores": scores},

@@ -21,13 +21,13 @@ import time
 from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import (
     Cancelled, DeadlineExceeded, ErrorInfo, FastVideoError, Internal, InvalidRequest, ResourceExhausted, Unavailable,
 )
-from fastvideo3.loop import LOOPS, LoopDriver
+from fastvideo3.loop import LOOPS, LoopDriver, RequestContext
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.request.schema import ResolvedRequest
 from fastvideo3.runtime.executor import Executor
@@ -57,7 +57,7 @@ class RequestRun:
     status: str = RunStatus.QUEUED
     loop_index: int = 0
     driver: LoopDriver | None = None
-    ctx: dict[str, Any] = field(default_factory=dict)
+    ctx: RequestContext = field(default_factory=RequestContext)
     error: ErrorInfo | None = None
     created: float = field(default_factory=time.time)
     started: float | None = None
@@ -174,9 +174,10 @@ class CoreScheduler:
 
     # -- requests ----------------------------------------------------------------------
     def submit(self, request: ResolvedRequest, card: ModelCard, *, program: tuple[str, ...] | None = None,
-               ctx: dict[str, Any] | None = None, trace_parent: Any = None) -> RequestRun:
+               ctx: RequestContext | Mapping[str, Any] | None = None, trace_parent: Any = None) -> RequestRun:
         """Queue a request. ``program`` is the loop sequence (default text-to-video); ``ctx`` seeds
-        the context every loop's ``init`` sees (e.g. ``encode`` for the decode loop)."""
+        the context every loop's ``init`` sees (e.g. ``encode`` for the decode loop; a mapping of
+        its keys is read as :meth:`RequestContext.from_dict` reads one)."""
         rid = request.request_id
         with self._lock:
             old = self.runs.get(rid)
@@ -188,7 +189,8 @@ class CoreScheduler:
                 self.telemetry.refused("queue", request.slo_class)
                 raise ResourceExhausted(f"queue is full ({queued} waiting)", field="queue",
                                         limit=str(self.max_queued), retry_after_s=1.0)
-            run = RequestRun(request=request, card=card, program=tuple(program or PROGRAM_T2V), ctx=dict(ctx or {}))
+            run = RequestRun(request=request, card=card, program=tuple(program or PROGRAM_T2V),
+                             ctx=RequestContext.of(ctx))
             self._registering.add(rid)  # the id is taken while it is registered
         try:
             if self.admit_hook is not None:
@@ -376,8 +378,7 @@ class CoreScheduler:
             if plan is not None:
                 return plan
             result = run.driver.result
-            run.ctx.update(result.outputs)
-            run.ctx.setdefault("payloads", {})[run.loop_id] = result.payload
+            run.ctx.add_loop_result(run.loop_id, result)
             self.telemetry.loop_finished(run.request_id)
             run.driver = None
             run.loop_index += 1
@@ -612,7 +613,7 @@ class CoreScheduler:
     def _finish(self, run: RequestRun) -> None:
         run.status = RunStatus.SUCCEEDED
         self.counters["succeeded"] += 1
-        self._emit(run, EventKind.ARTIFACT, {"outputs": dict(run.ctx), "phase_seconds": dict(run.phase_seconds),
+        self._emit(run, EventKind.ARTIFACT, {"outputs": dict(run.ctx.refs), "phase_seconds": dict(run.phase_seconds),
                                      "artifacts": dict(run.artifacts)})
         self._settle(run)
         self._emit(run, EventKind.FINISHED, {"status": RunStatus.SUCCEEDED})

@@ -1,7 +1,8 @@
 """WorkUnit: the smallest schedulable action — one loop step with a reservation and a deadline.
 
 A WorkUnit is a WorkPlan stamped by the scheduler with an id, the card, a deadline and a cancel
-scope. It is a plain dataclass inside the process and ``fastvideo3.v1.WorkUnit`` on the wire.
+scope. It is a plain dataclass inside the process (its inputs are TensorRef objects) and
+``fastvideo3.v1.WorkUnit`` on the wire (services/common/convert.py converts both ways).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, Mapping
 
 from fastvideo3.loop.params import StepParams
 from fastvideo3.loop.protocol import Resources, WorkPlan
+from fastvideo3.transport.ref import TensorRef
 
 _ids = itertools.count(1)
 
@@ -32,7 +34,7 @@ class WorkUnit:
     shape_sig: str
     #: typed per kind (fastvideo3.loop.params) inside a process; a dict only at the wire edge
     params: Mapping[str, Any] = field(default_factory=dict)
-    inputs: dict[str, dict] = field(default_factory=dict)
+    inputs: dict[str, TensorRef] = field(default_factory=dict)
     resources: Resources = field(default_factory=Resources)
     deadline_unix: float = 0.0  # 0 = none
     step: int | None = None

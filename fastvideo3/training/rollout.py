@@ -21,7 +21,6 @@ import torch
 
 from fastvideo3.runtime.executors import frames_as_float
 from fastvideo3.runtime.scheduler import PROGRAM_T2V
-from fastvideo3.transport.ref import TensorRef
 from fastvideo3.vocab import LoopId, RunStatus
 
 CAPTURE_MODES = ("norms", "endpoints", "all")
@@ -172,10 +171,9 @@ class Rollout:
                     cfg_policy=r.cfg_policy, sampler=r.sampler, flow_shift=r.flow_shift, precision=r.precision,
                     weights_version=dict(versions), steps=capture.take(r.request_id),
                 )
-                rec.final_latent = eng.transport.fetch(TensorRef.from_dict(run.ctx["latents"]), deadline_s=30.0).clone()
+                rec.final_latent = eng.transport.fetch(run.ctx.ref("latents"), deadline_s=30.0).clone()
                 if decode:
-                    rec.frames = frames_as_float(eng.transport.fetch(TensorRef.from_dict(run.ctx["frames"]),
-                                                                     deadline_s=30.0)).clone()
+                    rec.frames = frames_as_float(eng.transport.fetch(run.ctx.ref("frames"), deadline_s=30.0)).clone()
                     if scorer is not None:
                         rec.scores = scorer(rec.frames, r.prompt)
                 records.append(rec)

@@ -2,8 +2,10 @@
 
 This is the only place that knows both forms. Rules kept here:
 
-* TensorRef dicts travel as ``v1.TensorRef``; the backend descriptor (``str -> str | int``) goes
-  as UTF-8 JSON in ``transport.descriptor`` so ints stay ints; ``name`` carries the dict key.
+* TensorRef objects travel as ``v1.TensorRef``; the backend descriptor (``str -> str | int``) goes
+  as UTF-8 JSON in ``transport.descriptor`` so ints stay ints; ``name`` carries the dict key. A ref
+  read from the wire is built as sent and not validated here: the transport validates it when a
+  pool fetches it, so a bad ref fails its own unit (naming the field), not the whole batch.
 * WorkUnit ``params`` travel as UTF-8 JSON (numbers round-trip exactly); ``step = None`` is
   ``step_index = -1``; ``total = None`` is ``total_steps = 0``; deadlines travel in whole
   milliseconds.
@@ -19,6 +21,7 @@ from fastvideo3.errors import LOSS_KEYS, ErrorInfo
 from fastvideo3.loop.params import params_from_dict, params_to_dict
 from fastvideo3.loop.protocol import Resources, StepResult
 from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.transport.ref import TensorRef
 from fastvideo3.v1 import common_pb2, work_pb2
 
 
@@ -31,32 +34,32 @@ def _loads(blob: bytes, default: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- tensor refs
-def ref_to_wire(name: str, ref: dict, request_id: str = "") -> common_pb2.TensorRef:
-    desc = dict(ref.get("descriptor") or {})
+def ref_to_wire(name: str, ref: TensorRef, request_id: str = "") -> common_pb2.TensorRef:
+    if not isinstance(ref, TensorRef):
+        raise TypeError(f"ref {name!r} is a {type(ref).__name__}, not a TensorRef")
+    desc = dict(ref.descriptor)
     address = desc.get("address")
     return common_pb2.TensorRef(
-        owner_pool=str(ref.get("owner", "")), buffer_id=str(ref.get("buffer_id", "")), dtype=str(ref.get("dtype", "")),
-        shape=[int(x) for x in ref.get("shape", [])], nbytes=int(ref.get("nbytes", 0)),
-        checksum=str(ref.get("checksum", "")), name=name, request_id=request_id,
+        owner_pool=ref.owner, buffer_id=ref.buffer_id, dtype=ref.dtype, shape=[int(x) for x in ref.shape],
+        nbytes=int(ref.nbytes), checksum=ref.checksum, name=name, request_id=request_id,
         transport=common_pb2.TransportDescriptor(
-            backend=str(ref.get("backend", "")), address=address if isinstance(address, str) else "",
-            descriptor=_dumps(desc)),
+            backend=ref.backend, address=address if isinstance(address, str) else "", descriptor=_dumps(desc)),
     )
 
 
-def ref_from_wire(msg: common_pb2.TensorRef) -> tuple[str, dict]:
-    return msg.name, {
-        "owner": msg.owner_pool, "buffer_id": msg.buffer_id, "dtype": msg.dtype, "shape": list(msg.shape),
-        "nbytes": msg.nbytes, "checksum": msg.checksum, "backend": msg.transport.backend,
-        "descriptor": _loads(msg.transport.descriptor, {}),
-    }
+def ref_from_wire(msg: common_pb2.TensorRef) -> tuple[str, TensorRef]:
+    return msg.name, TensorRef(
+        owner=msg.owner_pool, buffer_id=msg.buffer_id, dtype=msg.dtype, shape=tuple(int(x) for x in msg.shape),
+        nbytes=msg.nbytes, checksum=msg.checksum, backend=msg.transport.backend,
+        descriptor=_loads(msg.transport.descriptor, {}),
+    )
 
 
-def refs_to_wire(refs: dict[str, dict], request_id: str = "") -> list[common_pb2.TensorRef]:
+def refs_to_wire(refs: dict[str, TensorRef], request_id: str = "") -> list[common_pb2.TensorRef]:
     return [ref_to_wire(name, ref, request_id) for name, ref in refs.items()]
 
 
-def refs_from_wire(msgs) -> dict[str, dict]:
+def refs_from_wire(msgs) -> dict[str, TensorRef]:
     return dict(ref_from_wire(m) for m in msgs)
 
 

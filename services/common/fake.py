@@ -7,21 +7,21 @@ it returns point at nothing (backend ``"fake"``) and are never fetched by anothe
 from __future__ import annotations
 
 import io
-import math
 import threading
 import time
 
 from fastvideo3.card.family import family_of
 from fastvideo3.loop.protocol import StepResult
+from fastvideo3.transport.ref import TensorRef, expected_nbytes
 from fastvideo3.vocab import OutputFormat, UnitKind
 
 FAKE_TEXT_DIM = 32
 
 
-def fake_ref(owner: str, request_id: str, name: str, shape: list[int], dtype: str = "float32") -> dict:
-    size = {"float32": 4, "uint8": 1}[dtype]
-    return {"owner": owner, "buffer_id": f"{request_id}/{name}#fake", "dtype": dtype, "shape": list(shape),
-            "nbytes": size * math.prod(shape), "checksum": "none:0", "backend": "fake", "descriptor": {}}
+def fake_ref(owner: str, request_id: str, name: str, shape: list[int], dtype: str = "float32") -> TensorRef:
+    """A well-formed ref to nothing (backend ``"fake"``): no transport serves it."""
+    return TensorRef(owner=owner, buffer_id=f"{request_id}/{name}#fake", dtype=dtype, shape=tuple(shape),
+                     nbytes=expected_nbytes(dtype, tuple(shape)), checksum="none:0", backend="fake")
 
 
 def _tiny_npy() -> bytes:
@@ -76,7 +76,7 @@ class FakeExecutor:
             if p.get("final"):
                 res.outputs = {"latents": fake_ref(owner, rid, "latents", [1, *p["latent_shape"]])}
         elif unit.kind == UnitKind.VAE_TILE:
-            c, f, h, w = unit.inputs["latents"]["shape"][1:]
+            c, f, h, w = unit.inputs["latents"].shape[1:]
             dtype = "float32" if p.get("frames_dtype") == "float32" else "uint8"  # as the real decoder
             fam = family_of(self.card)
             _, sh, sw = fam.latent_stride(self.card)

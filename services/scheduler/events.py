@@ -37,7 +37,7 @@ def phase_timings(run) -> dict[str, float]:
 
 
 def rewards_of(run) -> dict[str, float]:
-    return dict(run.ctx.get("payloads", {}).get(LoopId.REWARD_SCORE, {}).get("scores", {}))
+    return dict(run.ctx.payloads.get(LoopId.REWARD_SCORE, {}).get("scores", {}))
 
 
 class WireStream:
@@ -80,7 +80,7 @@ class WireStream:
                 rewards=rewards_of(run)))
 
     def _artifact(self, d: dict[str, Any]) -> Iterator[scheduler_pb2.GenerateEvent]:
-        fmt = self.run.ctx.get("encode") or OutputFormat.MP4
+        fmt = self.run.ctx.encode or OutputFormat.MP4
         data = (d.get("artifacts") or {}).get(LoopId.VAE_DECODE, b"")
         name, mime = f"video.{fmt}", MIME.get(fmt, "application/octet-stream")
         sidecar = json.dumps(self.sidecar_fn(self.run, d), sort_keys=True).encode()

@@ -17,7 +17,7 @@
   client until one **re-attaches**: a Generate with the same request id (and the same
   parameters) gets an ``accepted`` event and then the request's remaining events — or, if it
   already ended, its result (artifact and ``finished``), kept until then. A **detached**
-  request (``ctx["detached"]``, from GenerateRequest.detached) is treated the same way when its
+  request (``ctx.detached``, from GenerateRequest.detached) is treated the same way when its
   client goes away: it keeps running, unowned, until a client re-attaches or cancels it.
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ from collections import deque
 from typing import Any
 
 from fastvideo3.errors import AlreadyExists, ErrorInfo, FastVideoError, NotFound, Unavailable
+from fastvideo3.loop.context import RequestContext
 from fastvideo3.runtime.scheduler import TERMINAL, CoreScheduler, Event, RequestRun
 from fastvideo3.vocab import EventKind, LoopId, OutputFormat, RunStatus
 
@@ -83,14 +84,15 @@ class FleetRuntime:
         self._wake.set()
 
     # -- requests ---------------------------------------------------------------------------
-    def submit(self, request, card, *, program: tuple[str, ...], ctx: dict, trace_parent=None) -> Stream:
+    def submit(self, request, card, *, program: tuple[str, ...], ctx: RequestContext, trace_parent=None) -> Stream:
         """Queue a request, or — when its id is taken — apply the id rules (docs/reliability.md):
         the same parameters re-attach to a live request, replay an ended one's result, or run a
         request that failed with a retryable error again (from its checkpoint); other parameters
         are refused with ALREADY_EXISTS naming ``request_id``."""
         rid = request.request_id
+        ctx = RequestContext.of(ctx)
         if self.batch_bucket:  # the denoise loop pins it into the request's state (a resume keeps it)
-            ctx = {**ctx, "batch_bucket": self.batch_bucket}
+            ctx.batch_bucket = self.batch_bucket
         existing = self.lookup(rid)
         if existing is not None and not (existing.status == RunStatus.CANCELLED):
             if existing.request != request:
@@ -101,7 +103,7 @@ class FleetRuntime:
                 if not existing.resumed:
                     raise AlreadyExists(f"request {rid!r} is running and a client is attached to it",
                                         field="request_id", request_id=rid)
-                return self._reattach(existing, request, detached=bool(ctx.get("detached")))
+                return self._reattach(existing, request, detached=ctx.detached)
             retry = existing.status == RunStatus.FAILED and existing.error is not None and \
                 existing.error.details.get("retryable") in (True, "true", "True")
             if retry and self.checkpointer is not None:
@@ -109,7 +111,7 @@ class FleetRuntime:
             if not retry:  # its result, replayed to this client
                 if existing.status == RunStatus.SUCCEEDED:
                     self._load_media(existing)
-                return self._reattach(existing, request, detached=bool(ctx.get("detached")))
+                return self._reattach(existing, request, detached=ctx.detached)
             # retryable, no store to resume from: it runs again from the start (below)
         stream = Stream(request.request_id)
         with self._lock:
@@ -135,7 +137,7 @@ class FleetRuntime:
             with self._lock:
                 self.streams[request.request_id] = stream
             run.resumed = False
-            run.ctx["detached"] = bool(ctx.get("detached"))
+            run.ctx.detached = ctx.detached
             stream.events.put(Event(run.request_id, 0, EventKind.ACCEPTED, {"model": card.model_id, "resumed": True}))
         self._wake.set()
         return stream
@@ -178,7 +180,7 @@ class FleetRuntime:
             return
         data = None
         if self.checkpointer is not None:
-            fmt = run.ctx.get("encode") or OutputFormat.MP4
+            fmt = run.ctx.encode or OutputFormat.MP4
             try:
                 data = self.checkpointer.store.media(run.request_id, f"video.{fmt}")
             except FastVideoError as e:
@@ -203,7 +205,7 @@ class FleetRuntime:
                                         request_id=run.request_id)
                 self.streams[run.request_id] = stream
             run.resumed = False  # the client owns it now: a disconnect cancels it, as for any stream
-            run.ctx["detached"] = detached  # ... unless this client detached it again
+            run.ctx.detached = detached  # ... unless this client detached it again
             stream.events.put(Event(run.request_id, 0, EventKind.ACCEPTED,
                                     {"model": run.card.model_id, "resumed": True}))
             if run.status in TERMINAL:  # it ended before anyone re-attached: replay its result
@@ -225,7 +227,7 @@ class FleetRuntime:
             current = self.streams.get(stream.request_id) is stream
         if current:
             run = self.sched.get(stream.request_id)
-            if run is not None and run.status not in TERMINAL and run.ctx.get("detached"):
+            if run is not None and run.status not in TERMINAL and run.ctx.detached:
                 run.resumed = True  # runs on, unowned, until a client re-attaches (see module doc)
                 log.info("client of detached %s disconnected: it runs on", stream.request_id)
             elif run is not None and run.status not in TERMINAL and self.cancel(stream.request_id):
@@ -364,7 +366,7 @@ def ended_run(request_id: str, kept: dict, card_of) -> RequestRun | None:
     if card is None or "request" not in meta:
         return None
     run = RequestRun(request=ResolvedRequest.from_dict(meta["request"]), card=card,
-                     program=tuple(meta.get("program") or ()), ctx=dict(meta.get("ctx") or {}),
+                     program=tuple(meta.get("program") or ()), ctx=RequestContext.from_dict(meta.get("ctx")),
                      created=float(meta.get("created") or time.time()))
     run.status, run.started = kept["status"], info.get("started")
     run.loop_index = len(run.program)

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from fastvideo3.errors import FailedPrecondition, FastVideoError, InvalidRequest, NotFound, Unavailable
+from fastvideo3.loop.context import RequestContext
 from fastvideo3.models.reward.scorers import check_scorer_names
 from fastvideo3.request.schema import GenerateRequest, resolve
 from fastvideo3.runtime.scheduler import PROGRAM_T2V
@@ -98,9 +99,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             except InvalidRequest as e:
                 raise InvalidRequest(e.message, field="reward_scorers", limit=e.limit) from None
             program = (*PROGRAM_T2V, LoopId.REWARD_SCORE)
-        ctx = {"encode": fmt, "fps": fps, "rewards": rewards, "metadata": dict(msg.metadata)}
-        if msg.detached:
-            ctx["detached"] = True
+        ctx = RequestContext(encode=fmt, fps=fps, rewards=rewards, metadata=dict(msg.metadata),
+                             detached=bool(msg.detached))
         return resolved, program, ctx
 
     def Generate(self, request, context):  # noqa: N802 - gRPC naming
@@ -183,12 +183,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                         if role == Role.DENOISER}
         return {
             **provenance(self.card, run, phase_seconds=data.get("phase_seconds", {}),
-                         fps=run.ctx.get("fps", self.card.limits.fps),
+                         fps=run.ctx.fps if run.ctx.fps is not None else self.card.limits.fps,
                          weights={k: v for k, v in self.weights.items() if k != Role.REWARD},
                          runtime={"fingerprints": fingerprints}),
-            "output_format": run.ctx.get("encode"),
-            "rewards": run.ctx.get("payloads", {}).get(LoopId.REWARD_SCORE, {}).get("scores", {}),
-            "metadata": run.ctx.get("metadata", {}),
+            "output_format": run.ctx.encode,
+            "rewards": run.ctx.payloads.get(LoopId.REWARD_SCORE, {}).get("scores", {}),
+            "metadata": run.ctx.metadata,
             "fleet": {"engine_id": self.deployment_card.engine_id, "transport": dict(self.edges),
                       "batching": self.runtime.batching,
                       "replicas": {role: self.replicas[role][i].replica_id for role, i in run.placement.items()}},
