@@ -43,7 +43,7 @@ def script(executor, card, transport) -> dict[str, torch.Tensor]:
     for rid, _, _ in REQUESTS:
         for b in ("c", "u"):
             t = torch.randn(1, card.max_text_tokens, 64, generator=g)
-            refs[(rid, b)] = transport.publish(rid, f"emb_{b}", t).to_dict()
+            refs[(rid, b)] = transport.publish(rid, f"emb_{b}", t)
     finals: dict[str, torch.Tensor] = {}
     blob = None
     for step in range(STEPS):
@@ -54,16 +54,11 @@ def script(executor, card, transport) -> dict[str, torch.Tensor]:
         for r in executor.execute(batch):
             assert r.ok, r.error
             if "latents" in r.outputs:
-                finals[r.request_id] = transport.fetch(_ref(r.outputs["latents"]), deadline_s=30.0)
+                finals[r.request_id] = transport.fetch(r.outputs["latents"], deadline_s=30.0)
         if step == 1:
             blob = executor.snapshot("a")
             assert executor.restore("a2", blob) == 2
     return finals
-
-
-def _ref(d):
-    from fastvideo3.transport.ref import TensorRef
-    return TensorRef.from_dict(d)
 
 
 def run_plans(rank: int, world: int, port: int, specs: list[str], out: str) -> None:

@@ -8,6 +8,7 @@ import torch
 
 from fastvideo3.card import get_card, resolve_card
 from fastvideo3.errors import InvalidRequest
+from fastvideo3.loop.context import RequestContext
 from fastvideo3.loop.denoise import DenoiseLoop
 from fastvideo3.models.wan.components import load_dit
 from fastvideo3.parity import rel_error
@@ -106,7 +107,7 @@ def test_loop_names_the_expert_of_each_step(moe_dir):
     card = resolve_card(str(moe_dir))
     req = resolve(GenerateRequest(PROMPT, guidance_scale=5.0, guidance_scale_2=2.0, **OPTS), card)
     loop = DenoiseLoop()
-    state = loop.init(req, card, {"prompt_embeds": {}, "negative_embeds": {}})
+    state = loop.init(req, card, RequestContext())
     assert state.boundary_timestep == 875.0
     plans = []
     while state.step < state.num_steps:

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.transport.ref import TensorRef
 from fastvideo3.v1 import pool_pb2
 from services.common import convert
 from tests.fleet_fixture import health, pool_describe, pool_stub, wait_until
@@ -95,8 +96,8 @@ def test_transfer_fault_fails_that_request_within_the_transfer_timeout(balanced,
 def test_descriptor_whose_shape_disagrees_with_its_bytes_is_refused(balanced):
     fleet = balanced
     d0 = fleet.pools["denoiser"][0].target
-    ref = {"owner": "encoder-0", "buffer_id": "bogus/prompt_embeds#1", "dtype": "float32", "shape": [1, 64, 64],
-           "nbytes": 12, "checksum": "fsum64:0", "backend": "shm", "descriptor": {}}
+    ref = TensorRef(owner="encoder-0", buffer_id="bogus/prompt_embeds#1", dtype="float32", shape=(1, 64, 64),
+                    nbytes=12, checksum="fsum64:0", backend="shm")  # built as a wire message would bring it
     unit = WorkUnit("u-bad", "bad-descriptor", "diffusion_denoise", "diffusion_step", "denoiser", "wan-tiny-seeded",
                     "sig", inputs={"prompt_embeds": ref}, step=0,
                     params={"step": 0, "seed": 0, "latent_shape": [16, 3, 4, 4], "cfg_policy": "none",

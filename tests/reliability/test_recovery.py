@@ -25,7 +25,7 @@ import pytest
 from fastvideo3.card.registry import resolve_card
 from fastvideo3.client import FleetClient
 from fastvideo3.errors import Unavailable
-from fastvideo3.loop import DenoiseLoop
+from fastvideo3.loop import DenoiseLoop, RequestContext
 from fastvideo3.request.schema import GenerateRequest, resolve
 from fastvideo3.runtime.workunit import WorkUnit
 from fastvideo3.v1 import pool_pb2
@@ -220,7 +220,7 @@ def test_snapshot_restores_only_onto_a_matching_fingerprint(balanced):
                          params={"prompts": {"prompt_embeds": "probe"}})
         res = _execute(enc, chunk)
         loop = DenoiseLoop()
-        state = loop.init(req, card, {"prompt_embeds": res.outputs["prompt_embeds"]})
+        state = loop.init(req, card, RequestContext(refs={"prompt_embeds": res.outputs["prompt_embeds"]}))
         step0 = WorkUnit.from_plan(loop.next(state), card.model_id)
         assert _execute(d0, step0).ok
         snap = pool_stub(d0).Snapshot(pool_pb2.SnapshotRequest(request_id=rid), timeout=10)

@@ -32,6 +32,7 @@ from fastvideo3.runtime.scheduler import TERMINAL, CoreScheduler
 from fastvideo3.state import MemoryStateStore
 from fastvideo3.telemetry.hooks import SchedulerTelemetry
 from fastvideo3.telemetry.tracing import init_tracing
+from services.common.fake import fake_ref
 
 CARD = resolve_card("wan-tiny-seeded")
 MAX_RUNNING, MAX_QUEUED = 3, 4
@@ -63,13 +64,13 @@ class FakePool:
                 continue
             outputs = {}
             if u.kind == "encoder_chunk":
-                outputs = {n: {"buffer_id": n} for n in u.params["prompts"]}
+                outputs = {n: fake_ref(self.role, u.request_id, n, [1, 8, 4]) for n in u.params["prompts"]}
             elif u.kind == "diffusion_step":
                 self.regions[u.request_id] = u.params["step"] + 1
                 if u.params["final"]:
-                    outputs = {"latents": {"buffer_id": "z", "shape": [1, *u.params["latent_shape"]]}}
+                    outputs = {"latents": fake_ref(self.role, u.request_id, "z", [1, *u.params["latent_shape"]])}
             elif u.kind == "vae_tile":
-                outputs = {"frames": {"buffer_id": "f"}}
+                outputs = {"frames": fake_ref(self.role, u.request_id, "f", [9, 8, 8, 3], "uint8")}
             out.append(StepResult(u.unit_id, u.request_id, outputs=outputs, metrics={"latent_norm": 1.0},
                                   measured_seconds=0.01))
         return out

@@ -2,6 +2,7 @@
 (typed error -> gRPC status + trailer -> the same typed error on the client)."""
 from __future__ import annotations
 
+import dataclasses
 from concurrent import futures
 
 import grpc
@@ -12,22 +13,22 @@ from fastvideo3.client import error_from_rpc
 from fastvideo3.errors import ErrorInfo
 from fastvideo3.loop.protocol import Resources, StepResult
 from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.transport.ref import TensorRef
 from fastvideo3.v1 import common_pb2, pool_pb2, pool_pb2_grpc
 from services.common import convert
 from services.common.errors import STATUS_BY_CODE, abort, status_of
 
 pytestmark = pytest.mark.timeout(60)
 
-REF = {"owner": "encoder-0", "buffer_id": "r1/prompt_embeds#3", "dtype": "float32", "shape": [1, 64, 32],
-       "nbytes": 8192, "checksum": "xxh64:00ff", "backend": "shm",
-       "descriptor": {"segment": "fv3-x-1", "generation": 7}}
+REF = TensorRef(owner="encoder-0", buffer_id="r1/prompt_embeds#3", dtype="float32", shape=(1, 64, 32), nbytes=8192,
+                checksum="xxh64:00ff", backend="shm", descriptor={"segment": "fv3-x-1", "generation": 7})
 
 
 def test_tensor_ref_round_trips_exactly_with_int_descriptor_values():
     name, back = convert.ref_from_wire(convert.ref_to_wire("prompt_embeds", REF, "r1"))
     assert name == "prompt_embeds" and back == REF
-    assert isinstance(back["descriptor"]["generation"], int)
-    grpc_ref = dict(REF, backend="grpc", descriptor={"address": "127.0.0.1:5"})
+    assert isinstance(back.descriptor["generation"], int)
+    grpc_ref = dataclasses.replace(REF, backend="grpc", descriptor={"address": "127.0.0.1:5"})
     wire = convert.ref_to_wire("latents", grpc_ref)
     assert wire.transport.address == "127.0.0.1:5" and convert.ref_from_wire(wire)[1] == grpc_ref
 

@@ -77,7 +77,7 @@ def test_a_program_with_rewards_runs_the_reward_loop():
                        ctx={"rewards": ["image_quality"]})
     _drain(sched)
     assert run.status == "SUCCEEDED"
-    assert run.ctx["payloads"]["reward_score"]["scores"] == {"image_quality": 0.0}
+    assert run.ctx.payloads["reward_score"]["scores"] == {"image_quality": 0.0}
     assert ex["reward"][0].seen == [("r0", None)]
 
 

@@ -39,7 +39,7 @@ def _decode(backend: str, **params):
     decoder = DecoderExecutor(card, transport, "cpu")
     latents = transport.inner.publish("r", "latents", torch.randn(1, decoder.vae.z_dim, 3, 4, 4))
     unit = WorkUnit("u1", "r", "l1", "vae_tile", "decoder", card.model_id, "s",
-                    params=params, inputs={"latents": latents.to_dict()})
+                    params=params, inputs={"latents": latents})
     [res] = decoder.execute([unit])
     return res, transport.published.get("frames")
 
@@ -57,7 +57,7 @@ def test_frames_wire_format_round_trip():
 def test_decoder_publishes_uint8_across_pools_and_float_on_request_or_inproc():
     res, frames = _decode("shm")
     assert res.ok, res.error
-    assert frames.dtype == torch.uint8 and res.outputs["frames"]["dtype"] == "uint8"
+    assert frames.dtype == torch.uint8 and res.outputs["frames"].dtype == "uint8"
     res, frames = _decode("shm", frames_dtype="float32")
     assert res.ok and frames.dtype == torch.float32
     res, frames = _decode("inproc")  # nothing is copied in one process: keep the exact floats

@@ -4,15 +4,19 @@ import pytest
 from fastvideo3.card import get_card
 from fastvideo3.errors import NumericFault
 from fastvideo3.loop import (
-    STATES, DecodeLoop, DenoiseLoop, Done, LoopDriver, LoopResult, LoopState, StepResult, TextEncodeLoop,
-    WorkPlan, run_loop,
+    STATES, DecodeLoop, DenoiseLoop, Done, LoopDriver, LoopResult, LoopState, RequestContext, StepResult,
+    TextEncodeLoop, WorkPlan, run_loop,
 )
 from fastvideo3.request.schema import GenerateRequest, resolve
+from services.common.fake import fake_ref
 
 pytestmark = pytest.mark.timeout(30)
 CARD = get_card("wan-tiny")
 REQ = resolve(GenerateRequest(prompt="a red circle", seed=7, num_inference_steps=5, request_id="r1"), CARD)
-EMBEDS = {"prompt_embeds": {"buffer_id": "a"}, "negative_embeds": {"buffer_id": "b"}}
+EMBEDS = {"prompt_embeds": fake_ref("encoder", "r1", "a", [1, 8, 4]),
+          "negative_embeds": fake_ref("encoder", "r1", "b", [1, 8, 4])}
+
+FINAL = fake_ref("denoiser", "r1", "final", [1, 16, 9, 16, 16])
 
 
 class CountLoop:
@@ -69,7 +73,7 @@ def test_driver_plan_is_stable_until_applied_and_failures_raise():
 @pytest.mark.parametrize("loop_id", ["text_encode", "diffusion_denoise", "vae_decode"])
 def test_loop_states_round_trip_unchanged(loop_id):
     loop = {"text_encode": TextEncodeLoop, "diffusion_denoise": DenoiseLoop, "vae_decode": DecodeLoop}[loop_id]()
-    ctx = {**EMBEDS, "latents": {"shape": [1, 16, 9, 16, 16], "buffer_id": "z"}}
+    ctx = RequestContext(refs={**EMBEDS, "latents": fake_ref("denoiser", "r1", "z", [1, 16, 9, 16, 16])})
     state = loop.init(REQ, CARD, ctx)
     if loop_id == "diffusion_denoise":
         state = loop.advance(state, StepResult("u", "r1", metrics={"latent_norm": 3.5}))
@@ -80,22 +84,22 @@ def test_loop_states_round_trip_unchanged(loop_id):
 
 def test_denoise_loop_plans_every_step_then_finishes():
     loop = DenoiseLoop()
-    state = loop.init(REQ, CARD, dict(EMBEDS))
+    state = loop.init(REQ, CARD, RequestContext(refs=dict(EMBEDS)))
     assert len(state.sigmas) == 6 and state.sigmas[-1] == 0.0
     steps = []
     while not isinstance(plan := loop.next(state), Done):
         steps.append(plan.params["step"])
         assert plan.kind == "diffusion_step" and plan.role == "denoiser"
         assert plan.shape_sig.startswith("diffusion_step|wan-tiny|16x9x16x16|")
-        out = {"latents": {"buffer_id": "final"}} if plan.params["final"] else {}
+        out = {"latents": FINAL} if plan.params["final"] else {}
         state = loop.advance(state, StepResult("u", "r1", outputs=out, metrics={"latent_norm": 1.0}))
     assert steps == [0, 1, 2, 3, 4]
-    assert loop.finalize(state).outputs == {"latents": {"buffer_id": "final"}}
+    assert loop.finalize(state).outputs == {"latents": FINAL}
 
 
 def test_denoise_loop_aborts_on_non_finite_result():
     loop = DenoiseLoop()
-    state = loop.init(REQ, CARD, dict(EMBEDS))
+    state = loop.init(REQ, CARD, RequestContext(refs=dict(EMBEDS)))
     with pytest.raises(NumericFault) as e:
         loop.advance(state, StepResult("u", "r1", metrics={"finite": 0.0}))
     assert e.value.code == "ABORTED" and e.value.step == 0

@@ -18,6 +18,7 @@ import pytest
 from fastvideo3.card.family import families, family_of, register_family, unregister_family
 from fastvideo3.card.registry import builtin_cards, get_card, resolve_card
 from fastvideo3.card.spec import ModelCard
+from fastvideo3.loop.context import RequestContext
 from fastvideo3.loop.denoise import DenoiseLoop
 from fastvideo3.models.wan.cards import wan_tiny_seeded
 from fastvideo3.request.schema import GenerateRequest, resolve
@@ -25,7 +26,7 @@ from fastvideo3.runtime.cost import DiffusionStepFeatures, unit_work
 from fastvideo3.runtime.pricing import Pricer
 from fastvideo3.runtime.workunit import WorkUnit
 from fastvideo3.vocab import LoopId, Role, UnitKind
-from services.common.fake import FakeExecutor
+from services.common.fake import FakeExecutor, fake_ref
 
 
 #: the toy family's step shape (latent frames, height, width, CFG branches)
@@ -92,7 +93,7 @@ def test_a_registered_family_is_served_everywhere(toy, tmp_path):
 
     # the denoise loop asks the family for the latent shape
     req = resolve(GenerateRequest("x", num_frames=17, height=64, width=64, num_inference_steps=2, seed=0), card)
-    state = DenoiseLoop().init(req, card, {})
+    state = DenoiseLoop().init(req, card, RequestContext())
     assert state.latent_shape == [3, 3, 16, 16]
 
     # the pricer asks it for the step's shape and its FLOP formula
@@ -106,9 +107,9 @@ def test_a_registered_family_is_served_everywhere(toy, tmp_path):
     # the fake decoder pool makes the family's frame count and size from the latent
     fake = FakeExecutor(Role.DECODER, card, transport=None)
     unit = WorkUnit("u1", "r1", LoopId.VAE_DECODE, UnitKind.VAE_TILE, Role.DECODER, card.model_id, "sig",
-                    inputs={"latents": {"shape": [1, 3, 3, 16, 16]}})
+                    inputs={"latents": fake_ref(Role.DENOISER, "r1", "latents", [1, 3, 3, 16, 16])})
     (res,) = fake.execute([unit])
-    assert res.outputs["frames"]["shape"] == [17, 64, 64, 3]
+    assert list(res.outputs["frames"].shape) == [17, 64, 64, 3]
 
 
 def test_unregistered_family_is_refused_by_name():

@@ -6,9 +6,10 @@ import torch
 
 from fastvideo3.card import get_card
 from fastvideo3.errors import InvalidRequest
-from fastvideo3.loop import Done, RewardScoreLoop, StepResult
+from fastvideo3.loop import Done, RequestContext, RewardScoreLoop, StepResult
 from fastvideo3.models.reward import ImageQualityScorer, Scorer, TemporalConsistencyScorer, check_scorer_names
 from fastvideo3.request.schema import GenerateRequest, resolve
+from services.common.fake import fake_ref
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -64,8 +65,8 @@ def test_reward_loop_plans_one_unit_and_folds_the_scores():
     card = get_card("wan-tiny")
     req = resolve(GenerateRequest(prompt="p", request_id="r1"), card)
     loop = RewardScoreLoop()
-    frames = {"buffer_id": "f", "shape": [9, 64, 64, 3]}
-    state = loop.init(req, card, {"frames": frames, "rewards": ["image_quality"]})
+    frames = fake_ref("decoder", "r1", "f", [9, 64, 64, 3], "uint8")
+    state = loop.init(req, card, RequestContext(refs={"frames": frames}, rewards=["image_quality"]))
     plan = loop.next(state)
     assert plan.kind == "reward_batch" and plan.role == "reward" and plan.inputs == {"frames": frames}
     assert plan.shape_sig == "reward_batch|wan-tiny|9x64x64|image_quality"
@@ -73,7 +74,8 @@ def test_reward_loop_plans_one_unit_and_folds_the_scores():
     done = loop.next(state)
     assert isinstance(done, Done) and done.result.payload == {"scores": {"image_quality": 0.5}}
     with pytest.raises(ValueError):
-        loop.advance(loop.init(req, card, {"frames": frames, "rewards": ["image_quality"]}), StepResult("u", "r1"))
+        loop.advance(loop.init(req, card, RequestContext(refs={"frames": frames}, rewards=["image_quality"])),
+                     StepResult("u", "r1"))
 
 
 def test_reward_executor_scores_frames_pulled_through_the_transport():
@@ -82,7 +84,7 @@ def test_reward_executor_scores_frames_pulled_through_the_transport():
     from fastvideo3.transport import make_transport
     transport = make_transport("inproc", owner="test")
     ex = RewardExecutor(get_card("wan-tiny"), transport, device="cpu")
-    ref = transport.publish("r1", "frames", _pattern(3)).to_dict()
+    ref = transport.publish("r1", "frames", _pattern(3))
     unit = WorkUnit("u1", "r1", "reward_score", "reward_batch", "reward", "wan-tiny", "sig",
                     params={"scorers": ["temporal_consistency", "image_quality"]}, inputs={"frames": ref})
     bad = WorkUnit("u2", "r2", "reward_score", "reward_batch", "reward", "wan-tiny", "sig",

@@ -47,10 +47,11 @@ def test_the_wire_carries_the_same_json_and_comes_back_typed():
 
 def test_the_loops_write_typed_params():
     from fastvideo3.card.registry import get_card
+    from fastvideo3.loop.context import RequestContext
     from fastvideo3.loop.denoise import DenoiseLoop
     from fastvideo3.request.schema import GenerateRequest, resolve
     card = get_card("wan-tiny")
     req = resolve(GenerateRequest("x", num_frames=9, height=32, width=32, num_inference_steps=2, seed=1), card)
     loop = DenoiseLoop()
-    plan = loop.next(loop.init(req, card, {"embeds": {}}))
+    plan = loop.next(loop.init(req, card, RequestContext()))
     assert isinstance(plan.params, DiffusionStepParams) and plan.params.step == 0 and plan.params.seed == 1
