@@ -35,7 +35,7 @@ from fastvideo3.export import GraphRunner
 from fastvideo3.kernels import attention, attention_available
 from fastvideo3.models.wan.dit import WanDiT, WanDiTConfig, rope_tables
 from fastvideo3.models.wan.fast import FastWanDiT
-from fastvideo3.models.wan.synthetic import WAN_1_3B_TRANSFORMER, WAN_14B_TRANSFORMER
+from fastvideo3.testing.synthetic_wan import WAN_1_3B_TRANSFORMER, WAN_14B_TRANSFORMER
 from fastvideo3.models.wan.flops import DitConfig, StepShape, dit_forward_cost
 
 CONFIGS = {"1.3b": WAN_1_3B_TRANSFORMER, "14b": WAN_14B_TRANSFORMER}

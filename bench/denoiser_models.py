@@ -32,7 +32,7 @@ from fastvideo3.card.registry import get_card
 from fastvideo3.export import GraphRunner
 from fastvideo3.loop.samplers import make_schedule
 from fastvideo3.models.wan.fast import FastWanDiT
-from fastvideo3.models.wan.synthetic import TINY_TRANSFORMER
+from fastvideo3.testing.synthetic_wan import TINY_TRANSFORMER
 from fastvideo3.models.wan.flops import StepShape, dit_forward_cost
 from fastvideo3.runtime.pricing import dit_config, vae_spatial_scale
 

@@ -7,7 +7,7 @@ same random weights, prompt and seed, text encoder and VAE included.
     python bench/e2e_generation.py --build-dir /tmp/w --preset tiny && \\
     python bench/e2e_generation.py --model /tmp/w --device cpu --frames 9 --height 32 --width 48 --steps 4
 
-The checkpoint is :func:`fastvideo3.models.wan.synthetic.build_wan_dir`: with ``--preset 1.3b`` a
+The checkpoint is :func:`fastvideo3.testing.synthetic_wan.build_wan_dir`: with ``--preset 1.3b`` a
 transformer at the real Wan2.1-T2V-1.3B config (bf16), the VAE at Wan's real config (fp32), and a
 *small* random text encoder (UMT5 with UMT5-XXL's 4096-wide output but 2 layers, a trained toy
 tokenizer) instead of the 11 GB UMT5-XXL; prompt embeddings are random either way, and the
@@ -297,7 +297,7 @@ def machine(device: str) -> dict:
 
 # ------------------------------------------------------------------------------ main
 def build(path: str, preset: str) -> int:
-    from fastvideo3.models.wan.synthetic import build_wan_dir
+    from fastvideo3.testing.synthetic_wan import build_wan_dir
     t0 = time.perf_counter()
     root = build_wan_dir(path, preset=preset)
     size = sum(f.stat().st_size for f in Path(root).rglob("*") if f.is_file())

@@ -4,7 +4,7 @@ goal peak RSS <= 1.5x the weights' size.
 
     python bench/load_rss.py --preset 1.3b [--dir DIR] [--out bench/results/load_rss_1.3b.json]
 
-The directory is built with fastvideo3.models.wan.synthetic when --dir does not exist yet. The
+The directory is built with fastvideo3.testing.synthetic_wan when --dir does not exist yet. The
 load runs in a fresh child process so its peak RSS is its own.
 """
 from __future__ import annotations
@@ -63,7 +63,7 @@ def main() -> None:
         return
     root = Path(a.dir or tempfile.mkdtemp(prefix="wan-rss-")) / f"wan-{a.preset}"
     if not (root / "model_index.json").exists():
-        from fastvideo3.models.wan.synthetic import build_wan_dir
+        from fastvideo3.testing.synthetic_wan import build_wan_dir
         t0 = time.perf_counter()
         build_wan_dir(root, preset=a.preset, seed=0, transformer_only=True)
         print(f"wrote {root} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)

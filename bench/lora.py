@@ -38,7 +38,7 @@ import torch
 from fastvideo3.models.wan.dit import WanDiT, WanDiTConfig
 from fastvideo3.models.wan.fast import FastWanDiT
 from fastvideo3.models.wan.lora import layer_shapes, lora_groups, parse_lora
-from fastvideo3.models.wan.synthetic import WAN_1_3B_TRANSFORMER
+from fastvideo3.testing.synthetic_wan import WAN_1_3B_TRANSFORMER
 from fastvideo3.runtime.adapters import AdapterStore
 
 TEXT_LEN = 512

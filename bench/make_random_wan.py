@@ -22,7 +22,7 @@ except ImportError:  # run from a source checkout without installing the package
 
 import torch
 
-from fastvideo3.models.wan.synthetic import DEFAULT_MAX_SHARD_SIZE, PRESETS, build_wan_dir
+from fastvideo3.testing.synthetic_wan import DEFAULT_MAX_SHARD_SIZE, PRESETS, build_wan_dir
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

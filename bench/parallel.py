@@ -55,7 +55,7 @@ def _config(model: str) -> dict:
     if model == "tiny":
         from fastvideo3.models.wan.cards import TINY_DIT
         return dict(TINY_DIT)
-    from fastvideo3.models.wan.synthetic import WAN_1_3B_TRANSFORMER, WAN_14B_TRANSFORMER
+    from fastvideo3.testing.synthetic_wan import WAN_1_3B_TRANSFORMER, WAN_14B_TRANSFORMER
     return dict({"1.3b": WAN_1_3B_TRANSFORMER, "14b": WAN_14B_TRANSFORMER}[model])
 
 

@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def tiny_wan_dir(tmp_path_factory: pytest.TempPathFactory):
     """A random tiny Wan2.1 T2V directory (diffusers layout, seed 0), built once per session."""
-    from fastvideo3.models.wan.synthetic import build_wan_dir
+    from fastvideo3.testing.synthetic_wan import build_wan_dir
 
     return build_wan_dir(tmp_path_factory.mktemp("wan") / "tiny-wan", preset="tiny", seed=0)
 

@@ -18,7 +18,7 @@ CONFIGS = {
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def wan_dir(request, tmp_path_factory):
-    from fastvideo3.models.wan.synthetic import TINY_TRANSFORMER, build_wan_dir
+    from fastvideo3.testing.synthetic_wan import TINY_TRANSFORMER, build_wan_dir
     cfg = {**TINY_TRANSFORMER, **CONFIGS[request.param]}
     seed = sorted(CONFIGS).index(request.param) + 11
     return build_wan_dir(tmp_path_factory.mktemp(request.param) / "wan", preset="tiny", seed=seed,

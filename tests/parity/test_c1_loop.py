@@ -29,7 +29,7 @@ def _reference(path, prompt, seed, guidance, negative="", flow_shift=None):
     ("euler", 7, 3.5, None),
 ])
 def test_c1_generation_matches_wanpipeline(tmp_path, scheduler, seed, guidance, flow_shift):
-    from fastvideo3.models.wan.synthetic import build_wan_dir
+    from fastvideo3.testing.synthetic_wan import build_wan_dir
     path = build_wan_dir(tmp_path / "wan", preset="tiny", seed=seed, scheduler=scheduler, flow_shift=3.0)
     card = resolve_card(str(path))
     prompt = "a red circle moving left on a white background"

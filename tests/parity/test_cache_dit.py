@@ -28,7 +28,7 @@ SETTINGS = dict(front_blocks=1, back_blocks=1, threshold=0.08, warmup_steps=2)
 
 @pytest.fixture(scope="module")
 def wan4(tmp_path_factory):
-    from fastvideo3.models.wan.synthetic import TINY_TRANSFORMER, build_wan_dir
+    from fastvideo3.testing.synthetic_wan import TINY_TRANSFORMER, build_wan_dir
     return build_wan_dir(tmp_path_factory.mktemp("wan4") / "wan", preset="tiny", seed=5,
                          transformer_config={**TINY_TRANSFORMER, "num_layers": 4})
 

@@ -15,7 +15,7 @@ import torch
 from fastvideo3.card import resolve_card
 from fastvideo3.card.registry import bind_checkpoint
 from fastvideo3.errors import CardError
-from fastvideo3.models.wan import synthetic_layouts as layouts
+from fastvideo3.testing import synthetic_layouts as layouts
 from fastvideo3.models.wan.components import VideoDecoder, load_dit
 
 pytestmark = pytest.mark.timeout(300)

@@ -45,7 +45,7 @@ def to_wan_layout(sd: dict[str, torch.Tensor], alpha: float) -> dict[str, torch.
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from fastvideo3.models.wan.synthetic import build_wan_dir
+    from fastvideo3.testing.synthetic_wan import build_wan_dir
     root = tmp_path_factory.mktemp("lora")
     path = build_wan_dir(root / "wan", preset="tiny", seed=5)
     card = resolve_card(str(path))

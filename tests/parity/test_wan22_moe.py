@@ -22,13 +22,13 @@ PROMPT = "a red circle moving left on a white background"
 
 @pytest.fixture(scope="module")
 def moe_dir(tmp_path_factory):
-    from fastvideo3.models.wan.synthetic_layouts import build_wan22_moe_dir
+    from fastvideo3.testing.synthetic_layouts import build_wan22_moe_dir
     return build_wan22_moe_dir(tmp_path_factory.mktemp("moe") / "wan22", seed=2, boundary_ratio=0.875)
 
 
 @pytest.fixture(scope="module")
 def moe_euler_dir(tmp_path_factory):
-    from fastvideo3.models.wan.synthetic_layouts import build_wan22_moe_dir
+    from fastvideo3.testing.synthetic_layouts import build_wan22_moe_dir
     return build_wan22_moe_dir(tmp_path_factory.mktemp("moe-euler") / "wan22", seed=4, boundary_ratio=0.6,
                                scheduler="euler", flow_shift=5.0)
 

@@ -17,7 +17,7 @@ OPTS = dict(num_frames=9, height=64, width=96, num_inference_steps=4)
 
 @pytest.fixture(scope="module")
 def ti2v_dir(tmp_path_factory):
-    from fastvideo3.models.wan.synthetic_layouts import build_wan22_ti2v_dir
+    from fastvideo3.testing.synthetic_layouts import build_wan22_ti2v_dir
     return build_wan22_ti2v_dir(tmp_path_factory.mktemp("ti2v") / "wan22-ti2v", seed=3)
 
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from fastvideo3.models.wan import synthetic
-from fastvideo3.models.wan.synthetic import (
+from fastvideo3.testing import synthetic_wan as synthetic
+from fastvideo3.testing.synthetic_wan import (
     TINY_TRANSFORMER,
     TINY_UMT5,
     WAN_1_3B_TRANSFORMER,

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from fastvideo3.models.wan.synthetic import (
+from fastvideo3.testing.synthetic_wan import (
     TINY_TRANSFORMER, TINY_VAE, _module_seed, build_wan_dir, write_random_transformer,
 )
 from fastvideo3.vocab import Sampler
