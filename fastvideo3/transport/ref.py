@@ -3,8 +3,10 @@
 A ref names a buffer that lives in one pool (its *owner*) and says everything a reader needs
 to pull it: dtype, shape, size, a checksum of the bytes, which transport backend serves it and
 a backend-specific ``descriptor`` (a segment name, an address, NIXL agent metadata...). Refs are
-small, immutable and JSON-safe: :meth:`TensorRef.to_dict` / :meth:`TensorRef.from_dict` are how
-they cross the wire inside WorkUnits and StepResults.
+small, immutable and hashable, and inside a process they are always these objects (WorkUnit
+inputs, StepResult outputs, loop states, the request context). Their dict form,
+:meth:`TensorRef.to_dict` / :meth:`TensorRef.from_dict`, is for JSON only (request checkpoints,
+process pipes); on the gRPC wire they are ``v1.TensorRef`` (services/common/convert.py).
 """
 from __future__ import annotations
 

@@ -365,8 +365,13 @@ def ended_run(request_id: str, kept: dict, card_of) -> RequestRun | None:
     card = card_of(meta.get("card_id")) if card_of is not None else None
     if card is None or "request" not in meta:
         return None
+    try:
+        ctx = RequestContext.from_dict(meta.get("ctx"))
+    except FastVideoError as e:  # an unreadable context costs the replay its format and scores, not the lookup
+        log.warning("request %s: stored context not readable: %s", request_id, e.one_line())
+        ctx = RequestContext()
     run = RequestRun(request=ResolvedRequest.from_dict(meta["request"]), card=card,
-                     program=tuple(meta.get("program") or ()), ctx=RequestContext.from_dict(meta.get("ctx")),
+                     program=tuple(meta.get("program") or ()), ctx=ctx,
                      created=float(meta.get("created") or time.time()))
     run.status, run.started = kept["status"], info.get("started")
     run.loop_index = len(run.program)
