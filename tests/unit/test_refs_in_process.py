@@ -112,4 +112,7 @@ def test_loop_states_refuse_a_dict_ref_in_process_and_read_it_from_checkpoint_js
     assert '"buffer_id":"r/latents#1"' in text  # the checkpoint's form: the dict
     back = DecodeState.from_json(text)
     assert type(back.latent) is TensorRef and back == state
+    assert hash(back.latent) == hash(ref) and len({ref, back.latent}) == 1  # hashable, equal by value
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ref.owner = "elsewhere"  # type: ignore[misc]
     assert StepResult("u", "r", outputs={"latents": ref}).outputs["latents"] is ref
