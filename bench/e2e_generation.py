@@ -4,6 +4,7 @@ same random weights, prompt and seed, text encoder and VAE included.
     python bench/e2e_generation.py --build-dir DIR [--preset 1.3b]       # write the random checkpoint
     python bench/e2e_generation.py --model DIR --out FILE [--frames 81 --fallback-frames 33]
            [--height 480 --width 832 --steps 50 --guidance 5 --seed 0] [--device cuda] [--time-limit S]
+    python bench/e2e_generation.py --model DIR --decode-only --out FILE     # the VAE decode alone
     python bench/e2e_generation.py --build-dir /tmp/w --preset tiny && \\
     python bench/e2e_generation.py --model /tmp/w --device cpu --frames 9 --height 32 --width 48 --steps 4
 
@@ -26,6 +27,12 @@ A warm-up (one DiT forward at the run's shape per side, and a tiny whole-pipelin
 first, untimed. If the warm-up forwards predict that ``--frames`` cannot finish within
 ``--time-limit``, the run uses ``--fallback-frames`` and says so. The JSON is rewritten after each
 part.
+
+``summary.vae_decode_s`` is our decode (the Engine's decode loop, at the card's decode precision);
+beside it diffusers' decode time in the same run and the decode's own frame error: our decoder on
+diffusers' final latents against diffusers' frames of them (the whole run's frame error also
+carries the DiT's bf16 differences). ``--decode-only`` times the VAE decode alone, ours against
+diffusers' in fp32 and bf16 (bench/e2e_decode.py), in one short call.
 """
 from __future__ import annotations
 
@@ -322,11 +329,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--time-limit", type=float, default=900.0, help="seconds for the whole script")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--decode-only", action="store_true", help="time the VAE decode alone (bench/e2e_decode.py)")
+    ap.add_argument("--decode-repeats", type=int, default=2, help="timed calls per decode variant")
+    ap.add_argument("--time-chunks", default="1,4,8,20", help="latent frames per decoder call to compare")
+    ap.add_argument("--decode-batch", type=int, default=2, help="latents in the batched decode variant")
     a = ap.parse_args(argv)
     if a.build_dir:
         return build(a.build_dir, a.preset)
     if not a.model:
         ap.error("--model (or --build-dir) is required")
+    for name, lo, hi in (("decode_repeats", 1, 20), ("decode_batch", 1, 16), ("frames", 1, 257)):
+        if not lo <= getattr(a, name) <= hi:
+            ap.error(f"--{name.replace('_', '-')} must be in {lo}..{hi}, got {getattr(a, name)}")
+    if not all(x.strip().isdigit() and int(x) >= 1 for x in a.time_chunks.split(",")):
+        ap.error(f"--time-chunks must be positive integers separated by commas, got {a.time_chunks!r}")
     t_start = time.time()
     deadline = t_start + a.time_limit
     a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -342,6 +358,12 @@ def main(argv: list[str] | None = None) -> int:
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
             Path(a.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
 
+    if a.decode_only:
+        from e2e_decode import run_decode_only
+        rc = run_decode_only(a, result, save)
+        result["wall_s"] = round(time.time() - t_start, 1)
+        save()
+        return rc
     t0 = time.perf_counter()
     pipe = load_diffusers(a.model, a.device, dtype)
     result["load_s"] = {"diffusers": round(time.perf_counter() - t0, 2)}
@@ -392,12 +414,32 @@ def main(argv: list[str] | None = None) -> int:
             "wall": round(ref["wall_s"] / ours["wall_s"], 3),
             "dit_per_step": round(statistics.median(ref["dit_ms_per_step"]) / statistics.median(ours["dit_ms_per_step"]), 3),
         }
+    result["summary"] = decode_summary(engine, ours, ref, a)
     result["wall_s"] = round(time.time() - t_start, 1)
     save()
     print("ours", json.dumps(result["ours"]), flush=True)
     print_table(result)
     engine.close()
     return 0 if "speedup" in result else 1
+
+
+def decode_summary(engine, ours: dict, ref: dict, a) -> dict:
+    """``summary``: our decode time (the Engine's decode loop), diffusers' in the same run, and the
+    decode's own frame error (our decoder on diffusers' final latents vs diffusers' frames)."""
+    from e2e_decode import GOAL_DECODE_S, decode_parity
+    ph_ours, ph_ref = ours["phases"], ref["phases"]
+    out = {"vae_decode_s": round(ph_ours["vae_decode_s"], 3) if ph_ours.get("vae_decode_s") is not None else None,
+           "diffusers_vae_decode_s": round(ph_ref["vae_decode_s"], 3) if ph_ref.get("vae_decode_s") else None,
+           "tolerance_frames_abs": engine.card.parity.vae_bf16_frames_abs,
+           "tolerance_frames_mean_abs": engine.card.parity.vae_bf16_frames_mean_abs, "goal_s": GOAL_DECODE_S}
+    if ref.get("latents") and ref.get("frames") is not None and len(ref["latents"]) == a.steps:
+        out["decode_parity"] = decode_parity(engine, ref["latents"][-1], ref["frames"], a.device)
+        p = out["decode_parity"]
+        out["within_tolerance"] = (p["frames_max_abs"] <= out["tolerance_frames_abs"]
+                                   and p["frames_mean_abs"] <= out["tolerance_frames_mean_abs"])
+    if out["vae_decode_s"] is not None:
+        out["goal_met"] = out["vae_decode_s"] <= GOAL_DECODE_S
+    return out
 
 
 def print_table(r: dict) -> None:

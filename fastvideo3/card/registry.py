@@ -28,7 +28,8 @@ def fp8_variant(card: ModelCard, model_id: str, fp8: Fp8Spec | None = None) -> M
     data.update(model_id=model_id, description=f"{card.description} Block linear layers in FP8 (e4m3), "
                 "quantized at load; needs a GPU with FP8 tensor cores.")
     data["recipe"].update(assumes_precision=FP8, parents=[*card.recipe.parents, card.model_id])
-    data["precision"] = PrecisionContract(supported=[FP8], default_cpu=FP8, default_cuda=FP8).model_dump(mode="json")
+    data["precision"] = PrecisionContract(supported=[FP8], default_cpu=FP8, default_cuda=FP8, vae_cpu=card.precision.vae_cpu,
+                                         vae_cuda=card.precision.vae_cuda).model_dump(mode="json")
     return ModelCard.model_validate(data)
 
 

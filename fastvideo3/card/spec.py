@@ -161,6 +161,10 @@ class ParitySpec(_Spec):
     c1_latents_rel: float = 1e-4
     c1_frames_abs: float = 1e-3
     bf16_rel: float = 2e-2
+    #: frames of a bf16 (or fp16) VAE decode against the fp32 decode of the same latents, in [0, 1]:
+    #: the largest difference of any pixel, and the mean (about one level of 8-bit video)
+    vae_bf16_frames_abs: float = 1e-1
+    vae_bf16_frames_mean_abs: float = 5e-3
     #: DiT output of an fp8_e4m3 card against the same weights in bf16 (relative Frobenius)
     fp8_rel: float = 5e-2
 
@@ -169,6 +173,13 @@ class PrecisionContract(_Spec):
     supported: list[Precision] = Field(default_factory=lambda: ["fp32", "bf16"])
     default_cpu: Precision = "fp32"
     default_cuda: Precision = "bf16"
+    #: the precision the decoder pool runs the VAE in, per device: fp32 unless the card allows
+    #: less (its frames then stay within ``parity.vae_bf16_frames_abs`` of the fp32 decode)
+    vae_cpu: Literal["fp32", "bf16", "fp16"] = "fp32"
+    vae_cuda: Literal["fp32", "bf16", "fp16"] = "fp32"
+
+    def vae_for(self, device: str) -> str:
+        return self.vae_cuda if str(device).startswith("cuda") else self.vae_cpu
 
 
 class ParallelismContract(_Spec):

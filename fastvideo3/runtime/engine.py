@@ -46,7 +46,8 @@ class Engine:
         moves from one to the other at the switch) instead of one pool holding both.
         ``batch_invariant``: every denoise forward runs at ``max_batch`` requests' rows (padded), so
         a request's output is bit-identical whatever shares its batches (fastvideo3.runtime.invariant)."""
-        from fastvideo3.runtime.executors import DecoderExecutor, DenoiserExecutor, EncoderExecutor
+        from fastvideo3.runtime.executors import DenoiserExecutor, EncoderExecutor
+        from fastvideo3.runtime.vae_executor import DecoderExecutor
         from fastvideo3.transport import make_transport
 
         self.card = model if isinstance(model, ModelCard) else resolve_card(model)
@@ -115,7 +116,7 @@ class Engine:
         try:
             if run.status != RunStatus.SUCCEEDED:
                 raise (run.error.to_exception() if run.error else Unavailable("request did not finish"))
-            from fastvideo3.runtime.executors import frames_as_float
+            from fastvideo3.runtime.vae_executor import frames_as_float
             frames = frames_as_float(self.transport.fetch(run.ctx.ref("frames"), deadline_s=30.0)).numpy().copy()
             latents = None
             if self.keep_latents:

@@ -1,4 +1,4 @@
-"""In-process executors for the encoder, denoiser and decoder roles.
+"""In-process executors for the encoder and denoiser roles (the decoder's: vae_executor.py).
 
 Each executor owns its component's weights and the pool-resident data of the requests it serves,
 keyed by request id: nothing per request lives anywhere else. Tensors leave an executor only as
@@ -20,12 +20,12 @@ from fastvideo3.loop import cfg as cfg_policy
 from fastvideo3.loop.denoise import HANDOFF_PREFIX
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.loop.samplers import SamplerHistory, sampler_step
-from fastvideo3.models.wan.components import TextEncoder, VideoDecoder, load_dit, precision_dtype
+from fastvideo3.models.wan.components import TextEncoder, load_dit, precision_dtype
 from fastvideo3.request.schema import ID_CHARS
 from fastvideo3.runtime.adapters import adapter_refs
 from fastvideo3.runtime.invariant import bucket_of, cut, pad_rows
 from fastvideo3.runtime.workunit import WorkUnit
-from fastvideo3.vocab import OUTPUT_FORMATS, Role
+from fastvideo3.vocab import Role
 
 FETCH_DEADLINE_S = 30.0
 
@@ -522,87 +522,12 @@ class DenoiserExecutor(_Base):
         return out
 
 
-FRAME_DTYPES = ("uint8", "float32")
+#: the decoder pool's executor and its frame helpers live in fastvideo3.runtime.vae_executor
+_MOVED = ("DecoderExecutor", "FRAME_DTYPES", "MEDIA_FORMATS", "encode_media", "frames_as_float", "frames_for_transport")
 
 
-def frames_for_transport(frames: torch.Tensor, dtype: str) -> torch.Tensor:
-    """Frames in ``[0, 1]`` as published: ``uint8`` (round(255 x), 4x fewer bytes, what a video
-    encoder keeps anyway) or ``float32`` (exact)."""
-    if dtype == "float32":
-        return frames.float().contiguous()
-    return frames.float().clamp(0.0, 1.0).mul(255.0).round_().to(torch.uint8).contiguous()
-
-
-def frames_as_float(frames: torch.Tensor) -> torch.Tensor:
-    """Fetched frames as float32 in ``[0, 1]``, whichever dtype crossed the wire."""
-    if frames.dtype == torch.uint8:
-        return frames.float().div_(255.0)
-    return frames.float()
-
-
-class DecoderExecutor(_Base):
-    """Decodes latents into frames ``[F, H, W, 3]`` in ``[0, 1]`` and publishes them.
-
-    Frames cross pools as ``uint8`` (``frames_dtype="auto"``: uint8 whenever the publishing
-    backend moves bytes, float32 over ``inproc``, where nothing is copied). A consumer that needs
-    the exact floats asks with the unit param ``frames_dtype="float32"``. The encoded file (the
-    ``encode`` param) is always made from the float frames. Latents and embeddings keep their
-    dtype everywhere.
-    """
-
-    role = Role.DECODER
-
-    def __init__(self, card: ModelCard, transport, device=None, precision=None, frames_dtype: str = "auto"):
-        # the VAE decodes in fp32 on CPU and keeps fp32 by default (as the reference pipeline's VAE does)
-        super().__init__(card, transport, device, precision or "fp32")
-        if frames_dtype not in ("auto",) + FRAME_DTYPES:
-            raise InvalidRequest(f"unknown frames dtype {frames_dtype!r}", field="frames_dtype",
-                                 limit="auto, " + ", ".join(FRAME_DTYPES))
-        self.frames_dtype = frames_dtype
-        self.vae = VideoDecoder(card, self.device, self.dtype)
-        self.weights_digest = self.vae.digest
-
-    def _frames_dtype(self, unit) -> str:
-        asked = unit.params.get("frames_dtype") or self.frames_dtype
-        if asked not in ("auto",) + FRAME_DTYPES:
-            raise InvalidRequest(f"unknown frames dtype {asked!r}", field="frames_dtype",
-                                 limit=", ".join(FRAME_DTYPES))
-        if asked == "auto":
-            return "float32" if getattr(self.transport, "backend", "") == "inproc" else "uint8"
-        return asked
-
-    def _execute(self, batch):
-        out = []
-        for unit in batch:
-            try:
-                latent = self.transport.fetch(unit.inputs["latents"], deadline_s=self.fetch_deadline_s)
-                frames = self.vae.decode(latent)[0].contiguous()  # [F, H, W, 3] float32 in [0, 1]
-                wire = frames_for_transport(frames, self._frames_dtype(unit))
-                ref = self.transport.publish(unit.request_id, "frames", wire)
-                res = StepResult(unit.unit_id, unit.request_id, outputs={"frames": ref},
-                                 payload={"frames_shape": list(frames.shape), "frames_dtype": ref.dtype})
-                fmt = unit.params.get("encode")
-                if fmt:  # the pool encodes the file itself; only its bytes travel back
-                    res.inline = encode_media(frames.numpy(), fmt, int(unit.params.get("fps", self.card.limits.fps)))
-                    res.payload.update({"media_format": fmt, "media_bytes": len(res.inline)})
-                out.append(res)
-            except Exception as e:  # noqa: BLE001
-                out.append(_fail(unit, e))
-        return out
-
-
-MEDIA_FORMATS = OUTPUT_FORMATS
-
-
-def encode_media(frames, fmt: str, fps: int) -> bytes:
-    """Encode frames ([F, H, W, 3] float in [0, 1]) as an mp4 or npy file and return its bytes."""
-    import tempfile
-    from pathlib import Path
-
-    from fastvideo3.media import save_video
-    if fmt not in MEDIA_FORMATS:
-        raise InvalidRequest(f"unknown output format {fmt!r}", field="output_format", limit=", ".join(MEDIA_FORMATS))
-    with tempfile.TemporaryDirectory(prefix="fv3-media-") as tmp:
-        path = Path(tmp) / f"video.{fmt}"
-        save_video(frames, path, fps=fps)
-        return path.read_bytes()
+def __getattr__(name: str):  # the old import path of the moved names keeps working
+    if name in _MOVED:
+        from fastvideo3.runtime import vae_executor
+        return getattr(vae_executor, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,7 +4,7 @@ from services.common.pool import main
 
 
 def build(cfg, card, transport):
-    from fastvideo3.runtime.executors import DecoderExecutor
+    from fastvideo3.runtime.vae_executor import DecoderExecutor
     return DecoderExecutor(card, transport, cfg.device, cfg.precision)
 
 

@@ -201,6 +201,8 @@ def _wan_real(model_id: str, dit: dict, desc: str) -> ModelCard:
         },
         loops=_loops(default_steps=50, flow_shift=3.0),
         recipe=RecipeSpec(method="base", data_contract="Wan2.1 pretraining (upstream)"),
+        # the VAE decodes in bf16 on a GPU (frames within parity.vae_bf16_frames_abs of fp32)
+        precision=PrecisionContract(vae_cuda="bf16"),
         checkpoint=CheckpointManifest(
             root=None,
             required_for={Task.TEXT_TO_VIDEO: ["tokenizer", "text_encoder", "transformer", "vae", "scheduler"],

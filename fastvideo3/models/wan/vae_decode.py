@@ -1,0 +1,101 @@
+"""The Wan VAE's decode with fewer, larger calls: the same causal computation as diffusers'
+``AutoencoderKLWan._decode``, time-chunked.
+
+diffusers decodes one latent frame per decoder call, carrying each causal convolution's last two
+input frames in a feature cache. Every causal convolution in the decoder pads its input with the
+cached frames (zeros before the first), and every other layer works per frame (RMS norm over
+channels, spatial attention within one frame, the time upsampler's interleave), so a call over
+``k`` latent frames computes what ``k`` one-frame calls compute — as long as the first latent
+frame is its own call: the time upsamplers skip frame 0 ("Rep") and the Wan2.2 shortcut trims it
+(``first_chunk``). :func:`chunked_decode` therefore decodes latent frame 0 alone, then the rest
+``time_chunk`` frames per call (one Python pass through the decoder per chunk instead of per
+frame), and ends exactly as diffusers does (unpatchify, clamp to ``[-1, 1]``). ``time_chunk=1``
+is diffusers' schedule.
+
+On CUDA, :func:`cuda_flags` turns on cuDNN autotuning for the decode's convolution shapes
+(scoped to the call, so nothing else in the process changes) and :func:`to_channels_last`
+stores the decoder's 3-D convolution weights channels-last, the layout cuDNN's fastest
+bf16 kernels read.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+#: latent frames per decoder call after the first (whole clip for the usual 81-frame requests)
+DEFAULT_TIME_CHUNK = 8
+
+
+def is_wan_vae(model) -> bool:
+    """True for diffusers' ``AutoencoderKLWan`` (the module :func:`chunked_decode` drives)."""
+    return hasattr(model, "decoder") and hasattr(model, "post_quant_conv") and hasattr(model, "clear_cache")
+
+
+def chunks(num_frames: int, time_chunk: int) -> list[tuple[int, int]]:
+    """``[(start, stop)]`` over latent frames: frame 0 alone, then ``time_chunk`` at a time."""
+    if time_chunk < 1:
+        raise ValueError(f"time_chunk must be >= 1, got {time_chunk}")
+    return [(0, min(1, num_frames))] + [(i, min(i + time_chunk, num_frames)) for i in range(1, num_frames, time_chunk)]
+
+
+@torch.no_grad()
+def chunked_decode(model, z: torch.Tensor, time_chunk: int = DEFAULT_TIME_CHUNK) -> torch.Tensor:
+    """``AutoencoderKLWan`` latents ``[B, z, T, h, w]`` (de-normalised) -> video ``[B, 3, F, H, W]``
+    in ``[-1, 1]``, as ``model.decode(z, return_dict=False)[0]`` computes it (tiling off)."""
+    model.clear_cache()
+    try:
+        x = model.post_quant_conv(z)
+        outs = []
+        for k, (a, b) in enumerate(chunks(x.shape[2], time_chunk)):
+            model._conv_idx = [0]
+            outs.append(model.decoder(x[:, :, a:b], feat_cache=model._feat_map, feat_idx=model._conv_idx,
+                                      first_chunk=k == 0))
+        out = torch.cat(outs, 2) if len(outs) > 1 else outs[0]
+        patch = getattr(model.config, "patch_size", None)
+        if patch is not None:
+            from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+            out = unpatchify(out, patch_size=patch)
+        return torch.clamp(out, min=-1.0, max=1.0)
+    finally:
+        model.clear_cache()  # the cache holds activations of the whole clip's last frames
+
+
+def to_channels_last(model) -> None:
+    """Store the decoder's 5-D convolution weights channels-last (``torch.channels_last_3d``)."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Conv3d):
+            m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last_3d)
+
+
+def cuda_flags(device: str):
+    """cuDNN autotuning for the duration of a decode on CUDA; nothing on another device."""
+    if not str(device).startswith("cuda"):
+        return contextlib.nullcontext()
+    return torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False,
+                                      allow_tf32=torch.backends.cudnn.allow_tf32)
+
+
+def contiguous_inputs(model) -> None:
+    """Hand every RMS norm and convolution a contiguous input. The attention block's output is
+    channels-last for a batch and contiguous for one sample, and a channel reduction or a 1x1
+    convolution over the two layouts rounds differently; contiguous inputs compute the same way
+    at any batch size."""
+    for m in model.modules():
+        if type(m).__name__ == "WanRMS_norm" or isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d)):
+            m.register_forward_pre_hook(lambda mod, args: (args[0].contiguous(), *args[1:]))
+
+
+@contextlib.contextmanager
+def cpu_batch_invariant():
+    """On a CPU, oneDNN picks its convolution blocking by batch size, so a latent decoded in a
+    batch differs in the last bits from the same latent decoded alone. Within this block the
+    convolutions run ATen's own kernels (one GEMM per sample), whatever the batch; with
+    :func:`contiguous_inputs` the rows are bit-identical. The setting is process-wide for the
+    block's duration (the decoder holds its lock; an embedded Engine dispatches one pool at a time)."""
+    prev = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = prev

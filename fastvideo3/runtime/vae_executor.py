@@ -1,0 +1,175 @@
+"""The decoder pool's executor: latents in, frames (and optionally an encoded file) out.
+
+A batch from the scheduler holds ``vae_tile`` units of several requests (the planner batches
+units of one shape signature). The executor fetches every unit's latent, groups them by latent
+shape and decodes each group in one VAE call, ``max_decode_batch`` latents at a time; a call that
+runs out of device memory is split in halves and retried, down to one latent, before the unit
+fails with RESOURCE_EXHAUSTED. Each request's frames are its own row of the batched call, equal to
+decoding it alone (bit-equal in fp32 on a CPU, where the convolutions run batch-invariant
+kernels: tests/unit/test_vae_batch.py; within rounding on CUDA).
+
+The VAE runs in the card's decode precision (``precision.vae_cuda`` / ``precision.vae_cpu``, fp32
+unless the card allows bf16) unless the pool is given another; on CUDA it takes the fast decode
+of :mod:`fastvideo3.models.wan.vae_decode`.
+"""
+from __future__ import annotations
+
+import torch
+
+from fastvideo3.card.spec import ModelCard
+from fastvideo3.errors import InvalidRequest, ResourceExhausted
+from fastvideo3.loop.protocol import StepResult
+from fastvideo3.models.wan.components import VideoDecoder
+from fastvideo3.runtime.executors import _Base, _fail
+from fastvideo3.vocab import OUTPUT_FORMATS, Role
+
+FRAME_DTYPES = ("uint8", "float32")
+MEDIA_FORMATS = OUTPUT_FORMATS
+#: latents per VAE call when the pool is given no other bound
+DEFAULT_DECODE_BATCH = 4
+MAX_DECODE_BATCH = 64
+
+
+def frames_for_transport(frames: torch.Tensor, dtype: str) -> torch.Tensor:
+    """Frames in ``[0, 1]`` as published: ``uint8`` (round(255 x), 4x fewer bytes, what a video
+    encoder keeps anyway) or ``float32`` (exact)."""
+    if dtype == "float32":
+        return frames.float().contiguous()
+    return frames.float().clamp(0.0, 1.0).mul(255.0).round_().to(torch.uint8).contiguous()
+
+
+def frames_as_float(frames: torch.Tensor) -> torch.Tensor:
+    """Fetched frames as float32 in ``[0, 1]``, whichever dtype crossed the wire."""
+    if frames.dtype == torch.uint8:
+        return frames.float().div_(255.0)
+    return frames.float()
+
+
+class DecoderExecutor(_Base):
+    """Decodes latents into frames ``[F, H, W, 3]`` in ``[0, 1]`` and publishes them.
+
+    Frames cross pools as ``uint8`` (``frames_dtype="auto"``: uint8 whenever the publishing
+    backend moves bytes, float32 over ``inproc``, where nothing is copied). A consumer that needs
+    the exact floats asks with the unit param ``frames_dtype="float32"``. The encoded file (the
+    ``encode`` param) is always made from the float frames. Latents and embeddings keep their
+    dtype everywhere.
+    """
+
+    role = Role.DECODER
+
+    def __init__(self, card: ModelCard, transport, device=None, precision=None, frames_dtype: str = "auto",
+                 max_decode_batch: int = DEFAULT_DECODE_BATCH, fast: bool | None = None):
+        from fastvideo3.runtime.executors import _auto_device
+        dev = _auto_device(device)
+        # the card's decode precision for the device (fp32 unless it declares bf16)
+        super().__init__(card, transport, dev, precision or card.precision.vae_for(dev))
+        if frames_dtype not in ("auto",) + FRAME_DTYPES:
+            raise InvalidRequest(f"unknown frames dtype {frames_dtype!r}", field="frames_dtype",
+                                 limit="auto, " + ", ".join(FRAME_DTYPES))
+        if isinstance(max_decode_batch, bool) or not isinstance(max_decode_batch, int) \
+                or not 1 <= max_decode_batch <= MAX_DECODE_BATCH:
+            raise InvalidRequest(f"{max_decode_batch!r}", field="max_decode_batch", limit=f"1..{MAX_DECODE_BATCH}")
+        self.frames_dtype = frames_dtype
+        self.max_decode_batch = max_decode_batch
+        self.vae = VideoDecoder(card, self.device, self.dtype, fast=fast)
+        self.weights_digest = self.vae.digest
+        if not self.device.startswith("cuda"):
+            from fastvideo3.models.wan.vae_decode import contiguous_inputs
+            contiguous_inputs(self.vae.model)
+        self.counters.update({"decode_calls": 0, "decoded_latents": 0, "max_decode_batch_seen": 0, "oom_splits": 0})
+
+    def _frames_dtype(self, unit) -> str:
+        asked = unit.params.get("frames_dtype") or self.frames_dtype
+        if asked not in ("auto",) + FRAME_DTYPES:
+            raise InvalidRequest(f"unknown frames dtype {asked!r}", field="frames_dtype",
+                                 limit=", ".join(FRAME_DTYPES))
+        if asked == "auto":
+            return "float32" if getattr(self.transport, "backend", "") == "inproc" else "uint8"
+        return asked
+
+    def _execute(self, batch):
+        results: dict[str, StepResult] = {}
+        groups: dict[tuple, list[tuple]] = {}
+        for unit in batch:  # fetch and validate each unit on its own: one bad unit fails alone
+            try:
+                wire = self._frames_dtype(unit)
+                latent = self.transport.fetch(unit.inputs["latents"], deadline_s=self.fetch_deadline_s)
+                groups.setdefault((tuple(latent.shape[1:]), str(latent.dtype)), []).append((unit, latent, wire))
+            except Exception as e:  # noqa: BLE001
+                results[unit.unit_id] = _fail(unit, e)
+        for members in groups.values():
+            for i in range(0, len(members), self.max_decode_batch):
+                self._decode_group(members[i : i + self.max_decode_batch], results)
+        return [results[u.unit_id] for u in batch]
+
+    def _decode_group(self, members: list[tuple], results: dict[str, StepResult]) -> None:
+        """One VAE call for ``members`` (same latent shape); halves on device OOM."""
+        try:
+            frames = self._decode([lat for _, lat, _ in members])
+        except torch.OutOfMemoryError as e:
+            if len(members) == 1:
+                unit = members[0][0]
+                results[unit.unit_id] = _fail(unit, ResourceExhausted(
+                    f"device out of memory decoding one latent of shape {list(members[0][1].shape)}: {e}",
+                    field="memory", request_id=unit.request_id))
+                return
+            self.counters["oom_splits"] += 1
+            if self.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+            half = len(members) // 2
+            self._decode_group(members[:half], results)
+            self._decode_group(members[half:], results)
+            return
+        except Exception as e:  # noqa: BLE001 - the call's failure is each member's
+            for unit, _, _ in members:
+                results[unit.unit_id] = _fail(unit, e)
+            return
+        for (unit, _, wire), f in zip(members, frames):
+            try:
+                # a row of a batched call is cloned: its frames must not pin the whole batch's memory
+                results[unit.unit_id] = self._publish(unit, f.clone() if len(members) > 1 else f, wire)
+            except Exception as e:  # noqa: BLE001
+                results[unit.unit_id] = _fail(unit, e)
+
+    def _decode(self, latents: list[torch.Tensor]) -> torch.Tensor:
+        z = latents[0] if len(latents) == 1 else torch.cat([x.to(latents[0].device) for x in latents])
+        if self.device.startswith("cuda"):
+            frames = self.vae.decode(z)  # [B, F, H, W, 3] float32 in [0, 1]
+        else:  # a row of the batch bit-equal to decoding it alone
+            from fastvideo3.models.wan.vae_decode import cpu_batch_invariant
+            with cpu_batch_invariant():
+                frames = self.vae.decode(z)
+        self.counters["decode_calls"] += 1
+        self.counters["decoded_latents"] += len(latents)
+        self.counters["max_decode_batch_seen"] = max(self.counters["max_decode_batch_seen"], len(latents))
+        return frames
+
+    def _publish(self, unit, frames: torch.Tensor, wire_dtype: str) -> StepResult:
+        ref = self.transport.publish(unit.request_id, "frames", frames_for_transport(frames, wire_dtype))
+        res = StepResult(unit.unit_id, unit.request_id, outputs={"frames": ref},
+                         payload={"frames_shape": list(frames.shape), "frames_dtype": ref.dtype})
+        fmt = unit.params.get("encode")
+        if fmt:  # the pool encodes the file itself; only its bytes travel back
+            res.inline = encode_media(frames.numpy(), fmt, int(unit.params.get("fps", self.card.limits.fps)))
+            res.payload.update({"media_format": fmt, "media_bytes": len(res.inline)})
+        return res
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d["decode"] = {"max_decode_batch": self.max_decode_batch, "fast": self.vae.fast,
+                       "time_chunk": self.vae.time_chunk, "channels_last": self.vae.channels_last}
+        return d
+
+
+def encode_media(frames, fmt: str, fps: int) -> bytes:
+    """Encode frames ([F, H, W, 3] float in [0, 1]) as an mp4 or npy file and return its bytes."""
+    import tempfile
+    from pathlib import Path
+
+    from fastvideo3.media import save_video
+    if fmt not in MEDIA_FORMATS:
+        raise InvalidRequest(f"unknown output format {fmt!r}", field="output_format", limit=", ".join(MEDIA_FORMATS))
+    with tempfile.TemporaryDirectory(prefix="fv3-media-") as tmp:
+        path = Path(tmp) / f"video.{fmt}"
+        save_video(frames, path, fps=fps)
+        return path.read_bytes()
