@@ -1,24 +1,42 @@
-"""Serving throughput on one device: N concurrent requests with step batching across requests,
-then the same N with request-at-a-time dispatch, over the same loaded pools.
+"""Serving throughput and latency on one device, through the real fleet: step batching across
+requests against request-at-a-time dispatch over the same pools, against diffusers' WanPipeline
+one request at a time on the same weights, a mixed workload and an open-loop run; with the wall
+time broken down from the fleet's own OpenTelemetry spans and a top-level ``summary``.
 
-    python bench/serving.py --card DIR_OR_CARD --device cuda --out bench/results/serving_h200.json
-           [--requests 16 --frames 17 --size 256x256 --steps 8 --guidance 5]
-           [--mode fleet|inproc|auto] [--time-limit SECONDS]
-    python bench/serving.py --card wan-tiny --device cpu --requests 4      # smoke check (9f 64x64)
+    python bench/serving.py --card DIR --device cuda --out FILE [--steps 8,50 --requests 16
+           --frames 17 --size 256x256 --guidance 5] [--parts batching,request,diffusers,mixed,open_loop]
+           [--mixed-small 8 --mixed-large 4 --large-frames 33 --large-size 832x480 --mixed-steps 20]
+           [--open-loop-s 180 --open-loop-load 0.8 | --open-loop-rate R | --capacity-from FILE]
+    python bench/serving.py --merge PART.json [PART.json ...] --out FILE   # one JSON (and summary) of parts
+    python bench/serving.py --card DIR --device cpu --steps 2 --requests 2 ...   # smoke check (tests/)
 
-``--mode fleet`` (what ``auto`` tries first) starts the real multi-process fleet of
-``fastvideo3 serve`` (``fleet.launcher.LocalFleet``): one encoder, one denoiser and one decoder
-pool process, all on the one device, and a scheduler process beside them; a second scheduler
-over the same pools runs with ``--no-batching --max-running 1`` (request-at-a-time). Clients
-are threads in this process, one gRPC Generate stream per request (npy output, so the decoder
-pool's encoding cost is a file write, not H.264). ``--mode inproc`` runs the same
-CoreScheduler and executors in this process (the embedded Engine), once with batching and once
-with ``batching=False`` and ``max_running=1``; ``auto`` falls back to it when the fleet cannot
-start, and the JSON says which variant ran.
+Parts (``--parts``; each GPU call may run some and write its own JSON, ``--merge`` joins them):
 
-Each mode gets one warm-up request first (kernel compilation, allocator, codec paths) that is
-not timed. All N requests are submitted at once; a request's latency is from that moment to its
-result. Throughput is N over the wall time of the burst. The JSON is rewritten after each part.
+* ``batching`` / ``request``: per step count, ``--requests`` requests submitted at once to a
+  scheduler that batches steps across requests, and to a second scheduler over the same pools
+  with ``--no-batching --max-running 1`` (request-at-a-time). Throughput is requests over the
+  burst's wall; a request's latency is from the burst's start to its result.
+* ``diffusers``: ``WanPipeline`` (bf16, its VAE in fp32) on the same directory and workload, one
+  request at a time in this process, before the fleet starts (``--card`` must be a
+  diffusers-format directory; ``--diffusers-requests`` bounds how many run).
+* ``mixed``: ``--mixed-small`` small requests (the burst's shape) and ``--mixed-large`` large ones,
+  each kind alone and then together: the large ones' latency against running alone, and the
+  small ones' (not queued behind the large).
+* ``open_loop``: Poisson arrivals at ``--open-loop-load`` (0.8) of the batched capacity measured
+  in the same run (or ``--capacity-from`` an earlier part's JSON, or ``--open-loop-rate``) for
+  ``--open-loop-s`` seconds, each request's step count drawn from ``--steps``; denoiser
+  utilisation over the steady state and p50/p95 latency.
+
+Every fleet process writes its spans to its own JSON-lines file (``--trace-file``) unless
+``--no-trace``; after the fleet stops, each part's window of spans is broken down
+(bench/serving_spans.py): queue, admission, dispatch, execute, transfer, result folding, and each
+pool's busy time and gaps. ``summary``: ``steps``, ``requests``, ``denoiser_utilization`` (busy /
+wall of the step-batching burst), ``speedup_vs_request_at_a_time``, ``speedup_vs_diffusers``,
+``rows_per_s_fraction_of_flop_bound`` (DiT rows per denoiser-busy second against the closed-form
+FLOPs of a row, fastvideo3.models.wan.flops, at the bf16 matmul rate measured in the same run),
+one per step count in ``summaries``, and ``open_loop`` / ``mixed``. ``--mode inproc`` runs only
+batching and request-at-a-time in the embedded Engine (no spans). Each part gets an untimed
+warm-up first. The JSON is rewritten after each part.
 """
 from __future__ import annotations
 
@@ -27,16 +45,22 @@ import json
 import os
 import platform
 import sys
-import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run from a source checkout without installing the package
     sys.path.insert(0, str(REPO))
+HERE = str(Path(__file__).resolve().parent)
+if HERE not in sys.path:  # the sibling modules
+    sys.path.insert(0, HERE)
 
-GOAL_SPEEDUP = 4.0
-NEGATIVE = "blurry, low quality, static"
+from serving_fleet import latency_stats, pct, prompts, request_kw  # noqa: E402,F401 - re-exported
+
+PARTS = ("batching", "request", "diffusers", "mixed", "open_loop")
+GOALS = {"denoiser_utilization_50": 0.90, "denoiser_utilization_8": 0.80, "speedup_vs_diffusers_50": 8.0,
+         "speedup_vs_request_at_a_time_50": 2.0, "rows_per_s_fraction_of_flop_bound": 0.60,
+         "open_loop_denoiser_utilization": 0.90}
 
 
 def portable(args: list[str]) -> str:
@@ -60,31 +84,12 @@ def record_unit_failures(store: list) -> None:
     executors._fail = traced
 
 
-def pct(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))] if s else float("nan")
-
-
 def summary(latencies: list[float], wall: float, n: int, errors: list[str]) -> dict:
     done = len(latencies)
     return {"requests": n, "completed": done, "wall_s": round(wall, 3),
             "requests_per_s": round(done / wall, 4) if wall > 0 else None,
             "latency_p50_s": round(pct(latencies, 50), 3), "latency_p95_s": round(pct(latencies, 95), 3),
             "latency_max_s": round(max(latencies), 3) if latencies else None, "errors": errors[:5]}
-
-
-def prompts(n: int, tag: str) -> list[str]:
-    """Distinct prompts per mode, so the encoder pool's prompt cache never serves one mode from the
-    other's run (the shared negative prompt is cached after the warm-up in both)."""
-    things = ["a red circle", "a blue square", "a green triangle", "a yellow star"]
-    moves = ["moving left", "moving right", "moving up", "moving down"]
-    return [f"{things[i % 4]} {moves[(i // 4) % 4]} on a white background, {tag} take {i}" for i in range(n)]
-
-
-def request_kw(a) -> dict:
-    return dict(negative_prompt=NEGATIVE, num_frames=a.frames, height=a.height, width=a.width,
-                num_inference_steps=a.steps, guidance_scale=a.guidance)
 
 
 # ------------------------------------------------------------------------------ in-process
@@ -100,7 +105,7 @@ def run_inproc(a, deadline: float, save) -> dict:
                  "pools": {k: {"device": v["device"], "precision": v["precision"], **({"dit_path": v["dit_path"]}
                                                                                     if "dit_path" in v else {})}
                            for k, v in engine.describe()["pools"].items()}}
-    kw = request_kw(a)
+    kw = request_kw(a.frames, a.width, a.height, a.steps_list[0], a.guidance)
     failures: list = []
     record_unit_failures(failures)
     try:
@@ -159,104 +164,7 @@ def _inproc_burst(engine, a, kw: dict, deadline: float, tag: str) -> dict:
     return res
 
 
-# ------------------------------------------------------------------------------ fleet
-def run_fleet(a, deadline: float, save, log_dir: Path) -> dict:
-    """The real fleet: pools and schedulers as separate processes on loopback."""
-    from fastvideo3.client import FleetClient
-    from fleet.launcher import LocalFleet
 
-    common = ["--device-profile", a.device_profile, "--interactive-budget-s", "1e6", "--batch-budget-s", "1e6"]
-    fleet = LocalFleet(a.card, roles=("encoder", "denoiser", "decoder"), device=a.device,
-                       scheduler_args=common, log_dir=log_dir)
-    out: dict = {"variant": "fleet (fleet.launcher.LocalFleet: one process per pool + scheduler processes, gRPC, "
-                            "transport auto)"}
-    try:
-        t0 = time.perf_counter()
-        # a fleet that cannot start must leave time for the in-process fallback
-        fleet.start(timeout_s=max(10.0, min(120.0, 0.6 * (deadline - time.time()))))
-        out["start_s"] = round(time.perf_counter() - t0, 2)
-        modes = {"step_batching": (fleet.target, common)}
-        alone = ["--no-batching", "--max-running", "1"]
-        modes["request_at_a_time"] = (fleet.add_scheduler(common + alone, name="scheduler-request-at-a-time"),
-                                      common + alone)
-        out["processes"] = {fp.name: "python " + portable(fp.argv[1:]) for fp in fleet.processes()}
-        t0 = time.perf_counter()
-        with FleetClient(fleet.target, timeout_s=max(5.0, deadline - time.time())) as c:
-            c.generate("warm-up", seed=999, output_format="npy", **request_kw(a))
-            out["pools"] = _pool_info(c.describe())
-        out["warmup_s"] = round(time.perf_counter() - t0, 2)
-        save(out)
-        for name, (target, flags) in modes.items():
-            out[name] = _fleet_burst(target, a, deadline, name)
-            out[name]["scheduler_flags"] = flags
-            save(out)
-    except Exception as e:  # noqa: BLE001 - recorded with the logs' tails; the caller may fall back
-        out["error"] = f"{type(e).__name__}: {e}"[:3000]
-        out["log_tails"] = {fp.name: fp.log_tail(15) for fp in fleet.processes()}
-    finally:
-        out["stop_codes"] = fleet.stop()
-    return out
-
-
-def _pool_info(desc: dict) -> dict:
-    """Device, precision and DiT path of each pool, from the scheduler's Describe."""
-    info = {}
-    for name, pool in desc["description"].get("pools", {}).items():
-        ex = pool.get("info", {}).get("executor", {})
-        info[name] = {"role": pool.get("role"), "device": pool.get("device"), "precision": ex.get("precision"),
-                      **({"dit_path": ex["dit_path"]} if "dit_path" in ex else {})}
-    return info
-
-
-def _pool_counters(desc: dict) -> dict[str, dict]:
-    return {pool.get("role"): pool.get("counters", {}) for pool in desc["description"].get("pools", {}).values()}
-
-
-def _fleet_burst(target: str, a, deadline: float, tag: str) -> dict:
-    from fastvideo3.client import FleetClient
-    with FleetClient(target) as c:
-        desc = c.describe()
-        before, pools_before = desc["counters"], _pool_counters(desc)
-    lat: list[float] = []
-    errors: list[str] = []
-    lock = threading.Lock()
-    kw = request_kw(a)
-    t0 = time.perf_counter()
-
-    def one(i: int, prompt: str) -> None:
-        try:
-            with FleetClient(target, timeout_s=max(1.0, deadline - time.time())) as c:
-                c.generate(prompt, seed=i, output_format="npy", **kw)
-            with lock:
-                lat.append(time.perf_counter() - t0)
-        except Exception as e:  # noqa: BLE001 - counted, not fatal
-            with lock:
-                errors.append(f"{type(e).__name__}: {e}"[:300])
-
-    threads = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(prompts(a.requests, tag))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    res = summary(lat, wall, a.requests, errors)
-    with FleetClient(target) as c:
-        desc = c.describe()
-        after, pools_after = desc["counters"], _pool_counters(desc)
-    batches = after.get("diffusion_step.batches", 0) - before.get("diffusion_step.batches", 0)
-    units = after.get("diffusion_step.units", 0) - before.get("diffusion_step.units", 0)
-
-    def delta(role: str, key: str) -> float:
-        return pools_after.get(role, {}).get(key, 0.0) - pools_before.get(role, {}).get(key, 0.0)
-
-    res["denoise"] = {"batches": int(batches), "units": int(units), "mean_units_per_batch": round(units / max(1, batches), 2),
-                      "max_units_per_batch": int(after.get("diffusion_step.max_batch_units", 0)),
-                      "dit_forwards": int(delta("denoiser", "forwards")), "dit_rows": int(delta("denoiser", "rows"))}
-    res["pool_busy_s"] = {role: round(delta(role, "busy_seconds"), 3) for role in pools_after}
-    return res
-
-
-# ------------------------------------------------------------------------------ main
 def machine(device: str) -> dict:
     import torch
     info = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
@@ -277,78 +185,294 @@ def machine(device: str) -> dict:
     return info
 
 
-def main(argv: list[str] | None = None) -> int:
+
+# ------------------------------------------------------------------------------ fleet
+def tracing_available() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("opentelemetry.sdk") is not None
+
+
+def run_fleet(a, deadline: float, save, log_dir: Path, trace_dir: Path | None, out: dict) -> dict:
+    """The real fleet: pools and schedulers as separate processes on loopback; every part of
+    ``a.parts`` that needs it, recorded into ``out`` (rewritten after each part)."""
+    from fastvideo3.client import FleetClient
+    from fleet.launcher import LocalFleet
+    from serving_fleet import burst, mixed, open_loop
+
+    def trace(name: str) -> list[str]:
+        return ["--trace-file", str(trace_dir / f"{name}.jsonl")] if trace_dir is not None else []
+
+    roles = ("encoder", "denoiser", "decoder")
+    common = ["--device-profile", a.device_profile, "--interactive-budget-s", "1e6", "--batch-budget-s", "1e6",
+              "--max-batch", str(a.max_batch)]
+    fleet = LocalFleet(a.card, roles=roles, device=a.device, scheduler_args=common + trace("scheduler"),
+                       pool_args={r: trace(r) for r in roles}, log_dir=log_dir)
+    out["variant"] = ("fleet (fleet.launcher.LocalFleet: one process per pool + scheduler processes, gRPC, "
+                      "transport auto)")
+    out["tracing"] = trace_dir is not None
+    try:
+        t0 = time.perf_counter()
+        fleet.start(timeout_s=max(10.0, min(240.0, 0.6 * (deadline - time.time()))))
+        out["start_s"] = round(time.perf_counter() - t0, 2)
+        request_target = None
+        if "request" in a.parts:
+            alone = ["--no-batching", "--max-running", "1"]
+            request_target = fleet.add_scheduler(common + alone + trace("scheduler-request-at-a-time"),
+                                                 name="scheduler-request-at-a-time")
+            out["request_at_a_time_flags"] = common + alone
+        out["processes"] = {fp.name: "python " + portable(fp.argv[1:]) for fp in fleet.processes()}
+        t0 = time.perf_counter()
+        warm = [(a.frames, a.width, a.height)]
+        if "mixed" in a.parts:
+            warm.append((a.large_frames, a.large_width, a.large_height))
+        with FleetClient(fleet.target, timeout_s=max(5.0, deadline - time.time())) as c:
+            for i, (f, w, h) in enumerate(warm):  # one untimed request per shape, every step count's path
+                c.generate("warm-up", seed=999 + i, output_format="npy",
+                           **request_kw(f, w, h, min(a.steps_list), a.guidance))
+            out["pools"] = _pool_info(c.describe())
+        out["warmup_s"] = round(time.perf_counter() - t0, 2)
+        save()
+        bursts = out.setdefault("bursts", {})
+        for steps in a.steps_list:
+            kw = request_kw(a.frames, a.width, a.height, steps, a.guidance)
+            here = bursts.setdefault(str(steps), {})
+            if "batching" in a.parts:
+                here["step_batching"] = burst(fleet.target, a.requests, kw, f"batching-{steps}", deadline)
+                save()
+            if request_target is not None:
+                here["request_at_a_time"] = burst(request_target, a.requests, kw, f"request-{steps}", deadline)
+                save()
+        if "mixed" in a.parts:
+            out["mixed"] = mixed(fleet.target, a, deadline)
+            save()
+        if "open_loop" in a.parts:
+            rate, basis = open_loop_rate(a, bursts)
+            out["open_loop"] = {"rate_basis": basis}
+            if rate:
+                out["open_loop"].update(open_loop(fleet.target, a, rate, a.steps_list, deadline))
+            save()
+    except Exception as e:  # noqa: BLE001 - recorded with the logs' tails
+        out["error"] = f"{type(e).__name__}: {e}"[:3000]
+        out["log_tails"] = {fp.name: fp.log_tail(15) for fp in fleet.processes()}
+    finally:
+        out["stop_codes"] = fleet.stop()  # SIGTERM: every process has written its spans
+    if trace_dir is not None:
+        add_breakdowns(out, sorted(trace_dir.glob("*.jsonl")))
+    return out
+
+
+def open_loop_rate(a, bursts: dict) -> tuple[float | None, dict]:
+    """``a.open_loop_load`` of the batched capacity for the mixed step counts (a request's
+    average service time over the step counts), from this run's bursts or ``--capacity-from``."""
+    if a.open_loop_rate:
+        return a.open_loop_rate, {"given_rate_per_s": a.open_loop_rate}
+    caps = {s: bursts.get(str(s), {}).get("step_batching", {}).get("requests_per_s") for s in a.steps_list}
+    source = "this run"
+    if not all(caps.values()) and a.capacity_from:
+        prior = json.loads(Path(a.capacity_from).read_text())
+        pb = prior.get("run", {}).get("bursts", {})
+        caps = {s: caps.get(s) or pb.get(str(s), {}).get("step_batching", {}).get("requests_per_s")
+                for s in a.steps_list}
+        source = f"this run and {Path(a.capacity_from).name}"
+    if not all(caps.values()):
+        return None, {"error": "no batched capacity for every step count: run the batching part first, "
+                               "or pass --capacity-from / --open-loop-rate", "capacities": caps}
+    mixed_cap = 1.0 / (sum(1.0 / caps[s] for s in a.steps_list) / len(a.steps_list))
+    return a.open_loop_load * mixed_cap, {"capacity_per_s_by_steps": caps, "mixed_capacity_per_s": round(mixed_cap, 4),
+                                          "load": a.open_loop_load, "source": source}
+
+
+def add_breakdowns(out: dict, files: list[Path]) -> None:
+    """Each part's window of spans, broken down (bench/serving_spans.py), into its own record."""
+    from serving_spans import breakdown, load_spans
+    spans = load_spans(files)
+    out["span_files"] = {f.name: sum(1 for _ in f.open()) for f in files}
+    records = [r for b in out.get("bursts", {}).values() for r in b.values()]
+    m = out.get("mixed") or {}
+    records += [m[k] for k in ("small_alone", "large_alone", "together") if k in m]
+    if out.get("open_loop", {}).get("window_ns"):
+        records.append(out["open_loop"])
+    for r in records:
+        if r.get("window_ns"):
+            r["breakdown"] = breakdown(spans, *r["window_ns"])
+
+
+def _pool_info(desc: dict) -> dict:
+    """Device, precision and DiT path of each pool, from the scheduler's Describe."""
+    info = {}
+    for name, pool in desc["description"].get("pools", {}).items():
+        ex = pool.get("info", {}).get("executor", {})
+        info[name] = {"role": pool.get("role"), "device": pool.get("device"), "precision": ex.get("precision"),
+                      **({"dit_path": ex["dit_path"]} if "dit_path" in ex else {}),
+                      **({"decode": ex["decode"]} if "decode" in ex else {})}
+    return info
+
+
+# ------------------------------------------------------------------------------ main
+def _size(ap, name: str, value: str) -> tuple[int, int]:
+    try:
+        w, h = (int(x) for x in value.lower().split("x"))
+    except ValueError:
+        ap.error(f"--{name} must be WIDTHxHEIGHT, got {value!r}")
+    if not (16 <= w <= 4096 and 16 <= h <= 4096):
+        ap.error(f"--{name} must be within 16..4096 on each side, got {value!r}")
+    return w, h
+
+
+def parse(argv: list[str] | None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--card", default="wan-tiny", help="card name, card file or diffusers-format directory")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--frames", type=int, default=None, help="default 17 (9 on a CPU)")
     ap.add_argument("--size", default=None, help="WIDTHxHEIGHT, default 256x256 (64x64 on a CPU)")
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", default="8,50", help="step counts, comma-separated (one summary each)")
     ap.add_argument("--guidance", type=float, default=5.0)
+    ap.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS))
     ap.add_argument("--mode", choices=("fleet", "inproc", "auto"), default="auto")
+    ap.add_argument("--max-batch", type=int, default=16, help="the batching scheduler's --max-batch")
+    ap.add_argument("--diffusers-requests", type=int, default=None, help="diffusers requests per step count "
+                                                                         "(default --requests)")
+    ap.add_argument("--mixed-small", type=int, default=8)
+    ap.add_argument("--mixed-large", type=int, default=4)
+    ap.add_argument("--large-frames", type=int, default=None, help="default 33 (17 on a CPU)")
+    ap.add_argument("--large-size", default=None, help="WIDTHxHEIGHT, default 832x480 (128x128 on a CPU)")
+    ap.add_argument("--mixed-steps", type=int, default=20)
+    ap.add_argument("--open-loop-s", type=float, default=180.0, help="seconds of Poisson arrivals")
+    ap.add_argument("--open-loop-load", type=float, default=0.8, help="arrival rate / measured batched capacity")
+    ap.add_argument("--open-loop-rate", type=float, default=None, help="arrivals per second (overrides the load)")
+    ap.add_argument("--open-loop-warm-s", type=float, default=20.0, help="start of the steady state")
+    ap.add_argument("--capacity-from", default=None, help="a batching part's JSON (capacity for the open loop)")
+    ap.add_argument("--no-trace", action="store_true", help="no span files (no breakdown)")
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device-profile", default=None, help="scheduler cost-model prior (default: h200 on cuda)")
     ap.add_argument("--time-limit", type=float, default=600.0, help="seconds for the whole script")
-    ap.add_argument("--log-dir", default=None, help="fleet process logs (default: a temporary directory)")
+    ap.add_argument("--log-dir", default=None, help="fleet process logs and span files (default: a temporary directory)")
+    ap.add_argument("--merge", nargs="+", default=None, help="parts' JSON files to join into --out")
     ap.add_argument("--out", default=None, help="JSON file (default: print only)")
     a = ap.parse_args(argv)
-    deadline = time.time() + a.time_limit
+    if a.merge:
+        return a
     import torch
     a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     a.device_profile = a.device_profile or ("h200" if a.device.startswith("cuda") else "cpu")
-    cpu = not a.device.startswith("cuda")  # a CPU run is a smoke check: a smaller default clip
+    cpu = not a.device.startswith("cuda")  # a CPU run is a smoke check: smaller default clips
     a.frames = a.frames or (9 if cpu else 17)
-    a.width, a.height = (int(x) for x in (a.size or ("64x64" if cpu else "256x256")).lower().split("x"))
-    result: dict = {
-        "command": "python bench/serving.py " + portable(argv if argv is not None else sys.argv[1:]),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(a.device),
-        "workload": {"card": Path(a.card).name if Path(a.card).exists() else a.card, "requests": a.requests,
-                     "frames": a.frames, "size": f"{a.width}x{a.height}", "steps": a.steps,
-                     "guidance": a.guidance, "cfg": a.guidance > 1.0, "output_format": "npy"},
-    }
+    a.large_frames = a.large_frames or (17 if cpu else 33)
+    a.width, a.height = _size(ap, "size", a.size or ("64x64" if cpu else "256x256"))
+    a.large_width, a.large_height = _size(ap, "large-size", a.large_size or ("128x128" if cpu else "832x480"))
+    try:
+        a.steps_list = sorted({int(x) for x in a.steps.split(",") if x.strip()})
+    except ValueError:
+        ap.error(f"--steps must be integers separated by commas, got {a.steps!r}")
+    a.parts = [p.strip() for p in a.parts.split(",") if p.strip()]
+    if not a.parts or not set(a.parts) <= set(PARTS):
+        ap.error(f"--parts must be a subset of {','.join(PARTS)}, got {','.join(a.parts)!r}")
+    if not a.steps_list or not all(1 <= s <= 1000 for s in a.steps_list):
+        ap.error(f"--steps must be in 1..1000, got {a.steps!r}")
+    a.diffusers_requests = a.diffusers_requests or a.requests
+    for name, lo, hi in (("requests", 1, 256), ("diffusers_requests", 1, 256), ("mixed_small", 0, 64),
+                         ("mixed_large", 0, 64), ("mixed_steps", 1, 1000), ("max_batch", 1, 256),
+                         ("frames", 1, 257), ("large_frames", 1, 257)):
+        if not lo <= getattr(a, name) <= hi:
+            ap.error(f"--{name.replace('_', '-')} must be in {lo}..{hi}, got {getattr(a, name)}")
+    for name, lo, hi in (("open_loop_s", 1.0, 3600.0), ("open_loop_load", 0.01, 2.0), ("open_loop_warm_s", 0.0, 3600.0),
+                         ("time_limit", 1.0, 86400.0)):
+        if not lo <= getattr(a, name) <= hi:
+            ap.error(f"--{name.replace('_', '-')} must be in {lo}..{hi}, got {getattr(a, name)}")
+    if a.open_loop_rate is not None and not 0.001 <= a.open_loop_rate <= 1000:
+        ap.error(f"--open-loop-rate must be in 0.001..1000 per second, got {a.open_loop_rate}")
+    if "mixed" in a.parts and a.mixed_small + a.mixed_large == 0:
+        ap.error("--mixed-small and --mixed-large are both 0: drop the mixed part instead")
+    return a
 
-    def save(part: dict | None = None) -> None:
-        if part is not None:
-            result["run"] = part
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    from serving_summary import build_summary, flops_per_row, merge
+
+    def write(result: dict) -> None:
         if a.out:
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
             Path(a.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
 
-    import tempfile
-    log_dir = Path(a.log_dir or tempfile.mkdtemp(prefix="fv3-serving-"))
+    if a.merge:
+        result = merge(a.merge)
+        result["summary"] = build_summary(result, GOALS)
+        write(result)
+        print_summary(result)
+        return 0
+    deadline = time.time() + a.time_limit
+    result: dict = {
+        "command": "python bench/serving.py " + portable(argv if argv is not None else sys.argv[1:]),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(a.device), "parts": a.parts,
+        "workload": {"card": Path(a.card).name if Path(a.card).exists() else a.card, "requests": a.requests,
+                     "frames": a.frames, "size": f"{a.width}x{a.height}", "steps": a.steps_list,
+                     "guidance": a.guidance, "cfg": a.guidance > 1.0, "output_format": "npy"},
+    }
+    save = lambda: write(result)  # noqa: E731
+    from serving_fleet import diffusers_column, matmul_peak
+    result["matmul_peak"] = matmul_peak(a.device)
+    result["flops"] = {"per_row": flops_per_row(a.card, a.frames, a.height, a.width)}
+    save()
+    if "diffusers" in a.parts:  # before the fleet: the GPU to itself
+        if Path(a.card).is_dir():
+            result["diffusers"] = {}
+            for steps in a.steps_list:
+                kw = request_kw(a.frames, a.width, a.height, steps, a.guidance)
+                try:
+                    result["diffusers"][str(steps)] = diffusers_column(a.card, a.device, a.diffusers_requests, kw,
+                                                                       deadline)
+                except Exception as e:  # noqa: BLE001 - recorded; the fleet parts still run
+                    result["diffusers"][str(steps)] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+                save()
+        else:
+            result["diffusers_skipped"] = "the diffusers column needs --card to be a diffusers-format directory"
     run: dict = {}
-    if a.mode in ("fleet", "auto"):
-        run = run_fleet(a, deadline, save, log_dir)
-        if "error" in run and a.mode == "auto" and time.time() < deadline - 30:
-            result["fleet_attempt"] = run
-            save()
-            run = {}
-    if not run:
-        run = run_inproc(a, deadline, save)
-    save(run)
-    b, s = run.get("step_batching", {}), run.get("request_at_a_time", {})
-    if b.get("requests_per_s") and s.get("requests_per_s") and b["completed"] == s["completed"] == a.requests:
-        result["speedup"] = round(b["requests_per_s"] / s["requests_per_s"], 2)
-        result["goal_speedup"] = GOAL_SPEEDUP
-        result["goal_met"] = result["speedup"] >= GOAL_SPEEDUP
+    if set(a.parts) - {"diffusers"}:
+        import tempfile
+        log_dir = Path(a.log_dir or tempfile.mkdtemp(prefix="fv3-serving-"))
+        trace_dir = None
+        if not a.no_trace and a.mode != "inproc":
+            if tracing_available():
+                trace_dir = log_dir / "spans"
+                trace_dir.mkdir(parents=True, exist_ok=True)
+            else:
+                result["tracing_unavailable"] = "OpenTelemetry SDK not importable: no spans, no breakdown"
+        if a.mode in ("fleet", "auto"):
+            result["run"] = run
+            run = run_fleet(a, deadline, save, log_dir, trace_dir, run)
+            if "error" in run and a.mode == "auto" and time.time() < deadline - 30:
+                result["fleet_attempt"] = run
+                run = {}
+        if not run:
+            run = run_inproc(a, deadline, lambda part: (result.update(run=part), save()))
+            run["bursts"] = {str(a.steps_list[0]): {k: run[k] for k in ("step_batching", "request_at_a_time")
+                                                    if k in run}}
+        result["run"] = run
+    result["summary"] = build_summary(result, GOALS)
     result["wall_s"] = round(time.time() - (deadline - a.time_limit), 1)
     save()
-    print(f"\n{run.get('variant', '?')}: {a.requests} requests, {a.frames}f {a.width}x{a.height}, {a.steps} steps, "
-          f"guidance {a.guidance}, {a.device}")
-    print(f"{'mode':<20}{'done':>6}{'wall s':>9}{'req/s':>9}{'p50 s':>8}{'p95 s':>8}{'batches':>9}{'units/b':>9}")
-    for name in ("step_batching", "request_at_a_time"):
-        r = run.get(name)
-        if r:
-            d = r.get("denoise", {})
-            print(f"{name:<20}{r['completed']:>6}{r['wall_s']:>9.2f}{r['requests_per_s'] or 0:>9.3f}"
-                  f"{r['latency_p50_s']:>8.2f}{r['latency_p95_s']:>8.2f}{d.get('batches', 0):>9}"
-                  f"{d.get('mean_units_per_batch', 0):>9.2f}")
+    print_summary(result)
     if "error" in run:
         print("ERROR:", run["error"][:1000])
-    for f in run.get("unit_failures", [])[:1]:
-        print(f"first failing unit ({f['kind']}, step {f['step']}):\n{f['traceback']}")
-    print("speedup:", result.get("speedup"), "goal", GOAL_SPEEDUP)
-    return 0 if "speedup" in result else 1
+    return 1 if "error" in run else 0
+
+
+def print_summary(result: dict) -> None:
+    s = result.get("summary", {})
+    print(f"{'steps':>6}{'batch req/s':>13}{'alone req/s':>13}{'diffusers':>11}{'x alone':>9}{'x diff':>8}"
+          f"{'util':>7}{'flop frac':>11}")
+    for x in s.get("summaries", []):
+        r = x["requests_per_s"]
+        cells = [r.get("step_batching"), r.get("request_at_a_time"), r.get("diffusers"),
+                 x.get("speedup_vs_request_at_a_time"), x.get("speedup_vs_diffusers"), x.get("denoiser_utilization"),
+                 x.get("rows_per_s_fraction_of_flop_bound")]
+        print(f"{x['steps']:>6}" + "".join(f"{(c if c is not None else float('nan')):>{w}.3f}"
+                                            for c, w in zip(cells, (13, 13, 11, 9, 8, 7, 11))))
+    for k in ("open_loop", "mixed", "goals"):
+        if s.get(k):
+            print(k, json.dumps(s[k], default=str)[:1500])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,148 @@
+"""The ``summary`` of a bench/serving.py result, and the merge of several parts' results into one.
+
+Per step count (``summaries``): ``denoiser_utilization`` (the denoiser pool's busy time over the
+step-batching burst's wall: from its spans when traced, else from its busy-seconds counter),
+``speedup_vs_request_at_a_time`` and ``speedup_vs_diffusers`` (throughput ratios on the same
+workload), and ``rows_per_s_fraction_of_flop_bound``: DiT rows (sample x CFG branch) per second
+of denoiser busy time, against the rows per second a device at the measured bf16 matmul rate
+could run by the closed-form FLOPs of one row (fastvideo3.models.wan.flops). The top level repeats
+the largest step count's summary and adds ``summaries``, ``open_loop`` and ``mixed``.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+
+def flops_per_row(card_ref: str, frames: int, height: int, width: int) -> dict:
+    """Closed-form FLOPs of one DiT row (one sample, one CFG branch) at a request shape."""
+    from fastvideo3.card.registry import resolve_card
+    from fastvideo3.models.wan import flops
+    from fastvideo3.models.wan.family import dit_config
+    cfg = dit_config(resolve_card(card_ref))
+    cost = flops.dit_forward_cost(cfg, flops.StepShape.from_video(frames, height, width))
+    return {"shape": f"{frames}x{height}x{width}", "tokens": cost.tokens, "flops": cost.flops,
+            "dit": {k: v for k, v in cfg.to_dict().items() if k in ("num_layers", "num_heads", "head_dim", "ffn_dim")}}
+
+
+def _num(x) -> float | None:
+    return x if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def _ratio(a, b) -> float | None:
+    a, b = _num(a), _num(b)
+    return round(a / b, 3) if a is not None and b else None
+
+
+def step_summary(result: dict, steps: int) -> dict:
+    run = result.get("run", {})
+    b = run.get("bursts", {}).get(str(steps), {})
+    sb, rq = b.get("step_batching", {}), b.get("request_at_a_time", {})
+    df = result.get("diffusers", {}).get(str(steps), {})
+    den = sb.get("breakdown", {}).get("pools", {}).get("denoiser")
+    busy = den["busy_s"] if den else sb.get("pool_busy_s", {}).get("denoiser")
+    out: dict = {"steps": steps, "requests": sb.get("requests") or rq.get("requests") or df.get("requests"),
+                 "utilization_source": "spans" if den else "counters"}
+    out["denoiser_utilization"] = den["utilization"] if den else _ratio(busy, sb.get("wall_s"))
+    out["denoiser_utilization_counters"] = _ratio(sb.get("pool_busy_s", {}).get("denoiser"), sb.get("wall_s"))
+    if den:
+        out["denoiser_gaps"] = {k: den["gaps"].get(k) for k in ("count", "total_s", "p50_s", "p90_s")}
+    out["requests_per_s"] = {"step_batching": sb.get("requests_per_s"), "request_at_a_time": rq.get("requests_per_s"),
+                             "diffusers": df.get("requests_per_s")}
+    complete = sb.get("completed") == sb.get("requests")
+    out["speedup_vs_request_at_a_time"] = (_ratio(sb.get("requests_per_s"), rq.get("requests_per_s"))
+                                           if complete and rq.get("completed") == rq.get("requests") else None)
+    out["speedup_vs_diffusers"] = _ratio(sb.get("requests_per_s"), df.get("requests_per_s")) if complete else None
+    rows = sb.get("denoise", {}).get("dit_rows")
+    row_flops = result.get("flops", {}).get("per_row", {}).get("flops")
+    peak = result.get("matmul_peak", {}).get("flops_per_s")
+    if rows and _num(busy) and row_flops and peak:
+        rate = rows / busy
+        bound = peak / row_flops
+        out.update(rows_per_s=round(rate, 3), flop_bound_rows_per_s=round(bound, 3),
+                   rows_per_s_fraction_of_flop_bound=round(rate / bound, 4),
+                   rows_per_s_wall_fraction_of_flop_bound=round(rows / sb["wall_s"] / bound, 4))
+    else:
+        out["rows_per_s_fraction_of_flop_bound"] = None
+    return out
+
+
+def open_loop_summary(result: dict) -> dict | None:
+    ol = result.get("run", {}).get("open_loop")
+    if not ol or "steady" not in ol:
+        return ol and {"error": ol.get("rate_basis", {}).get("error") or ol.get("error")}
+    den = ol.get("breakdown", {}).get("pools", {}).get("denoiser")
+    return {"rate_per_s": ol["rate_per_s"], "load": ol.get("rate_basis", {}).get("load"),
+            "duration_s": ol["duration_s"], "arrivals": ol["arrivals"], "completed": ol["completed"],
+            "steps_choices": ol["steps_choices"], "steady_window_s": ol["steady_window_s"],
+            "denoiser_utilization": den["utilization"] if den else ol.get("denoiser_utilization_counters"),
+            "denoiser_utilization_counters": ol.get("denoiser_utilization_counters"),
+            "latency_p50_s": ol["steady"]["latency_p50_s"], "latency_p95_s": ol["steady"]["latency_p95_s"],
+            "by_steps": ol.get("by_steps")}
+
+
+def mixed_summary(result: dict) -> dict | None:
+    m = result.get("run", {}).get("mixed")
+    if not m or "together" not in m:
+        return None
+    return {"steps": m["steps"], "large": m["large"], "small": m["small"],
+            "large_latency_alone_s": m["large_alone"].get("latency_mean_s"),
+            "large_latency_mixed_s": m["together"]["large"].get("latency_mean_s"),
+            "large_latency_ratio_vs_alone": m.get("large_latency_ratio_vs_alone"),
+            "small_latency_alone_s": m["small_alone"].get("latency_mean_s"),
+            "small_latency_mixed_s": m["together"]["small"].get("latency_mean_s"),
+            "small_latency_ratio_vs_alone": m.get("small_latency_ratio_vs_alone")}
+
+
+def build_summary(result: dict, goals: dict) -> dict:
+    steps = sorted({int(s) for s in result.get("run", {}).get("bursts", {})} | {int(s) for s in result.get("diffusers", {})})
+    summaries = [step_summary(result, s) for s in steps]
+    top: dict = dict(summaries[-1]) if summaries else {}
+    top["summaries"] = summaries
+    top["open_loop"] = open_loop_summary(result)
+    top["mixed"] = mixed_summary(result)
+    reached = {}
+    for s in summaries:
+        for key in ("denoiser_utilization", "speedup_vs_diffusers", "speedup_vs_request_at_a_time"):
+            goal = goals.get(f"{key}_{s['steps']}")
+            if goal is not None and s.get(key) is not None:
+                reached[f"{key}_{s['steps']}"] = {"value": s[key], "goal": goal, "met": s[key] >= goal}
+    if top.get("rows_per_s_fraction_of_flop_bound") is not None:
+        g = goals["rows_per_s_fraction_of_flop_bound"]
+        reached["rows_per_s_fraction_of_flop_bound"] = {"value": top["rows_per_s_fraction_of_flop_bound"], "goal": g,
+                                                        "met": top["rows_per_s_fraction_of_flop_bound"] >= g}
+    ol = top["open_loop"] or {}
+    if ol.get("denoiser_utilization") is not None:
+        g = goals["open_loop_denoiser_utilization"]
+        reached["open_loop_denoiser_utilization"] = {"value": ol["denoiser_utilization"], "goal": g,
+                                                     "met": ol["denoiser_utilization"] >= g}
+    top["goals"] = reached
+    return top
+
+
+def merge(paths: list[str]) -> dict:
+    """One result from several parts' results (each from its own call): bursts and diffusers'
+    columns joined by step count, the first mixed / open-loop run, the highest measured matmul peak."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    first = parts[0]
+    out: dict = {k: first[k] for k in ("started", "machine", "workload", "flops") if k in first}
+    out["merged_from"] = [{"file": Path(p).name, "command": d.get("command"), "parts": d.get("parts"),
+                           "wall_s": d.get("wall_s")} for p, d in zip(paths, parts)]
+    out["parts"] = sorted({x for d in parts for x in d.get("parts", [])})
+    peaks = [d["matmul_peak"] for d in parts if d.get("matmul_peak", {}).get("flops_per_s")]
+    if peaks:
+        out["matmul_peak"] = max(peaks, key=lambda p: p["flops_per_s"])
+    out["diffusers"] = {k: v for d in parts for k, v in d.get("diffusers", {}).items()}
+    run: dict = {"bursts": {}}
+    for d in parts:
+        r = d.get("run", {})
+        for s, b in r.get("bursts", {}).items():
+            run["bursts"].setdefault(s, {}).update(b)
+        for k in ("mixed", "open_loop", "pools", "variant"):
+            if k in r and k not in run:
+                run[k] = r[k]
+        if "error" in r:
+            run.setdefault("errors", []).append(r["error"][:500])
+    out["run"] = run
+    return out

@@ -1,0 +1,79 @@
+"""bench/serving.py runs every part end to end on the CPU at tiny size (the real fleet, diffusers'
+WanPipeline on the same random directory, the mixed and open-loop workloads, span files) and
+writes the summary the H200 run fills; ``--merge`` of the parts' JSON rebuilds the same summary."""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+REPO = BENCH.parent
+
+TOP_KEYS = ("steps", "requests", "denoiser_utilization", "speedup_vs_request_at_a_time", "speedup_vs_diffusers",
+            "rows_per_s_fraction_of_flop_bound")
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BENCH / "serving.py"), *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_serving_bench_all_parts_on_cpu(tiny_wan_dir, tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    common = ["--card", str(tiny_wan_dir), "--device", "cpu", "--requests", "2", "--frames", "5", "--size", "32x32",
+              "--guidance", "5", "--time-limit", "700"]
+    # two calls, as on the GPU: the step counts' bursts and diffusers in one, mixed + open loop in the other
+    p = _run([*common, "--steps", "2,3", "--parts", "batching,request,diffusers", "--diffusers-requests", "1",
+              "--log-dir", str(tmp_path / "la"), "--out", str(a)], 800)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    p = _run([*common, "--steps", "2,3", "--parts", "mixed,open_loop", "--capacity-from", str(a),
+              "--mixed-small", "2", "--mixed-large", "1", "--large-frames", "9", "--large-size", "64x64",
+              "--mixed-steps", "2", "--open-loop-s", "6", "--open-loop-warm-s", "1", "--open-loop-rate", "2",
+              "--log-dir", str(tmp_path / "lb"), "--out", str(b)], 800)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+
+    first = json.loads(a.read_text())
+    s = first["summary"]
+    for k in TOP_KEYS:
+        assert _finite(s[k]), (k, s[k])
+    assert [x["steps"] for x in s["summaries"]] == [2, 3]
+    for x in s["summaries"]:
+        assert all(_finite(x[k]) for k in TOP_KEYS), x
+        assert x["utilization_source"] == "spans"
+    burst = first["run"]["bursts"]["3"]["step_batching"]
+    br = burst["breakdown"]
+    assert br["requests"] == 2 and br["pools"]["denoiser"]["batches"] >= 3
+    assert {"queue_wait", "admission", "unit_queue_wait", "dispatch"} <= set(br["scheduler_phases"])
+    assert {"encoder", "denoiser", "decoder"} <= set(br["execute_by_role"])
+    assert br["denoiser_gap_parts"]["scheduler"]["count"] >= 1
+    assert burst["decode"]["units"] == 2
+
+    out = tmp_path / "merged.json"
+    p = _run(["--merge", str(a), str(b), "--out", str(out)], 120)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    merged = json.loads(out.read_text())
+    m = merged["summary"]
+    assert [x["steps"] for x in m["summaries"]] == [2, 3]
+    assert m["speedup_vs_diffusers"] == s["speedup_vs_diffusers"]
+    ol = m["open_loop"]
+    assert ol["arrivals"] >= 3 and ol["completed"] == ol["arrivals"]
+    for k in ("denoiser_utilization", "latency_p50_s", "latency_p95_s", "rate_per_s"):
+        assert _finite(ol[k]), (k, ol)
+    mx = m["mixed"]
+    for k in ("large_latency_ratio_vs_alone", "small_latency_ratio_vs_alone"):
+        assert _finite(mx[k]), (k, mx)
+
+
+def test_serving_bench_refuses_bad_options(tmp_path):
+    p = _run(["--device", "cpu", "--parts", "batching,nope"], 120)
+    assert p.returncode == 2 and "--parts must be a subset" in p.stderr
+    p = _run(["--device", "cpu", "--open-loop-load", "5"], 120)
+    assert p.returncode == 2 and "--open-loop-load must be in" in p.stderr
