@@ -51,6 +51,8 @@ class PoolConfig:
     no_batching: bool = False
     #: denoiser: the card's denoising experts this pool holds ("" = all; e.g. "transformer_2")
     experts: str = ""
+    #: decoder: latents per VAE call (the decoder's batch bound; device OOM halves a call)
+    max_decode_batch: int = 4
     exit_with_parent: bool = False
     log_level: str = "INFO"
     fetch_timeout_s: float = 30.0
@@ -120,6 +122,8 @@ def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
         p.add_argument("--merge-scale", type=float, default=1.0, help="the merged adapter's scale")
         p.add_argument("--experts", default="", help="two-expert cards: the expert(s) this pool holds, comma "
                        "separated (default: all; the scheduler routes each step to a pool holding its expert)")
+    if role == Role.DECODER:
+        p.add_argument("--max-decode-batch", type=int, default=4, help="latents decoded in one VAE call (1-64)")
     p.add_argument("--fetch-timeout", type=float, default=30.0, dest="fetch_timeout_s",
                    help="deadline of one pull of an input from another pool")
     p.add_argument("--fake-load-seconds", type=float, default=0.0, help="simulated load time in --fake (tests)")
@@ -137,6 +141,8 @@ def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
             p.error(f"--lora-max-rank must be a power of two in [16, 512] (got {r})")
         if a["merge_adapter"] is not None and "=" not in a["merge_adapter"]:
             p.error(f"--merge-adapter must be ID=PATH (got {a['merge_adapter']!r})")
+    if role == Role.DECODER and not 1 <= a["max_decode_batch"] <= 64:
+        p.error(f"--max-decode-batch must be in [1, 64] (got {a['max_decode_batch']})")
     return PoolConfig(role=role, **a)
 
 

@@ -29,7 +29,11 @@ DEFAULT_TIME_CHUNK = 8
 
 def is_wan_vae(model) -> bool:
     """True for diffusers' ``AutoencoderKLWan`` (the module :func:`chunked_decode` drives)."""
-    return hasattr(model, "decoder") and hasattr(model, "post_quant_conv") and hasattr(model, "clear_cache")
+    try:
+        from diffusers import AutoencoderKLWan
+    except ImportError:  # pragma: no cover - diffusers is a dependency of every Wan VAE
+        return False
+    return isinstance(model, AutoencoderKLWan)
 
 
 def chunks(num_frames: int, time_chunk: int) -> list[tuple[int, int]]:

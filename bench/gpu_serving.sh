@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# One H200 call of the serving comparison (bench/serving.py) or the VAE decode timing
+# (bench/e2e_generation.py --decode-only): each call writes the random Wan2.1-1.3B checkpoint to
+# local disk, runs one part under its own time limit and brings back its JSON and logs ($OUT,
+# default out/gpu_serving). `python bench/serving.py --merge` then joins the serving parts.
+#
+#   bash bench/gpu_serving.sh decode       # VAE decode alone, ours vs diffusers, fp32/bf16     (~4 min)
+#   bash bench/gpu_serving.sh steps8       # 16 x 17x256^2 at 8 steps: batching, request-at-a-time, diffusers (~4 min)
+#   bash bench/gpu_serving.sh steps50      # the same at 50 steps                                (~5 min)
+#   bash bench/gpu_serving.sh mixed        # 8 small 17x256^2 + 4 large 33x480x832, 20 steps     (~4 min)
+#   bash bench/gpu_serving.sh open_loop    # capacity bursts at 8 and 50 steps, then 180 s of Poisson arrivals (~7 min)
+#   bash bench/gpu_serving.sh e2e          # a whole 81x480x832 50-step generation vs diffusers (~6 min)
+#
+# Wheels missing from the machine's image come from .wheels/ (git-ignored; carry it), as in
+# bench/gpu_run2.sh: diffusers, .wheels/fleet/ (grpcio, protobuf, pydantic, ...) and, when it
+# imports, fa3_fwd. <PART>_TIMEOUT_S overrides a part's time limit (seconds).
+set -uo pipefail
+OUT=${OUT:-out/gpu_serving}
+WORK=${WORK:-$(mktemp -d)}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+install() {  # install <target> <wheels...>
+  local target=$1; shift
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" "$@"
+}
+shopt -s nullglob
+wheels=(.wheels/diffusers-*.whl .wheels/fleet/*.whl)
+shopt -u nullglob
+if ((${#wheels[@]})) && install /tmp/site "${wheels[@]}"; then
+  export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+if compgen -G ".wheels/fa3_fwd-*.whl" >/dev/null && install /tmp/site_fa3 .wheels/fa3_fwd-*.whl \
+  && PYTHONPATH="$PYTHONPATH:/tmp/site_fa3" timeout 60 python3 -c "import torch, fa3_fwd_interface" >/dev/null 2>&1; then
+  export PYTHONPATH="$PYTHONPATH:/tmp/site_fa3"; echo "fa3_fwd: available"
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import diffusers, grpc; print('diffusers', diffusers.__version__, 'grpc', grpc.__version__)
+try:
+    import opentelemetry.sdk; print('opentelemetry sdk: yes')
+except ImportError:
+    print('opentelemetry sdk: MISSING (no spans)')" | tee -a "$OUT/gpu.txt"
+
+MODEL="$WORK/wan-1.3b"
+timeout 200 python3 bench/e2e_generation.py --build-dir "$MODEL" --preset 1.3b 2>&1 | grep -v "Writing model shards" \
+  | tail -n 3 | tee "$OUT/build.log"
+echo "build done at ${SECONDS}s"
+serving() {  # serving <name> <timeout> <args...>
+  local name=$1 limit=$2; shift 2
+  timeout $((limit + 30)) python3 bench/serving.py --card "$MODEL" --device cuda --mode fleet --time-limit "$limit" \
+    --log-dir "$WORK/logs-$name" --out "$OUT/serving_$name.json" "$@" >"$OUT/serving_$name.log" 2>&1
+  echo "serving $name rc=$? at ${SECONDS}s"; tail -n 25 "$OUT/serving_$name.log"
+  tail -n 40 "$WORK/logs-$name"/*.log >"$OUT/fleet_logs_$name.txt" 2>/dev/null
+}
+for part in "$@"; do
+  case "$part" in
+    decode)    timeout "${DECODE_TIMEOUT_S:-300}" python3 bench/e2e_generation.py --model "$MODEL" --device cuda \
+                 --decode-only --frames 81 --height 480 --width 832 --decode-repeats 2 --time-chunks 1,4,8,20 \
+                 --decode-batch 2 --out "$OUT/e2e_decode_h200.json" 2>&1 | grep -v Loading | tail -n 30 ;;
+    steps8)    serving steps8 "${STEPS8_TIMEOUT_S:-300}" --steps 8 --parts batching,request,diffusers ;;
+    steps50)   serving steps50 "${STEPS50_TIMEOUT_S:-360}" --steps 50 --parts batching,request,diffusers ;;
+    mixed)     serving mixed "${MIXED_TIMEOUT_S:-300}" --steps 20 --parts mixed --mixed-steps 20 ;;
+    open_loop) serving open_loop "${OPEN_LOOP_TIMEOUT_S:-420}" --steps 8,50 --parts batching,open_loop \
+                 --open-loop-s "${OPEN_LOOP_S:-180}" --max-batch 32 ;;
+    e2e)       timeout $(( ${E2E_TIMEOUT_S:-360} + 30 )) python3 bench/e2e_generation.py --model "$MODEL" --device cuda \
+                 --frames 81 --fallback-frames 33 --time-limit "${E2E_TIMEOUT_S:-360}" \
+                 --out "$OUT/e2e_generation_h200.json" 2>&1 | grep -v Loading | tail -n 30 ;;
+    *) echo "unknown part $part" >&2 ;;
+  esac
+done
+ls -la "$OUT"
