@@ -14,7 +14,8 @@ transformer at the real Wan2.1-T2V-1.3B config (bf16), the VAE at Wan's real con
 tokenizer) instead of the 11 GB UMT5-XXL; prompt embeddings are random either way, and the
 encoder's cost is a small share of a generation. Both sides load the same directory: diffusers'
 pipeline in the run's dtype with its VAE in fp32 (Wan's usual setup), our Engine at the same
-precision (its decoder runs the VAE in fp32 too).
+precision, its decoder at the card's decode precision (``precision.vae_cuda``: bf16 for the Wan2.1
+cards on a GPU, fp32 on a CPU).
 
 Per side: wall time of the whole call (prompt -> frames in host memory), text-encode and VAE
 decode time, the DiT forwards timed with CUDA events (diffusers runs two forwards per CFG step,

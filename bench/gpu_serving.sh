@@ -11,6 +11,10 @@
 #   bash bench/gpu_serving.sh open_loop    # capacity bursts at 8 and 50 steps, then 180 s of Poisson arrivals (~7 min)
 #   bash bench/gpu_serving.sh e2e          # a whole 81x480x832 50-step generation vs diffusers (~6 min)
 #
+# Then, on any machine (later files win for the same step count):
+#   python bench/serving.py --merge OUT_OL/serving_open_loop.json OUT_MX/serving_mixed.json \
+#          OUT_8/serving_steps8.json OUT_50/serving_steps50.json --out bench/results/serving_h200.json
+#
 # Wheels missing from the machine's image come from .wheels/ (git-ignored; carry it), as in
 # bench/gpu_run2.sh: diffusers, .wheels/fleet/ (grpcio, protobuf, pydantic, ...) and, when it
 # imports, fa3_fwd. <PART>_TIMEOUT_S overrides a part's time limit (seconds).
@@ -59,7 +63,7 @@ for part in "$@"; do
     steps8)    serving steps8 "${STEPS8_TIMEOUT_S:-300}" --steps 8 --parts batching,request,diffusers ;;
     steps50)   serving steps50 "${STEPS50_TIMEOUT_S:-360}" --steps 50 --parts batching,request,diffusers ;;
     mixed)     serving mixed "${MIXED_TIMEOUT_S:-300}" --steps 20 --parts mixed --mixed-steps 20 ;;
-    open_loop) serving open_loop "${OPEN_LOOP_TIMEOUT_S:-420}" --steps 8,50 --parts batching,open_loop \
+    open_loop) serving open_loop "${OPEN_LOOP_TIMEOUT_S:-380}" --steps 8,50 --parts batching,open_loop \
                  --open-loop-s "${OPEN_LOOP_S:-180}" --max-batch 32 ;;
     e2e)       timeout $(( ${E2E_TIMEOUT_S:-360} + 30 )) python3 bench/e2e_generation.py --model "$MODEL" --device cuda \
                  --frames 81 --fallback-frames 33 --time-limit "${E2E_TIMEOUT_S:-360}" \

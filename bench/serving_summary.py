@@ -123,7 +123,8 @@ def build_summary(result: dict, goals: dict) -> dict:
 
 def merge(paths: list[str]) -> dict:
     """One result from several parts' results (each from its own call): bursts and diffusers'
-    columns joined by step count, the first mixed / open-loop run, the highest measured matmul peak."""
+    columns joined by step count (a later file's burst of the same step count and mode replaces an
+    earlier one's), the first mixed / open-loop run, the highest measured matmul peak."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
     first = parts[0]
     out: dict = {k: first[k] for k in ("started", "machine", "workload", "flops") if k in first}
