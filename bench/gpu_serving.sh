@@ -15,9 +15,9 @@
 #   python bench/serving.py --merge OUT_OL/serving_open_loop.json OUT_MX/serving_mixed.json \
 #          OUT_8/serving_steps8.json OUT_50/serving_steps50.json --out bench/results/serving_h200.json
 #
-# Wheels missing from the machine's image come from .wheels/ (git-ignored; carry it), as in
-# bench/gpu_run2.sh: diffusers, .wheels/fleet/ (grpcio, protobuf, pydantic, ...) and, when it
-# imports, fa3_fwd. <PART>_TIMEOUT_S overrides a part's time limit (seconds).
+# Wheels missing from the machine's image come from the folders in $WHEELS (default: .wheels
+# .wheels_fa3 .wheels_extra, those present, and their fleet/ subfolders; git-ignored: carry them),
+# as in bench/gpu_call.sh. <PART>_TIMEOUT_S overrides a part's time limit (seconds).
 set -uo pipefail
 OUT=${OUT:-out/gpu_serving}
 WORK=${WORK:-$(mktemp -d)}
@@ -28,14 +28,12 @@ install() {  # install <target> <wheels...>
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" "$@"
 }
 shopt -s nullglob
-wheels=(.wheels/diffusers-*.whl .wheels/fleet/*.whl)
+wheels=()
+for d in ${WHEELS:-.wheels .wheels_fa3 .wheels_extra}; do wheels+=("$d"/*.whl "$d"/fleet/*.whl); done
 shopt -u nullglob
-if ((${#wheels[@]})) && install /tmp/site "${wheels[@]}"; then
+if ((${#wheels[@]})); then
+  install /tmp/site "${wheels[@]}" || echo "wheels: install failed"
   export PYTHONPATH="$PYTHONPATH:/tmp/site"
-fi
-if compgen -G ".wheels/fa3_fwd-*.whl" >/dev/null && install /tmp/site_fa3 .wheels/fa3_fwd-*.whl \
-  && PYTHONPATH="$PYTHONPATH:/tmp/site_fa3" timeout 60 python3 -c "import torch, fa3_fwd_interface" >/dev/null 2>&1; then
-  export PYTHONPATH="$PYTHONPATH:/tmp/site_fa3"; echo "fa3_fwd: available"
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import diffusers, grpc; print('diffusers', diffusers.__version__, 'grpc', grpc.__version__)

@@ -35,6 +35,24 @@ def _ratio(a, b) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
 
+def compact_breakdown(br: dict) -> dict:
+    """The spans' breakdown of a burst in a few numbers: per request (mean seconds) the phases
+    and each kind's units, the scheduler's dispatch and return totals, each pool's busy time, and
+    the denoiser's gaps split into return / scheduler / send (p50 seconds)."""
+    pools = br.get("pools", {})
+    return {"window_s": br.get("window_s"), "end_to_end_mean_s": br.get("end_to_end", {}).get("mean_s"),
+            "per_request_mean_s": br.get("per_request_mean_s"),
+            "dispatch_total_s": br.get("scheduler_phases", {}).get("dispatch", {}).get("total_s"),
+            "unit_queue_wait_total_s": br.get("scheduler_phases", {}).get("unit_queue_wait", {}).get("total_s"),
+            "execute_total_s": {k: v.get("total_s") for k, v in br.get("execute_by_role", {}).items()},
+            "transfer_total_s": {k: v.get("total_s") for k, v in br.get("transfer_by_process", {}).items()},
+            "result_return_total_s": {k: v.get("total_s") for k, v in br.get("result_return_by_kind", {}).items()},
+            "pool_busy_s": {k: v.get("busy_s") for k, v in pools.items()},
+            "denoiser_gap_p50_s": {k: v.get("p50_s") for k, v in br.get("denoiser_gap_parts", {}).items()},
+            "denoiser_gap_total_s": {k: v.get("total_s") for k, v in br.get("denoiser_gap_parts", {}).items()},
+            "decode_overlapping_denoise_s": br.get("decode_overlapping_denoise_s")}
+
+
 def step_summary(result: dict, steps: int) -> dict:
     run = result.get("run", {})
     b = run.get("bursts", {}).get(str(steps), {})
@@ -48,6 +66,7 @@ def step_summary(result: dict, steps: int) -> dict:
     out["denoiser_utilization_counters"] = _ratio(sb.get("pool_busy_s", {}).get("denoiser"), sb.get("wall_s"))
     if den:
         out["denoiser_gaps"] = {k: den["gaps"].get(k) for k in ("count", "total_s", "p50_s", "p90_s")}
+        out["wall_breakdown"] = compact_breakdown(sb["breakdown"])
     out["requests_per_s"] = {"step_batching": sb.get("requests_per_s"), "request_at_a_time": rq.get("requests_per_s"),
                              "diffusers": df.get("requests_per_s")}
     complete = sb.get("completed") == sb.get("requests")
