@@ -72,12 +72,19 @@ def to_channels_last(model) -> None:
             m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last_3d)
 
 
+@contextlib.contextmanager
 def cuda_flags(device: str):
-    """cuDNN autotuning for the duration of a decode on CUDA; nothing on another device."""
+    """cuDNN autotuning for the duration of a decode on CUDA (every other cuDNN setting as it
+    is); nothing on another device."""
     if not str(device).startswith("cuda"):
-        return contextlib.nullcontext()
-    return torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False,
-                                      allow_tf32=torch.backends.cudnn.allow_tf32)
+        yield
+        return
+    prev = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = prev
 
 
 def contiguous_inputs(model) -> None:
