@@ -30,14 +30,13 @@ def _units(transport, latents: list[torch.Tensor], **params):
     for i, lat in enumerate(latents):
         ref = transport.publish(f"r{i}", "latents", lat)
         units.append(WorkUnit(f"u{i}", f"r{i}", "l", "vae_tile", "decoder", "m", "s", params=dict(params),
-                              inputs={"latents": ref.to_dict()}))
+                              inputs={"latents": ref}))
     return units
 
 
 def _frames(transport, res) -> torch.Tensor:
-    from fastvideo3.transport.ref import TensorRef
     assert res.ok, res.error
-    return transport.fetch(TensorRef.from_dict(res.outputs["frames"]), deadline_s=5)
+    return transport.fetch(res.outputs["frames"], deadline_s=5)
 
 
 def _alone_and_batched(card, latents, **kw):
