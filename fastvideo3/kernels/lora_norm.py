@@ -203,13 +203,8 @@ def _kernel2():
             m2 = m2 + cm2 + delta * delta * (seen * cnt / tot)
         tl.debug_barrier()  # the residual tile this program wrote is read back below
         rstd = 1.0 / tl.sqrt(m2 / D + eps)
-        offs_e = tl.arange(0, EW)
-        if WIDE:  # the widened input: block `slot` holds this row's down projection, others zero
-            e_ok = (offs_e < E_COLS) & (offs_e // RN == slot)
-            e_rank = offs_e % RN
-        else:
-            e_ok = offs_e < E_COLS
-            e_rank = offs_e
+        offs_e = tl.arange(0, EW)  # the row's own down projection: RN columns (a group's: C)
+        e_ok = offs_e < RN
         acc = tl.zeros((BM, EW), dtype=tl.float32)
         for o0 in range(0, D, BO2):  # pass 2: the normed (and modulated) output, and the next shrink
             offs_o = o0 + tl.arange(0, BO2)
@@ -223,7 +218,7 @@ def _kernel2():
             h = ((xr - mean[:, None]) * rstd[:, None] * a[None, :] + b[None, :]).to(H.dtype.element_ty)
             tl.store(H + tok[:, None] * sh + offs_o[None, :], h, mask=mask)
             if NEXT:
-                an = tl.load(AN + s * sans + e_rank[None, :] * sanr + offs_o[:, None],
+                an = tl.load(AN + s * sans + offs_e[None, :] * sanr + offs_o[:, None],
                              mask=o_ok[:, None] & e_ok[None, :], other=0.0)  # scale 0 without an adapter
                 hd = tl.where(mask, h, 0.0)
                 if F32DOT:
@@ -234,7 +229,14 @@ def _kernel2():
                     acc += tl.dot(hd, an)
         if NEXT:
             e = (acc * scale).to(H.dtype.element_ty)  # zero where the row has no adapter
-            tl.store(E + tok[:, None] * se + offs_e[None, :], e, mask=m_ok[:, None] & (offs_e[None, :] < E_COLS))
+            e_mask = m_ok[:, None] & e_ok[None, :]
+            if WIDE:  # the widened input: block `slot` holds this row's down projection, the others zeros
+                zero = tl.zeros((BM, EW), dtype=H.dtype.element_ty)
+                for j in range(0, E_COLS // RN):
+                    tl.store(E + tok[:, None] * se + j * RN + offs_e[None, :], tl.where(j == slot, e, zero),
+                             mask=e_mask)
+            else:
+                tl.store(E + tok[:, None] * se + offs_e[None, :], e, mask=e_mask)
 
     return add_norm_next_kernel
 
@@ -313,7 +315,8 @@ def lora_add_norm_next(xa: torch.Tensor | None, scales: torch.Tensor, up: torch.
     src = xa if xa is not None else xa_parts
     sab = src.stride(0) if xa is not None else src.stride(1)
     an = next_down if next_down is not None else x
-    ew = max(16, triton.next_power_of_2(cols)) if cols else 16
+    rn = next_down.shape[1] if next_down is not None else 16
+    ew = max(16, triton.next_power_of_2(rn))
     bm = 32 if triton.cdiv(n, 32) * bsz >= 264 else 16
     _kernel2()[(triton.cdiv(n, bm), bsz)](
         src, scales, up, slots, x, y, gate_t, a_t, b_t, h, an, e if e is not None else h,
@@ -321,6 +324,6 @@ def lora_add_norm_next(xa: torch.Tensor | None, scales: torch.Tensor, up: torch.
         h.stride(1), e.stride(1) if e is not None else 0, an.stride(0), an.stride(1) if cols else 0, cols,
         R=r, SPLIT=0 if xa is not None else xa_parts.shape[0], BM=bm, BO=128, BO2=64,
         HAS_GATE=gate is not None, MODULATE=modulate, NEXT=next_down is not None, WIDE=bool(wide),
-        RN=next_down.shape[1] if next_down is not None else 16, EW=ew,
+        RN=rn, EW=ew,
         F32DOT=x.dtype == torch.float32 or _interpreting(), IEEE=x.dtype == torch.float32, num_warps=4)
     return (h, buf if wide else e) if e is not None else h

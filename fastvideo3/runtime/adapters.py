@@ -442,7 +442,7 @@ class AdapterStore:
         bsz, n, k = x_in.shape
         split = choose_split(n, bsz, 1, k) if self.split_k else 1
         xa = lora_shrink_split(x_in, self.down[layer], slots[0], scales[0], split=split)
-        src = {"xa": xa} if split == 1 else {"xa_parts": xa}
+        src = {"xa": xa} if split == 1 else {"xa": None, "xa_parts": xa}
         nd, wide = None, 0
         if next is not None and self._widens(next):
             nd, wide = self.down[next], self._blocks
