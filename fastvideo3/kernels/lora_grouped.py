@@ -210,10 +210,22 @@ def lora_expand_(xa: torch.Tensor, y: torch.Tensor, b: torch.Tensor, slots: torc
     interp = _interpreting()
     ieee, f32dot = y.dtype == torch.float32, y.dtype == torch.float32 or interp
     bm_e = 64 if n >= 64 else 16
-    _kernels()[1][(triton.cdiv(out, bo), triton.cdiv(n, bm_e), bsz)](
-        xa, y, b, slots, n, out, og, xa.stride(0), y.stride(0), y.stride(1), b.stride(0), b.stride(1),
-        R=r, BM=bm_e, BO=bo, IEEE=ieee, F32DOT=f32dot, GELU=gelu)
+    args = (xa, y, b, slots, n, out, og, xa.stride(0), y.stride(0), y.stride(1), b.stride(0), b.stride(1))
+    flags = dict(R=r, IEEE=ieee, F32DOT=f32dot, GELU=gelu)
+    if bo != 64 or (groups > 1 and og % 128):  # the candidates need BO | a member's width
+        _kernels()[1][(triton.cdiv(out, bo), triton.cdiv(n, bm_e), bsz)](*args, **flags, BM=bm_e, BO=bo)
+        return y
+    from fastvideo3.kernels.lora_shrink import launch
+    # y is updated in place: restored between the tuner's runs
+    launch("expand", _kernels()[1], EXPAND_CONFIGS, ["N", "OUT", "OUT_G", "R", "GELU"],
+           lambda meta: (triton.cdiv(out, meta["BO"]), triton.cdiv(n, meta["BM"]), bsz), args, flags,
+           ({"BM": bm_e, "BO": bo}, 4), restore=("Y",), cuda=y.is_cuda)
     return y
+
+
+#: the expand's autotune candidates (token tile, output tile, warps)
+EXPAND_CONFIGS = [({"BM": bm, "BO": bo}, w) for bm, bo, w in (
+    (64, 64, 4), (64, 128, 4), (32, 128, 4), (64, 128, 8), (128, 64, 4), (128, 128, 8))]
 
 
 def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor, scales: torch.Tensor,

@@ -134,6 +134,10 @@ def lora_add_norm(xa: torch.Tensor, up: torch.Tensor, slots: torch.Tensor, x: to
 
 
 # -- the two-pass variant, with the next layer's shrink fused in -------------------------------
+#: the autotuner's candidates: token tile, column chunks of the two sweeps, warps
+NORM_CONFIGS = [({"BM": bm, "BO": bo, "BO2": bo2}, w) for bm, bo, bo2, w in (
+    (16, 128, 64, 4), (16, 256, 64, 4), (16, 256, 128, 8), (32, 128, 64, 4), (32, 256, 64, 8), (16, 128, 64, 8),
+    (16, 512, 128, 8))]
 @functools.lru_cache(maxsize=1)
 def _kernel2():
     import triton
@@ -317,13 +321,16 @@ def lora_add_norm_next(xa: torch.Tensor | None, scales: torch.Tensor, up: torch.
     an = next_down if next_down is not None else x
     rn = next_down.shape[1] if next_down is not None else 16
     ew = max(16, triton.next_power_of_2(rn))
+    from fastvideo3.kernels.lora_shrink import launch
     bm = 32 if triton.cdiv(n, 32) * bsz >= 264 else 16
-    _kernel2()[(triton.cdiv(n, bm), bsz)](
-        src, scales, up, slots, x, y, gate_t, a_t, b_t, h, an, e if e is not None else h,
-        n, d, eps, sab, up.stride(0), up.stride(1), gate_stride, a_stride, b_stride,
-        h.stride(1), e.stride(1) if e is not None else 0, an.stride(0), an.stride(1) if cols else 0, cols,
-        R=r, SPLIT=0 if xa is not None else xa_parts.shape[0], BM=bm, BO=128, BO2=64,
-        HAS_GATE=gate is not None, MODULATE=modulate, NEXT=next_down is not None, WIDE=bool(wide),
-        RN=rn, EW=ew,
-        F32DOT=x.dtype == torch.float32 or _interpreting(), IEEE=x.dtype == torch.float32, num_warps=4)
+    args = (src, scales, up, slots, x, y, gate_t, a_t, b_t, h, an, e if e is not None else h,
+            n, d, eps, sab, up.stride(0), up.stride(1), gate_stride, a_stride, b_stride,
+            h.stride(1), e.stride(1) if e is not None else 0, an.stride(0), an.stride(1) if cols else 0, cols)
+    flags = dict(R=r, SPLIT=0 if xa is not None else xa_parts.shape[0], HAS_GATE=gate is not None,
+                 MODULATE=modulate, NEXT=next_down is not None, WIDE=bool(wide), RN=rn, EW=ew,
+                 F32DOT=x.dtype == torch.float32 or _interpreting(), IEEE=x.dtype == torch.float32)
+    # x is updated in place: restored between the tuner's runs
+    launch("add_norm_next", _kernel2(), NORM_CONFIGS, ["N", "D", "R", "SPLIT", "HAS_GATE", "NEXT", "WIDE", "RN"],
+           lambda meta: (triton.cdiv(n, meta["BM"]), bsz), args, flags,
+           ({"BM": bm, "BO": 128, "BO2": 64}, 4), restore=("X",), cuda=x.is_cuda)
     return (h, buf if wide else e) if e is not None else h

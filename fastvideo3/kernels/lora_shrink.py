@@ -28,21 +28,56 @@ import torch
 
 from fastvideo3.kernels.lora import _interpreting
 
-#: the fixed tiles (the interpreter's, and the fallback when autotuning fails)
-DEFAULT_TILES = {"BM": 32, "BK": 64}
+#: the fixed tiles (the interpreter's, and the fallback when autotuning fails) and the candidates
+DEFAULT_TILES = ({"BM": 32, "BK": 64}, 4)
+SHRINK_CONFIGS = [({"BM": bm, "BK": bk}, w) for bm, bk, w in (
+    (16, 64, 4), (16, 128, 4), (32, 64, 4), (32, 128, 4), (64, 64, 4), (64, 64, 8), (64, 128, 8))]
 #: aim for at least this many programs (four per SM of an H200) before splitting K
 SPLIT_PROGRAMS = 528
 MAX_SPLIT = 8
 _STATE = {"autotune": True, "fallback": None}
 
 
+_TUNERS: dict[str, object] = {}
+
+
 def status() -> dict:
-    """Whether the autotuned kernel is in use, why not if it is not, and the configs it chose."""
-    out = {"autotune": _STATE["autotune"] and not _interpreting(), "fallback": _STATE["fallback"]}
-    tuner = _kernels.cache_info().currsize and _kernels()[1]
-    chosen = getattr(tuner, "cache", None) or {}
-    out["chosen"] = {str(tuple(k[:5])): str(v) for k, v in chosen.items()}
+    """Whether the autotuned kernels are in use, why not if they are not, and the configs chosen
+    (by kernel, then by key)."""
+    out = {"autotune": _STATE["autotune"] and not _interpreting(), "fallback": _STATE["fallback"], "chosen": {}}
+    for name, tuner in _TUNERS.items():
+        out["chosen"][name] = {str(tuple(k)[:len(tuner.keys)]): str(v) for k, v in getattr(tuner, "cache", {}).items()}
     return out
+
+
+def launch(name: str, kernel, configs: list[tuple[dict, int]], key: list[str], grid, args: tuple, flags: dict,
+           default: tuple[dict, int], restore: tuple[str, ...] = (), cuda: bool = True) -> None:
+    """Launch a Triton ``kernel`` with its tiles picked by ``triton.autotune`` over ``configs``
+    (``(meta, num_warps)`` pairs) keyed on the ``key`` arguments; ``restore`` names the tensors the
+    kernel updates in place (restored between the benchmark runs). ``grid(meta)`` gives the
+    grid. Under the interpreter, off CUDA, with autotuning off, or once it failed (recorded in
+    :func:`status`): the ``default`` tiles."""
+    import triton
+    if _STATE["autotune"] and cuda and not _interpreting():
+        tuner = _TUNERS.get(name)
+        try:
+            if tuner is None:
+                cfgs = [triton.Config(meta, num_warps=w, num_stages=3) for meta, w in configs]
+                kw = dict(configs=cfgs, key=key, restore_value=list(restore) or None)
+                try:  # short benchmarks: the kernels take microseconds
+                    tuner = triton.autotune(**kw, do_bench=lambda fn, quantiles: triton.testing.do_bench(
+                        fn, warmup=5, rep=20, quantiles=quantiles))(kernel)
+                except TypeError:  # an older triton.autotune without do_bench
+                    tuner = triton.autotune(**kw)(kernel)
+                _TUNERS[name] = tuner
+            tuner[grid](*args, **flags)
+            return
+        except Exception as e:  # noqa: BLE001 - any tuning failure: the fixed tiles from now on
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise
+            _STATE["autotune"], _STATE["fallback"] = False, f"{name}: {type(e).__name__}: {e}"[:300]
+    meta, warps = default
+    kernel[grid(meta)](*args, **flags, **meta, num_warps=warps)
 
 
 def set_autotune(on: bool) -> None:
@@ -94,16 +129,7 @@ def _kernels():
                     + g * R + offs_r[None, :]
                 tl.store(ptr, acc, mask=mask)
 
-    configs = [triton.Config({"BM": bm, "BK": bk}, num_warps=w, num_stages=st)
-               for bm, bk, w, st in ((16, 64, 4, 3), (16, 128, 4, 3), (32, 64, 4, 3), (32, 128, 4, 3),
-                                     (32, 64, 4, 4), (64, 64, 4, 3), (64, 64, 8, 3), (64, 128, 8, 3))]
-    kw = dict(configs=configs, key=["N", "K", "G", "R", "SPLIT"])
-    try:  # short benchmarks: the kernels take microseconds
-        tuned = triton.autotune(**kw, do_bench=lambda fn, quantiles: triton.testing.do_bench(
-            fn, warmup=5, rep=20, quantiles=quantiles))(shrink_split)
-    except TypeError:  # an older triton.autotune without do_bench
-        tuned = triton.autotune(**kw)(shrink_split)
-    return shrink_split, tuned
+    return shrink_split
 
 
 def choose_split(n: int, bsz: int, groups: int, k: int) -> int:
@@ -153,18 +179,9 @@ def lora_shrink_split(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor, sca
     else:
         out = torch.empty(split, bsz, n, groups * r, device=x.device, dtype=torch.float32)
         sob, son = out.stride(1), out.stride(2)
-    plain, tuned = _kernels()
     args = (x, out, a, slots, scales, n, k, groups, x.stride(0), x.stride(1), a.stride(0), a.stride(1), sob, son)
     flags = dict(R=r, SPLIT=split, IEEE=x.dtype == torch.float32,
                  F32DOT=x.dtype == torch.float32 or _interpreting())
-    if _STATE["autotune"] and not _interpreting() and x.is_cuda:
-        try:
-            tuned[lambda meta: (groups * split, triton.cdiv(n, meta["BM"]), bsz)](*args, **flags)
-            return out
-        except Exception as e:  # noqa: BLE001 - any tuning failure: the fixed tiles from now on
-            if torch.cuda.is_current_stream_capturing():
-                raise
-            _STATE["autotune"], _STATE["fallback"] = False, f"{type(e).__name__}: {e}"[:300]
-    bm = DEFAULT_TILES["BM"]
-    plain[(groups * split, triton.cdiv(n, bm), bsz)](*args, **flags, **DEFAULT_TILES)
+    launch("shrink", _kernels(), SHRINK_CONFIGS, ["N", "K", "G", "R", "SPLIT"],
+           lambda meta: (groups * split, triton.cdiv(n, meta["BM"]), bsz), args, flags, DEFAULT_TILES, cuda=x.is_cuda)
     return out
