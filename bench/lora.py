@@ -1,23 +1,30 @@
 """Cost of mixing LoRA adapters in one DiT forward, on one CUDA GPU.
 
-    python bench/lora.py --out bench/results/lora_h200.json            # H200: 1.3B, two shapes
+    python bench/lora.py --out bench/results/lora_h200.json --graphs both --variants --layers --profile
+    bash bench/gpu_call.sh lora                                         # the same, on the H200 call
     python bench/lora.py --smoke --out out/lora_smoke.json              # CPU: tiny model, seconds
     TRITON_INTERPRET=1 python bench/lora.py --smoke --kernel triton --out out/lora_smoke.json
 
 Wan2.1-1.3B with random bf16 weights drawn on the GPU (no checkpoint on disk), run through the
-fast path the denoiser pool uses (:class:`FastWanDiT`, eager on both sides). A denoise step is
-what the pool runs for a batch under the card's default CFG policy (``batched``): one forward of
-every request's cond and uncond rows, a request's two rows next to each other with its adapter.
-8 rows are 4 requests with 4 different rank-32 adapters (rows A, A, B, B, C, C, D, D) on every
-adapted layer, against the same 8 rows with no adapter. The per-row delta runs as the pool's
-:class:`AdapterStore` wires it (its layer groups; the Triton kernels of
-:mod:`fastvideo3.kernels.lora_grouped` and :mod:`fastvideo3.kernels.lora_norm`); the same batch
-is also timed through the previous path (``store.grouped = False``: one one-pass launch of
-:mod:`fastvideo3.kernels.lora` per layer), an extra field outside the summary. Forwards with
-the store switched to the plain PyTorch path check both kernels' outputs (relative error).
-Timings are medians of CUDA-event timed forwards after a warm-up, the three variants
-interleaved forward by forward. The JSON is rewritten after every shape, so a run cut short
-keeps what finished; ``--time-limit`` skips shapes that would start past it.
+fast path the denoiser pool uses (:class:`FastWanDiT`). A denoise step is what the pool runs for
+a batch under the card's default CFG policy (``batched``): one forward of every request's cond
+and uncond rows, a request's two rows next to each other with its adapter. 8 rows are 4
+requests with 4 different rank-32 adapters (rows A, A, B, B, C, C, D, D) on every adapted
+layer, against the same 8 rows with no adapter. The per-row delta runs as the pool's
+:class:`AdapterStore` wires it.
+
+``--graphs``: each forward is also (``both``) or only (``on``) timed as a CUDA-graph replay:
+one graph with and one without adapters, captured inside the batch (the row->slot table a
+static device buffer, the adapter weights the static slot pool), and replayed once more with
+the requests reversed to check that one graph serves another assignment. The summary reports
+the graph figures where the capture worked (``summary_mode`` says which, per shape; a capture
+failure is recorded as ``graph_error`` and the eager figures are reported). Other paths are
+timed in the same loop (``variants_ms``: ``prev``, ``old`` and, with ``--variants``, each fusion
+switched off); ``--layers`` times block 0's layers one by one; ``--profile`` records one
+forward's GPU kernels. Forwards with the store switched to the plain PyTorch path check every
+path's output (relative error). Timings are medians of CUDA-event timed forwards after a
+warm-up, the variants interleaved forward by forward. The JSON is rewritten after every shape,
+so a run cut short keeps what finished; ``--time-limit`` skips shapes that would start past it.
 """
 from __future__ import annotations
 

@@ -137,7 +137,7 @@ def lora_add_norm(xa: torch.Tensor, up: torch.Tensor, slots: torch.Tensor, x: to
 #: the autotuner's candidates: token tile, column chunks of the two sweeps, warps
 NORM_CONFIGS = [({"BM": bm, "BO": bo, "BO2": bo2}, w) for bm, bo, bo2, w in (
     (16, 128, 64, 4), (16, 256, 64, 4), (16, 256, 128, 8), (32, 128, 64, 4), (32, 256, 64, 8), (16, 128, 64, 8),
-    (16, 512, 128, 8))]
+    (16, 512, 128, 8), (16, 1024, 128, 8))]
 @functools.lru_cache(maxsize=1)
 def _kernel2():
     import triton
