@@ -321,6 +321,12 @@ class AdapterStore:
             for j, (aid, ver, scale) in enumerate(refs):
                 e = self.entries[(aid, ver)]  # pinned by acquire: resident and slotted
                 slots[j, row], scales[j, row] = e.slot, scale
+        blocks = int(slots.max()) + 1  # host tensors: no device sync
+        if self.fixed_blocks is not None:
+            if blocks > self.fixed_blocks:
+                raise InvalidRequest(f"slot {blocks - 1}", field="adapters",
+                                     limit=f"slots < fixed_blocks {self.fixed_blocks}")
+            blocks = self.fixed_blocks
         # one device buffer per plan shape, rewritten per batch: a captured forward reads the
         # assignment of the batch it replays
         bufs = self._plan_bufs.get(tuple(slots.shape))
@@ -329,13 +335,7 @@ class AdapterStore:
             self._plan_bufs[tuple(slots.shape)] = bufs
         bufs[0].copy_(slots)
         bufs[1].copy_(scales)
-        self._plan = bufs
-        self._blocks = int(slots.max()) + 1  # host tensors: no device sync
-        if self.fixed_blocks is not None:
-            if self._blocks > self.fixed_blocks:
-                raise InvalidRequest(f"slot {self._blocks - 1}", field="adapters",
-                                     limit=f"slots < fixed_blocks {self.fixed_blocks}")
-            self._blocks = self.fixed_blocks
+        self._plan, self._blocks = bufs, blocks
         try:
             yield
         finally:

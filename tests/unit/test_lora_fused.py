@@ -209,6 +209,7 @@ def test_store_plan_buffers_and_static_widened_weights():
     with pytest.raises(Exception, match="fixed_blocks"):
         with store.batch(rows_ab):
             pass
+    assert not store.active  # a refused batch leaves no plan behind
 
 
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
