@@ -8,7 +8,7 @@
 # Parts:
 #   ipc        bench/ipc_probe.py: where a cuda_ipc fetch spends its time, per device-checksum setting
 #   transport  bench/gpu_transport.sh: the data plane (NIXL probe + bench/transport.py --device cuda)
-#   lora       bench/lora.py: mixed-adapter batches against no LoRA
+#   lora       bench/lora.py: mixed-adapter batches against no LoRA, eager and as CUDA graphs
 #   fp8        bench/denoiser_fp8.py: FP8 against bf16 (needs the fa3_fwd wheel for FP8 attention)
 #   models     bench/denoiser.py --models $MODELS: newer families against diffusers (bench/denoiser_models.py),
 #              rows named in $SKIP_ROWS (family:shape,...) left out; JSON as $MODELS_JSON
@@ -37,8 +37,8 @@ for part in "$@"; do
                  --out "$work/$part/ipc_probe.json" ;;
     transport) OUT=$work/$part BUDGET_S=${TRANSPORT_TIMEOUT_S:-200} PROBE_CONFIGS=${PROBE_CONFIGS:-project_default} \
                  timeout $(( ${TRANSPORT_TIMEOUT_S:-200} + 30 )) bash bench/gpu_transport.sh ;;
-    lora)      timeout "${LORA_TIMEOUT_S:-200}" python3 bench/lora.py --out "$work/$part/lora_h200.json" \
-                 --time-limit $(( ${LORA_TIMEOUT_S:-200} - 40 )) ;;
+    lora)      timeout "${LORA_TIMEOUT_S:-330}" python3 bench/lora.py --out "$work/$part/lora_h200.json" \
+                 --graphs both --variants --layers --profile --time-limit $(( ${LORA_TIMEOUT_S:-330} - 120 )) ;;
     fp8)       timeout "${FP8_TIMEOUT_S:-300}" python3 bench/denoiser_fp8.py --out "$work/$part/denoiser_fp8_h200.json" ;;
     models)    timeout "${MODELS_TIMEOUT_S:-480}" python3 bench/denoiser.py --models "${MODELS:?}" --quick \
                  --stage-timeout "${STAGE_TIMEOUT_S:-150}" --skip-rows "${SKIP_ROWS:-}" \

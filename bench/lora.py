@@ -1,23 +1,30 @@
 """Cost of mixing LoRA adapters in one DiT forward, on one CUDA GPU.
 
-    python bench/lora.py --out bench/results/lora_h200.json            # H200: 1.3B, two shapes
+    python bench/lora.py --out bench/results/lora_h200.json --graphs both --variants --layers --profile
+    bash bench/gpu_call.sh lora                                         # the same, on the H200 call
     python bench/lora.py --smoke --out out/lora_smoke.json              # CPU: tiny model, seconds
     TRITON_INTERPRET=1 python bench/lora.py --smoke --kernel triton --out out/lora_smoke.json
 
 Wan2.1-1.3B with random bf16 weights drawn on the GPU (no checkpoint on disk), run through the
-fast path the denoiser pool uses (:class:`FastWanDiT`, eager on both sides). A denoise step is
-what the pool runs for a batch under the card's default CFG policy (``batched``): one forward of
-every request's cond and uncond rows, a request's two rows next to each other with its adapter.
-8 rows are 4 requests with 4 different rank-32 adapters (rows A, A, B, B, C, C, D, D) on every
-adapted layer, against the same 8 rows with no adapter. The per-row delta runs as the pool's
-:class:`AdapterStore` wires it (its layer groups; the Triton kernels of
-:mod:`fastvideo3.kernels.lora_grouped` and :mod:`fastvideo3.kernels.lora_norm`); the same batch
-is also timed through the previous path (``store.grouped = False``: one one-pass launch of
-:mod:`fastvideo3.kernels.lora` per layer), an extra field outside the summary. Forwards with
-the store switched to the plain PyTorch path check both kernels' outputs (relative error).
-Timings are medians of CUDA-event timed forwards after a warm-up, the three variants
-interleaved forward by forward. The JSON is rewritten after every shape, so a run cut short
-keeps what finished; ``--time-limit`` skips shapes that would start past it.
+fast path the denoiser pool uses (:class:`FastWanDiT`). A denoise step is what the pool runs for
+a batch under the card's default CFG policy (``batched``): one forward of every request's cond
+and uncond rows, a request's two rows next to each other with its adapter. 8 rows are 4
+requests with 4 different rank-32 adapters (rows A, A, B, B, C, C, D, D) on every adapted
+layer, against the same 8 rows with no adapter. The per-row delta runs as the pool's
+:class:`AdapterStore` wires it.
+
+``--graphs``: each forward is also (``both``) or only (``on``) timed as a CUDA-graph replay:
+one graph with and one without adapters, captured inside the batch (the row->slot table a
+static device buffer, the adapter weights the static slot pool), and replayed once more with
+the requests reversed to check that one graph serves another assignment. The summary reports
+the graph figures where the capture worked (``summary_mode`` says which, per shape; a capture
+failure is recorded as ``graph_error`` and the eager figures are reported). Other paths are
+timed in the same loop (``variants_ms``: ``prev``, ``old`` and, with ``--variants``, each fusion
+switched off); ``--layers`` times block 0's layers one by one; ``--profile`` records one
+forward's GPU kernels. Forwards with the store switched to the plain PyTorch path check every
+path's output (relative error). Timings are medians of CUDA-event timed forwards after a
+warm-up, the variants interleaved forward by forward. The JSON is rewritten after every shape,
+so a run cut short keeps what finished; ``--time-limit`` skips shapes that would start past it.
 """
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ import json
 import platform
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 try:
@@ -119,7 +127,13 @@ def main() -> None:
                          "TRITON_INTERPRET=1)")
     ap.add_argument("--time-limit", type=float, default=170.0, help="start no shape after this many seconds")
     ap.add_argument("--variants", action="store_true",
-                    help="also time the grouped path with its GEMM widening and/or fused norm switched off")
+                    help="also time the path with its split-K, GEMM widening and/or fused norm switched off")
+    ap.add_argument("--graphs", default="both", choices=("on", "off", "both"),
+                    help="time whole forwards replayed as CUDA graphs (on), eagerly (off) or both; the summary "
+                         "reports the graph figures where they were taken (the serving path captures its steps)")
+    ap.add_argument("--layers", action="store_true",
+                    help="also time block 0's adapted layers one by one (GEMM, widened GEMM, shrink, expand)")
+    ap.add_argument("--no-autotune", action="store_true", help="the shrink's fixed tiles instead of autotuning")
     ap.add_argument("--no-widen", action="store_true", help="the measured LoRA path without GEMM widening")
     ap.add_argument("--no-fused-norm", action="store_true", help="the measured LoRA path without the fused norm")
     ap.add_argument("--profile", action="store_true",
@@ -143,6 +157,8 @@ def main() -> None:
                          impl=None if args.kernel == "auto" else args.kernel, groups=lora_groups(cfg))
     fast.lora = store  # as the denoiser pool wires it
     store.widen, store.fuse_norm = not args.no_widen, not args.no_fused_norm
+    from fastvideo3.kernels import lora_shrink
+    lora_shrink.set_autotune(not args.no_autotune)
     ids = [f"adapter-{i}" for i in range(args.adapters)]
     refs = []
     for i, aid in enumerate(ids):
@@ -166,21 +182,33 @@ def main() -> None:
         "adapted_layers_per_block": len(layer_shapes(cfg)) // cfg.num_layers,
         "rows": args.rows, "requests": args.rows // 2, "row_adapters": [r[0][0] for r in rows],
         "rank": args.rank, "adapters_in_batch": args.adapters,
-        "lora_path": "grouped: QKV and all cross K/V as one shrink + one expand; the expand inside add_norm for "
-                     "the layers feeding it; widened GEMMs where they pay "
-                     "(fastvideo3.kernels.lora_grouped, lora_norm); old_path: one one-pass launch per layer",
+        "lora_path": "grouped: QKV and all cross K/V as one shrink + one expand; the expand inside the residual + "
+                     "norm pass for the layers feeding it, that pass also running the next layer's shrink (the next "
+                     "QKV's, or the widened input of cross-attention Q and FFN in); widened GEMMs where they pay; "
+                     "split-K autotuned shrinks (fastvideo3.kernels.lora_shrink, lora_norm, lora_grouped)",
+        "variants": {"prev": "the previous default: widen kernels, one shrink per layer, the three-sweep norm pass",
+                     "old": "one one-pass launch per layer", "no_split_k": "lora without split-K",
+                     "no_widen": "lora with no widened GEMM", "no_fused_norm": "lora with add_norm unfused",
+                     "two_pass_only": "no widening, no fused norm"},
+        "graphs": args.graphs,
+        "graph_note": "graphs: one CUDA graph per forward (with and without adapters), the row->slot plan a static "
+                      "device buffer and the adapter weights the static slot pool, so a replay serves any "
+                      "assignment whose slots are below the captured block count (checked with the requests "
+                      "reversed); timed by replay",
         "shapes": {},
     }
     summary = {"rank": args.rank, "adapters_in_batch": args.adapters, "ms_per_step": {},
                "ms_per_step_no_lora": {}, "overhead_fraction": {}}
+    #: which timing each summary figure is, by shape: "graphs" (CUDA-graph replay) or "eager"
+    result["summary_mode"] = {}
 
     def write():
+        result["shrink_autotune"] = lora_shrink.status()
         result["summary"] = summary
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 
-    print(f"{'shape':>12} | {'no LoRA':>9} | {'LoRA (ms, overhead)':>17} | {'old path':>16} | rel err new/old",
-          flush=True)
+    print(f"{'shape':>12} | mode   | {'no LoRA':>9} | {'LoRA (ms, overhead)':>17} | rel err", flush=True)
     for frames, height, width in shapes:
         key = f"{frames}x{height}x{width}"
         if time.monotonic() - t_start > args.time_limit:
@@ -198,10 +226,14 @@ def main() -> None:
         summary["ms_per_step"][key] = row["ms_per_step"]
         summary["ms_per_step_no_lora"][key] = row["ms_per_step_no_lora"]
         summary["overhead_fraction"][key] = row["overhead_fraction"]
-        print(f"{key:>12} | {row['ms_per_step_no_lora']:9.2f} | {row['ms_per_step']:9.2f} "
-              f"{100 * row['overhead_fraction']:+6.1f}% | {row['ms_per_step_old_path']:9.2f} "
-              f"{100 * row['overhead_fraction_old_path']:+6.1f}% | {row['kernel_vs_torch_rel_error']:.1e} "
-              f"{row['old_path_vs_torch_rel_error']:.1e}", flush=True)
+        result["summary_mode"][key] = row["reported_mode"]
+        for mode in ("eager", "graphs"):
+            if f"ms_per_step_{mode}" in row:
+                print(f"{key:>12} | {mode:6} | {row[f'ms_per_step_no_lora_{mode}']:9.2f} | "
+                      f"{row[f'ms_per_step_{mode}']:9.2f} {100 * row[f'overhead_fraction_{mode}']:+6.1f}% | "
+                      f"{row['kernel_vs_torch_rel_error']:.1e}", flush=True)
+        for name, ms in row.get("variants_ms", {}).items():
+            print(f"{'':>12} | {name:14} {ms:9.2f} {100 * row['variants_overhead_fraction'][name]:+6.1f}%", flush=True)
         write()
         if cuda:
             torch.cuda.empty_cache()
@@ -209,60 +241,210 @@ def main() -> None:
     write()
 
 
+#: the store's switches per timed variant (unnamed switches at their defaults)
+VARIANTS = {
+    "lora": {},
+    "prev": {"fuse_shrink": False, "split_k": False},  # the previous default: widen kernels, 3-sweep norm
+    "old": {"grouped": False},  # one one-pass launch per layer
+    "no_split_k": {"split_k": False},
+    "no_widen": {"widen": False},
+    "no_fused_norm": {"fuse_norm": False},
+    "two_pass_only": {"widen": False, "fuse_norm": False},
+}
+SWITCHES = ("grouped", "widen", "fuse_norm", "fuse_shrink", "split_k")
+
+
+@contextmanager
+def configured(store, name: str, rows):
+    """The store switched to variant ``name`` (and its batch open, unless ``rows`` is None)."""
+    saved = {k: getattr(store, k) for k in SWITCHES}
+    for k, v in VARIANTS.get(name, {}).items():
+        setattr(store, k, v)
+    try:
+        if rows is None:
+            yield
+        else:
+            with store.batch(rows):
+                yield
+    finally:
+        for k, v in saved.items():
+            setattr(store, k, v)
+
+
+def capture(fn, pool):
+    """A CUDA graph of ``fn()`` (warmed up on a side stream first, as PyTorch asks) and its output."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    torch.cuda.synchronize()
+    return graph, out
+
+
 def run_shape(args, config, fast, store, rows, frames, height, width, device, dtype, cuda) -> dict:
-    """One shape: timings without and with the adapters, and the kernel's check."""
+    """One shape: eager (and CUDA-graph) timings without and with the adapters, and the checks."""
     x, t, text = inputs(config, frames, height, width, args.rows, device, dtype)
     big = frames * height * width > 17 * 256 * 256
-    warm, iters = (1, 3) if big else (2, 10)
+    warm, iters = (1, 2 if args.graphs == "both" else 3) if big else (2, 10)
     if args.smoke:
         warm, iters = 1, 2
 
     def plain():
         return fast(x, t, text)
 
-    def mixed(grouped: bool = True, widen: bool = True, fuse_norm: bool = True):
-        store.grouped, store.widen, store.fuse_norm = grouped, widen, fuse_norm
-        try:
-            with store.batch(rows):
-                return fast(x, t, text)
-        finally:
-            store.grouped, store.widen, store.fuse_norm = True, defaults[0], defaults[1]
+    def mixed(name: str = "lora", which=None):
+        with configured(store, name, which or rows):
+            return fast(x, t, text)
 
-    defaults = (store.widen, store.fuse_norm)
-    fns = {"base": plain, "lora": lambda: mixed(widen=defaults[0], fuse_norm=defaults[1]),
-           "old": lambda: mixed(False)}
-    if args.variants:  # the grouped path with each of its fusions off, timed in the same loop
-        fns.update({"no_widen": lambda: mixed(widen=False, fuse_norm=defaults[1]),
-                    "no_fused_norm": lambda: mixed(widen=defaults[0], fuse_norm=False),
-                    "two_pass_only": lambda: mixed(widen=False, fuse_norm=False)})
+    names = ["lora", "prev"] + ([] if big else ["old"])
+    if args.variants:
+        names += ["no_split_k", "no_widen", "no_fused_norm", "two_pass_only"]
+    row = {"tokens_per_row": int(x.shape[2] * x.shape[3] * x.shape[4] // 4)}
+    fns = {}
+    if args.graphs in ("off", "both"):
+        fns["base"] = plain
+        fns.update({n: (lambda n=n: mixed(n)) for n in names})
+    graphs = {}
+    if args.graphs in ("on", "both"):
+        for n in ("base", "lora"):  # tune and compile outside the capture
+            plain() if n == "base" else mixed(n)
+        try:
+            if not cuda:
+                raise RuntimeError("CUDA graphs need a CUDA device")
+            store.static = True
+            pool = torch.cuda.graph_pool_handle()
+            graphs["base"] = capture(plain, pool)
+            with configured(store, "lora", rows):  # the plan is copied in outside the capture
+                graphs["lora"] = capture(lambda: fast(x, t, text), pool)
+            row["graph_blocks"] = store.blocks
+            fns["base_graph"] = graphs["base"][0].replay
+            fns["lora_graph"] = graphs["lora"][0].replay
+        except Exception as e:  # noqa: BLE001 - the eager figures still stand
+            row["graph_error"] = f"{type(e).__name__}: {e}"[:400]
+            graphs.clear()
+            print(f"  CUDA graphs failed, eager only: {row['graph_error']}", flush=True)
+            if not fns:  # --graphs on: fall back to eager
+                fns["base"] = plain
+                fns.update({n: (lambda n=n: mixed(n)) for n in names})
     runs = timed(fns, warm, iters, cuda)
-    base, lora, old = runs["base"], runs["lora"], runs["old"]
-    # both kernels' outputs against the plain PyTorch path on the same batch
+    med = {k: median(v) for k, v in runs.items()}
+    eager = "base" in med
+    if eager:
+        ms, ms0 = med["lora"], med["base"]
+        row.update({"ms_per_step_eager": round(ms, 3), "ms_per_step_no_lora_eager": round(ms0, 3),
+                    "overhead_fraction_eager": round(ms / ms0 - 1.0, 4),
+                    "timings_eager_ms": [round(v, 3) for v in runs["lora"]],
+                    "timings_no_lora_eager_ms": [round(v, 3) for v in runs["base"]]})
+        row["variants_ms"] = {n: round(med[n], 3) for n in names}
+        row["variants_overhead_fraction"] = {n: round(med[n] / ms0 - 1.0, 4) for n in names}
+        # the fields earlier results carried
+        row["ms_per_step_old_path"] = row["variants_ms"].get("old")
+        row["overhead_fraction_old_path"] = row["variants_overhead_fraction"].get("old")
+    if graphs:
+        gms, gms0 = med["lora_graph"], med["base_graph"]
+        row.update({"ms_per_step_graphs": round(gms, 3), "ms_per_step_no_lora_graphs": round(gms0, 3),
+                    "overhead_fraction_graphs": round(gms / gms0 - 1.0, 4),
+                    "timings_graphs_ms": [round(v, 3) for v in runs["lora_graph"]],
+                    "timings_no_lora_graphs_ms": [round(v, 3) for v in runs["base_graph"]]})
+    mode = "graphs" if graphs else "eager"
+    row["reported_mode"] = mode
+    row["ms_per_step"] = row[f"ms_per_step_{mode}"]
+    row["ms_per_step_no_lora"] = row[f"ms_per_step_no_lora_{mode}"]
+    row["overhead_fraction"] = row[f"overhead_fraction_{mode}"]
+
+    # every path's output against the plain PyTorch path on the same batch
     want_base = plain().float()
-    got, got_old = mixed().float(), mixed(False).float()
-    impl, store.impl = store.impl, "torch"
-    want = mixed().float()
-    store.impl = impl
-    rel = float((got - want).norm() / want.norm())
-    rel_old = float((got_old - want).norm() / want.norm())
-    effect = float((want - want_base).norm() / want_base.norm())
-    ms, ms0, ms_old = median(lora), median(base), median(old)
-    row = {"ms_per_step": round(ms, 3), "ms_per_step_no_lora": round(ms0, 3),
-           "overhead_fraction": round(ms / ms0 - 1.0, 4), "timings_ms": [round(v, 3) for v in lora],
-           "timings_no_lora_ms": [round(v, 3) for v in base],
-           "ms_per_step_old_path": round(ms_old, 3), "overhead_fraction_old_path": round(ms_old / ms0 - 1.0, 4),
-           "timings_old_path_ms": [round(v, 3) for v in old],
-           "kernel_vs_torch_rel_error": rel, "old_path_vs_torch_rel_error": rel_old, "lora_effect_rel": effect,
-           "tokens_per_row": int(x.shape[2] * x.shape[3] * x.shape[4] // 4)}
+    with configured(store, "lora", rows):
+        impl, store.impl = store.impl, "torch"
+        try:
+            want = fast(x, t, text).float()
+        finally:
+            store.impl = impl
+
+    def rel(got):
+        return float((got.float() - want).norm() / want.norm())
+
+    row["kernel_vs_torch_rel_error"] = rel(mixed("lora"))
+    row["prev_path_vs_torch_rel_error"] = rel(mixed("prev"))
+    if not big:
+        row["old_path_vs_torch_rel_error"] = rel(mixed("old"))
+    row["lora_effect_rel"] = float((want - want_base).norm() / want_base.norm())
+    if graphs:
+        graphs["lora"][0].replay()
+        row["graph_vs_torch_rel_error"] = rel(graphs["lora"][1])
+        # another assignment (requests reversed) through the same captured graph, against eager
+        other = rows[::-1]
+        with store.batch(other):
+            graphs["lora"][0].replay()
+            got = graphs["lora"][1].float().clone()
+        ref = mixed("lora", other).float()
+        row["graph_other_assignment_vs_eager_rel_error"] = float((got - ref).norm() / ref.norm())
     if cuda:
         row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-    for name in ("no_widen", "no_fused_norm", "two_pass_only"):
-        if name in runs:
-            row.setdefault("variants_ms", {})[name] = round(median(runs[name]), 3)
-            row.setdefault("variants_overhead_fraction", {})[name] = round(median(runs[name]) / ms0 - 1.0, 4)
-    if cuda and args.profile:
+    if cuda and args.profile and not big:
         row["profile"] = {"no_lora": kernel_table(plain), "lora": kernel_table(mixed)}
+    if cuda and args.layers and not big:
+        try:
+            row["layers"] = layer_costs(fast, store, rows, x.shape[0], row["tokens_per_row"], device, dtype)
+        except Exception as e:  # noqa: BLE001
+            row["layers"] = {"error": f"{type(e).__name__}: {e}"[:400]}
+    graphs.clear()
+    store.static = False
     return row
+
+
+def op_ms(fn, reps: int = 20) -> float:
+    """Device ms of one ``fn()``: ``reps`` calls in one CUDA graph (no launch gaps), median of 5."""
+    try:
+        graph, _ = capture(lambda: [fn() for _ in range(reps)], None)
+        run = graph.replay
+    except Exception:  # noqa: BLE001 - eager loop
+        def run():
+            for _ in range(reps):
+                fn()
+    return median([_once(run, True) for _ in range(5)]) / reps
+
+
+def layer_costs(fast, store, rows, bsz: int, n: int, device, dtype) -> dict:
+    """Block 0's adapted layers at this shape, one by one: the base GEMM, the GEMM widened by
+    ``blocks * R`` inputs (its input made elsewhere), the shrink (split-K where chosen) and the
+    expand, in device ms. Where ``widened - gemm`` < ``expand`` (+ the norm pass's cost of the
+    widened input) widening pays."""
+    import torch.nn.functional as F
+
+    from fastvideo3.kernels.lora_grouped import lora_expand_, widen_pays
+    from fastvideo3.kernels.lora_shrink import choose_split, lora_shrink_split
+    blk, out = fast.blocks[0], {}
+    layers = {"attn1.to_q": (blk.qkv_w[:blk.out_w.shape[0]], None), "attn1.to_out.0": (blk.out_w, None),
+              "attn2.to_q": (blk.q2_w, None), "attn2.to_out.0": (blk.out2_w, None),
+              "ffn.net.0.proj": (blk.ff1_w, fast._gelu_linear), "ffn.net.2": (blk.ff2_w, None)}
+    with store.batch(rows):
+        slots, scales = store._plan
+        blocks = store.blocks
+        for short, (w, gemm) in layers.items():
+            name = f"blocks.0.{short}"
+            k, o = store.shapes[name]
+            x = torch.randn(bsz, n, k, device=device, dtype=dtype)
+            bias = torch.zeros(o, device=device, dtype=dtype)
+            lin = gemm or F.linear
+            xw = torch.randn(bsz, n, k + blocks * store.max_rank, device=device, dtype=dtype)
+            ww = torch.randn(o, k + blocks * store.max_rank, device=device, dtype=dtype)
+            y = torch.randn(bsz, n, o, device=device, dtype=dtype)
+            split = choose_split(n, bsz, 1, k)
+            xa = lora_shrink_split(x, store.down[name], slots[0], scales[0])
+            out[short] = {
+                "k": k, "n": o, "gemm_ms": round(op_ms(lambda: lin(x, w, bias)), 4),
+                "widened_gemm_ms": round(op_ms(lambda: lin(xw, ww, bias)), 4),
+                "shrink_ms": round(op_ms(lambda: lora_shrink_split(x, store.down[name], slots[0], scales[0])), 4),
+                "shrink_split_ms": round(op_ms(lambda: lora_shrink_split(x, store.down[name], slots[0], scales[0],
+                                                                           split=split)), 4), "split": split,
+                "expand_ms": round(op_ms(lambda: lora_expand_(xa, y, store.up[name], slots[0])), 4),
+                "widen_pays_model": widen_pays(k, o, blocks * store.max_rank, x.element_size())}
+    return out
 
 
 def kernel_table(fn, top: int = 25) -> dict:

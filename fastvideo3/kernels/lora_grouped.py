@@ -180,28 +180,52 @@ def lora_group_delta_(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torc
 
 
 def _triton(x, y, a, b, slots, scales, groups, gelu):
-    import triton
     if x.stride(2) != 1 or y.stride(2) != 1 or a.stride(2) != 1 or b.stride(2) != 1:
         raise ValueError("the Triton path needs unit stride along the feature dims")
-    bsz, n, k = x.shape
-    r, out = a.shape[1] // groups, y.shape[2]
-    og = out // groups
+    r = a.shape[1] // groups
     if r < 16 or r & (r - 1):
         raise ValueError(f"the Triton path needs a power-of-two rank >= 16, got {r}")
+    return lora_expand_(lora_shrink(x, a, slots, scales, groups), y, b, slots, groups, gelu)
+
+
+def lora_expand_(xa: torch.Tensor, y: torch.Tensor, b: torch.Tensor, slots: torch.Tensor, groups: int = 1,
+                 gelu: bool = False) -> torch.Tensor:
+    """The Triton expand alone: ``y[r, :, member g] += xa[r, :, g*R:(g+1)*R] @ b[slots[r], member g].T``
+    in place (then the tanh GELU on every row with ``gelu``); ``xa`` ``[B, N, G*R]`` contiguous,
+    the shrink's scaled output (:func:`lora_shrink`, or a fused one). Returns ``y``."""
+    import triton
+    bsz, n, out = y.shape
+    r = b.shape[2]
+    if xa.shape != (bsz, n, groups * r) or not xa.is_contiguous() or b.shape[1] != out or out % groups:
+        raise ValueError(f"xa {tuple(xa.shape)} (contiguous), y {tuple(y.shape)}, b {tuple(b.shape)} do not fit "
+                         f"{groups} member(s)")
+    if y.stride(2) != 1 or b.stride(2) != 1:
+        raise ValueError("the Triton path needs unit stride along the feature dims")
+    og = out // groups
     bo = 64
     if groups > 1 and og % bo:
         bo = 32 if og % 32 == 0 else 16
         if og % bo:
             raise ValueError(f"a member's output width {og} must be a multiple of 16")
     interp = _interpreting()
-    ieee, f32dot = x.dtype == torch.float32, x.dtype == torch.float32 or interp
-    _, expand, _ = _kernels()
-    xa = lora_shrink(x, a, slots, scales, groups)
+    ieee, f32dot = y.dtype == torch.float32, y.dtype == torch.float32 or interp
     bm_e = 64 if n >= 64 else 16
-    expand[(triton.cdiv(out, bo), triton.cdiv(n, bm_e), bsz)](
-        xa, y, b, slots, n, out, og, xa.stride(0), y.stride(0), y.stride(1), b.stride(0), b.stride(1),
-        R=r, BM=bm_e, BO=bo, IEEE=ieee, F32DOT=f32dot, GELU=gelu)
+    args = (xa, y, b, slots, n, out, og, xa.stride(0), y.stride(0), y.stride(1), b.stride(0), b.stride(1))
+    flags = dict(R=r, IEEE=ieee, F32DOT=f32dot, GELU=gelu)
+    if bo != 64 or (groups > 1 and og % 128):  # the candidates need BO | a member's width
+        _kernels()[1][(triton.cdiv(out, bo), triton.cdiv(n, bm_e), bsz)](*args, **flags, BM=bm_e, BO=bo)
+        return y
+    from fastvideo3.kernels.lora_shrink import launch
+    # y is updated in place: restored between the tuner's runs
+    launch("expand", _kernels()[1], EXPAND_CONFIGS, ["N", "OUT", "OUT_G", "R", "GELU"],
+           lambda meta: (triton.cdiv(out, meta["BO"]), triton.cdiv(n, meta["BM"]), bsz), args, flags,
+           ({"BM": bm_e, "BO": bo}, 4), restore=("Y",), cuda=y.is_cuda)
     return y
+
+
+#: the expand's autotune candidates (token tile, output tile, warps)
+EXPAND_CONFIGS = [({"BM": bm, "BO": bo}, w) for bm, bo, w in (
+    (64, 64, 4), (64, 128, 4), (32, 128, 4), (64, 128, 8), (128, 64, 4), (128, 128, 8))]
 
 
 def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor, scales: torch.Tensor,

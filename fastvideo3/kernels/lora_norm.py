@@ -131,3 +131,206 @@ def lora_add_norm(xa: torch.Tensor, up: torch.Tensor, slots: torch.Tensor, x: to
         R=r, BM=bm, BO=128, HAS_GATE=gate is not None, MODULATE=modulate,
         F32DOT=x.dtype == torch.float32 or _interpreting(), IEEE=x.dtype == torch.float32, num_warps=4)
     return h
+
+
+# -- the two-pass variant, with the next layer's shrink fused in -------------------------------
+#: the autotuner's candidates: token tile, column chunks of the two sweeps, warps
+NORM_CONFIGS = [({"BM": bm, "BO": bo, "BO2": bo2}, w) for bm, bo, bo2, w in (
+    (16, 128, 64, 4), (16, 256, 64, 4), (16, 256, 128, 8), (32, 128, 64, 4), (32, 256, 64, 8), (16, 128, 64, 8),
+    (16, 512, 128, 8), (16, 1024, 128, 8))]
+@functools.lru_cache(maxsize=1)
+def _kernel2():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def add_norm_next_kernel(XA, SCALE, B, SLOT, X, Y, GATE, A_, B_, H, AN, E,
+                             N, D, eps, sab, sbs, sbo, gate_stride, a_stride, b_stride, sh, se, sans, sanr, E_COLS,
+                             R: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr, BO: tl.constexpr,
+                             BO2: tl.constexpr, HAS_GATE: tl.constexpr, MODULATE: tl.constexpr,
+                             NEXT: tl.constexpr, WIDE: tl.constexpr, RN: tl.constexpr, EW: tl.constexpr,
+                             F32DOT: tl.constexpr, IEEE: tl.constexpr):
+        pid_m = tl.program_id(0)
+        row = tl.program_id(1)
+        slot = tl.load(SLOT + row)
+        has = slot >= 0
+        s = tl.maximum(slot, 0)
+        scale = tl.where(has, tl.load(SCALE + row), 0.0)
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_r = tl.arange(0, R)
+        m_ok = offs_m < N
+        tok = (row * N + offs_m).to(tl.int64)  # token index in [B*N]
+        rmask = m_ok[:, None] & (offs_r[None, :] < R)
+        if SPLIT == 0:  # the shrink's scaled output, in the activation dtype
+            xa = tl.load(XA + row * sab + offs_m[:, None] * R + offs_r[None, :], mask=rmask, other=0.0)
+        else:  # split-K partial sums (fp32, unscaled): summed, scaled and rounded once here
+            acc0 = tl.zeros((BM, R), dtype=tl.float32)
+            for p in range(SPLIT):
+                acc0 += tl.load(XA + (p * tl.num_programs(1) + row).to(tl.int64) * sab + offs_m[:, None] * R
+                                + offs_r[None, :], mask=rmask, other=0.0)  # unwritten (unused) without an adapter
+            xa = (acc0 * scale).to(X.dtype.element_ty)
+        if F32DOT:
+            xa = xa.to(tl.float32)
+        # pass 1: y + delta, the gated residual written; per-chunk mean and centred sum of squares
+        # combined as Chan et al. do (numerically as stable as the centred two-pass form)
+        mean = tl.zeros((BM,), dtype=tl.float32)
+        m2 = tl.zeros((BM,), dtype=tl.float32)
+        for o0 in range(0, D, BO):
+            offs_o = o0 + tl.arange(0, BO)
+            o_ok = offs_o < D
+            mask = m_ok[:, None] & o_ok[None, :]
+            ptr = tok[:, None] * D + offs_o[None, :]
+            y = tl.load(Y + ptr, mask=mask, other=0.0).to(tl.float32)
+            if has:
+                bt = tl.load(B + s * sbs + offs_o[None, :] * sbo + offs_r[:, None], mask=o_ok[None, :], other=0.0)
+                if F32DOT:
+                    bt = bt.to(tl.float32)
+                if IEEE:
+                    d = tl.dot(xa, bt, input_precision="ieee")
+                else:
+                    d = tl.dot(xa, bt)
+                y = (y + d).to(Y.dtype.element_ty).to(tl.float32)  # as the expand stores it
+            if HAS_GATE:
+                y = y * tl.load(GATE + row * gate_stride + offs_o, mask=o_ok, other=0.0).to(tl.float32)[None, :]
+            x = tl.load(X + ptr, mask=mask, other=0.0).to(tl.float32)
+            xr = (x + y).to(X.dtype.element_ty)
+            tl.store(X + ptr, xr, mask=mask)
+            xf = tl.where(mask, xr.to(tl.float32), 0.0)
+            cnt = tl.minimum(D - o0, BO) * 1.0
+            cmean = tl.sum(xf, axis=1) / cnt
+            cd = tl.where(mask, xf - cmean[:, None], 0.0)
+            cm2 = tl.sum(cd * cd, axis=1)
+            seen = o0 * 1.0
+            tot = seen + cnt
+            delta = cmean - mean
+            mean = mean + delta * (cnt / tot)
+            m2 = m2 + cm2 + delta * delta * (seen * cnt / tot)
+        tl.debug_barrier()  # the residual tile this program wrote is read back below
+        rstd = 1.0 / tl.sqrt(m2 / D + eps)
+        offs_e = tl.arange(0, EW)  # the row's own down projection: RN columns (a group's: C)
+        e_ok = offs_e < RN
+        acc = tl.zeros((BM, EW), dtype=tl.float32)
+        for o0 in range(0, D, BO2):  # pass 2: the normed (and modulated) output, and the next shrink
+            offs_o = o0 + tl.arange(0, BO2)
+            o_ok = offs_o < D
+            mask = m_ok[:, None] & o_ok[None, :]
+            xr = tl.load(X + tok[:, None] * D + offs_o[None, :], mask=mask, other=0.0).to(tl.float32)
+            a = tl.load(A_ + row * a_stride + offs_o, mask=o_ok, other=0.0).to(tl.float32)
+            b = tl.load(B_ + row * b_stride + offs_o, mask=o_ok, other=0.0).to(tl.float32)
+            if MODULATE:
+                a = a + 1.0
+            h = ((xr - mean[:, None]) * rstd[:, None] * a[None, :] + b[None, :]).to(H.dtype.element_ty)
+            tl.store(H + tok[:, None] * sh + offs_o[None, :], h, mask=mask)
+            if NEXT:
+                an = tl.load(AN + s * sans + offs_e[None, :] * sanr + offs_o[:, None],
+                             mask=o_ok[:, None] & e_ok[None, :], other=0.0)  # scale 0 without an adapter
+                hd = tl.where(mask, h, 0.0)
+                if F32DOT:
+                    hd, an = hd.to(tl.float32), an.to(tl.float32)
+                if IEEE:
+                    acc += tl.dot(hd, an, input_precision="ieee")
+                else:
+                    acc += tl.dot(hd, an)
+        if NEXT:
+            e = (acc * scale).to(H.dtype.element_ty)  # zero where the row has no adapter
+            e_mask = m_ok[:, None] & e_ok[None, :]
+            if WIDE:  # the widened input: block `slot` holds this row's down projection, the others zeros
+                zero = tl.zeros((BM, EW), dtype=H.dtype.element_ty)
+                for j in range(0, E_COLS // RN):
+                    tl.store(E + tok[:, None] * se + j * RN + offs_e[None, :], tl.where(j == slot, e, zero),
+                             mask=e_mask)
+            else:
+                tl.store(E + tok[:, None] * se + offs_e[None, :], e, mask=e_mask)
+
+    return add_norm_next_kernel
+
+
+def lora_add_norm_next(xa: torch.Tensor | None, scales: torch.Tensor, up: torch.Tensor, slots: torch.Tensor,
+                   x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor,
+                   *, modulate: bool, eps: float, xa_parts: torch.Tensor | None = None,
+                   next_down: torch.Tensor | None = None, wide: int = 0, impl: str = "torch"):
+    """:func:`lora_add_norm` (two passes over the row tile) that may also run the *next* layer's
+    shrink on the normed activations it writes, so that layer never re-reads its input.
+
+    The delta's down projection comes as ``xa`` (scaled, activation dtype, ``[B, N, R]``) or as
+    ``xa_parts`` (a split-K shrink's fp32 unscaled partial sums ``[SPLIT, B, N, R]``; summed,
+    scaled by ``scales`` and rounded once here). ``next_down``: the next layer's stacked down
+    weights ``[S, C, D]``; then the return value is ``(h, e)``:
+
+    * ``wide == 0``: ``e`` is ``[B, N, C]``, ``scales[r] * h[r] @ next_down[slot].T`` (a
+      group's stacked shrink, e.g. a fused QKV's);
+    * ``wide = blocks``: ``C`` is the rank ``R'`` and ``e`` is the whole ``[B, N, D + blocks*R']``
+      buffer ``[h | E]`` (``h`` is its first ``D`` columns; ``E`` holds the down projection in
+      block ``slots[r]``, zeros elsewhere): the input of the next layer's widened GEMM, as
+      :func:`~fastvideo3.kernels.lora_grouped.lora_widen` builds it.
+
+    Without ``next_down`` just ``h``. ``impl="torch"``: the same steps in PyTorch."""
+    bsz, n, d = x.shape
+    r = up.shape[2]
+    if (x.dim() != 3 or not x.is_contiguous() or y.shape != x.shape or not y.is_contiguous() or up.shape[1] != d
+            or slots.shape != (bsz,) or scales.shape != (bsz,) or (xa is None) == (xa_parts is None)):
+        raise ValueError(f"x {tuple(x.shape)}, y {tuple(y.shape)} (contiguous), up {tuple(up.shape)}, slots "
+                         f"{tuple(slots.shape)}, scales {tuple(scales.shape)}; give one of xa and xa_parts")
+    if xa is not None and xa.shape != (bsz, n, r):
+        raise ValueError(f"xa {tuple(xa.shape)} must be [{bsz}, {n}, {r}]")
+    if xa_parts is not None and (xa_parts.dim() != 4 or xa_parts.shape[1:] != (bsz, n, r)
+                                 or xa_parts.dtype != torch.float32):
+        raise ValueError(f"xa_parts {tuple(xa_parts.shape)} must be fp32 [SPLIT, {bsz}, {n}, {r}]")
+    cols = 0
+    if next_down is not None:
+        if next_down.dim() != 3 or next_down.shape[2] != d:
+            raise ValueError(f"next_down {tuple(next_down.shape)} must be [S, C, {d}]")
+        if wide and not 1 <= wide <= next_down.shape[0]:
+            raise ValueError(f"wide must be in [1, {next_down.shape[0]}], got {wide}")
+        cols = wide * next_down.shape[1] if wide else next_down.shape[1]
+    buf = torch.empty(bsz, n, d + cols, device=x.device, dtype=x.dtype) if wide else None
+    h = buf[..., :d] if wide else torch.empty_like(x)
+    e = (buf[..., d:] if wide else torch.empty(bsz, n, cols, device=x.device, dtype=x.dtype)) if cols else None
+    if impl == "torch":
+        if xa is None:
+            xa = (xa_parts.sum(0) * scales.view(-1, 1, 1)).to(x.dtype)
+        h.copy_(lora_add_norm(xa, up, slots, x, y, gate, a, b, modulate=modulate, eps=eps, impl="torch"))
+        if e is not None:
+            e.zero_()
+            for row in range(bsz):  # host sync: the CPU path only
+                sl = int(slots[row])
+                if sl < 0:
+                    continue
+                p = (torch.matmul(h[row].float(), next_down[sl].float().t()) * scales[row]).to(x.dtype)
+                c = next_down.shape[1]
+                if wide:
+                    e[row, :, sl * c:(sl + 1) * c] = p
+                else:
+                    e[row] = p
+        return (h, buf if wide else e) if e is not None else h
+    if impl != "triton":
+        raise ValueError(f"impl must be 'triton' or 'torch', got {impl!r}")
+    import triton
+    if up.stride(2) != 1 or (xa is not None and not xa.is_contiguous()) or (
+            xa_parts is not None and not xa_parts.is_contiguous()):
+        raise ValueError("the Triton path needs contiguous xa (or partials) and unit-stride up weights")
+    if next_down is not None and next_down.stride(2) != 1:
+        raise ValueError("the Triton path needs unit-stride next_down weights")
+    if r < 16 or r & (r - 1):
+        raise ValueError(f"the Triton path needs a power-of-two rank >= 16, got {r}")
+    gate_t, gate_stride = _per_sample(gate, bsz, d, "gate") if gate is not None else (x, 0)
+    a_t, a_stride = _per_sample(a, bsz, d, "a")
+    b_t, b_stride = _per_sample(b, bsz, d, "b")
+    src = xa if xa is not None else xa_parts
+    sab = src.stride(0) if xa is not None else src.stride(1)
+    an = next_down if next_down is not None else x
+    rn = next_down.shape[1] if next_down is not None else 16
+    ew = max(16, triton.next_power_of_2(rn))
+    from fastvideo3.kernels.lora_shrink import launch
+    bm = 32 if triton.cdiv(n, 32) * bsz >= 264 else 16
+    args = (src, scales, up, slots, x, y, gate_t, a_t, b_t, h, an, e if e is not None else h,
+            n, d, eps, sab, up.stride(0), up.stride(1), gate_stride, a_stride, b_stride,
+            h.stride(1), e.stride(1) if e is not None else 0, an.stride(0), an.stride(1) if cols else 0, cols)
+    flags = dict(R=r, SPLIT=0 if xa is not None else xa_parts.shape[0], HAS_GATE=gate is not None,
+                 MODULATE=modulate, NEXT=next_down is not None, WIDE=bool(wide), RN=rn, EW=ew,
+                 F32DOT=x.dtype == torch.float32 or _interpreting(), IEEE=x.dtype == torch.float32)
+    # x is updated in place: restored between the tuner's runs
+    launch("add_norm_next", _kernel2(), NORM_CONFIGS, ["N", "D", "R", "SPLIT", "HAS_GATE", "NEXT", "WIDE", "RN"],
+           lambda meta: (triton.cdiv(n, meta["BM"]), bsz), args, flags,
+           ({"BM": bm, "BO": 128, "BO2": 64}, 4), restore=("X",), cuda=x.is_cuda)
+    return (h, buf if wide else e) if e is not None else h

@@ -94,6 +94,19 @@ class AdapterStore:
         self.widen_cache_bytes = DEFAULT_WIDEN_CACHE_BYTES
         self.widen = True  # the delta inside the layer's GEMM where widen_pays
         self.fuse_norm = True  # the expand inside the residual + norm pass
+        #: that pass in two sweeps over the row tile, also running the next layer's shrink on the
+        #: activations it writes (the next QKV's, or the widened input of cross-attention Q / FFN in)
+        self.fuse_shrink = True
+        #: split-K shrinks (fp32 partials summed in the norm pass) where a long input has few tiles
+        self.split_k = True
+        #: CUDA-graph safe: the batch plan and the kept widened weights are updated in place (a
+        #: placement rewrites its slot's columns instead of dropping them), so one captured forward
+        #: serves any adapter assignment whose slots are below the captured :attr:`blocks`
+        self.static = False
+        #: the number of slot blocks a widened GEMM carries; None: the highest slot in the batch + 1
+        self.fixed_blocks: int | None = None
+        self._plan_bufs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._pre: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._widened: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._widened_bytes = 0
         self.merged: tuple[str, str, float] | None = None
@@ -257,10 +270,18 @@ class AdapterStore:
         return ww
 
     def _clear_slot(self, slot: int) -> None:
-        self._drop_widened()
         for name in self.down:
             self.down[name][slot].zero_()
             self.up[name][slot].zero_()
+        self._sync_widened(slot) if self.static else self._drop_widened()
+
+    def _sync_widened(self, slot: int) -> None:
+        """Static mode: rewrite ``slot``'s up columns of every kept widened weight in place."""
+        r = self.max_rank
+        for (layer, blocks), (w, ww) in self._widened.items():
+            if slot < blocks:
+                k = w.shape[1]
+                ww[:, k + slot * r:k + (slot + 1) * r].copy_(self.up[layer][slot])
 
     def _place(self, e: _Entry) -> None:
         if not self.down:
@@ -283,7 +304,7 @@ class AdapterStore:
             self.down[name][slot, :r].copy_(down)
             self.up[name][slot, :, :r].copy_(up)
         e.slot = slot
-        self._drop_widened()
+        self._sync_widened(slot) if self.static else self._drop_widened()
         self.counters["placements"] += 1
 
     # -- the per-row delta -----------------------------------------------------------------
@@ -300,12 +321,31 @@ class AdapterStore:
             for j, (aid, ver, scale) in enumerate(refs):
                 e = self.entries[(aid, ver)]  # pinned by acquire: resident and slotted
                 slots[j, row], scales[j, row] = e.slot, scale
-        self._plan = (slots.to(self.device), scales.to(self.device))
-        self._blocks = int(slots.max()) + 1  # host tensors: no device sync
+        blocks = int(slots.max()) + 1  # host tensors: no device sync
+        if self.fixed_blocks is not None:
+            if blocks > self.fixed_blocks:
+                raise InvalidRequest(f"slot {blocks - 1}", field="adapters",
+                                     limit=f"slots < fixed_blocks {self.fixed_blocks}")
+            blocks = self.fixed_blocks
+        # one device buffer per plan shape, rewritten per batch: a captured forward reads the
+        # assignment of the batch it replays
+        bufs = self._plan_bufs.get(tuple(slots.shape))
+        if bufs is None:
+            bufs = (torch.empty_like(slots, device=self.device), torch.empty_like(scales, device=self.device))
+            self._plan_bufs[tuple(slots.shape)] = bufs
+        bufs[0].copy_(slots)
+        bufs[1].copy_(scales)
+        self._plan, self._blocks = bufs, blocks
         try:
             yield
         finally:
             self._plan = None
+            self._pre.clear()
+
+    @property
+    def blocks(self) -> int:
+        """The slot blocks of the current batch's widened GEMMs (part of a captured graph's shape)."""
+        return self._blocks
 
     @property
     def active(self) -> bool:
@@ -343,13 +383,25 @@ class AdapterStore:
             raise RuntimeError("linear outside AdapterStore.batch()")
         slots, scales = self._plan
         k, out = self.shapes[layer]
-        if (self.grouped and self.widen and self.impl == "triton" and slots.shape[0] == 1
-                and lg.widen_pays(k, out, self._blocks * self.max_rank, x.element_size())):
-            xw = lg.lora_widen(x, self.down[layer], slots[0], scales[0], self._blocks, impl="triton")
+        if self._widens(layer):
+            pre = self._pre.pop(layer, None)
+            if pre is not None and pre[0] is x:  # the norm pass wrote it (delta_add_norm's next)
+                xw = pre[1]
+            else:
+                xw = lg.lora_widen(x, self.down[layer], slots[0], scales[0], self._blocks, impl="triton")
             return (gemm or F.linear)(xw, self._widened_weight(layer, w, self._blocks), bias)
         y = F.linear(x, w, bias)
         self.delta_(layer, x, y, act=act)
         return y
+
+    def _widens(self, layer: str) -> bool:
+        """Whether :meth:`linear` puts ``layer``'s delta inside its (widened) GEMM."""
+        from fastvideo3.kernels import lora_grouped as lg
+        if not (self.grouped and self.widen and self.impl == "triton" and self._plan is not None
+                and self._plan[0].shape[0] == 1 and layer in self.shapes):
+            return False
+        k, out = self.shapes[layer]
+        return lg.widen_pays(k, out, self._blocks * self.max_rank, torch.empty(0, dtype=self.dtype).element_size())
 
     @property
     def fuses_norm(self) -> bool:
@@ -358,14 +410,21 @@ class AdapterStore:
                 and self._plan[0].shape[0] == 1)
 
     def delta_add_norm(self, layer: str, x_in: torch.Tensor, y: torch.Tensor, x: torch.Tensor, gate, a, b, *,
-                       modulate: bool, eps: float, norm_impl: str = "torch") -> torch.Tensor:
+                       modulate: bool, eps: float, norm_impl: str = "torch", next: str | None = None) -> torch.Tensor:
         """``layer``'s delta added to its output ``y`` (input ``x_in``), then ``add_norm(x, y, gate,
         a, b)`` (``x`` updated in place; the normed activations returned). Where
         :attr:`fuses_norm`: one shrink, and the expand inside the residual + norm pass
-        (:mod:`fastvideo3.kernels.lora_norm`), so ``y`` is never written back."""
+        (:mod:`fastvideo3.kernels.lora_norm`), so ``y`` is never written back.
+
+        ``next``: the adapted layer (or layer group) that reads the returned activations next.
+        With :attr:`fuse_shrink` the norm pass also runs its shrink (a widened GEMM's input, or
+        a group's stacked down projection), which :meth:`linear` / :meth:`delta_group_` then use
+        when they get this very tensor."""
         from fastvideo3.kernels.fused import add_norm
         if self._plan is None:
             raise RuntimeError("delta_add_norm outside AdapterStore.batch()")
+        if self.fuses_norm and self.fuse_shrink:
+            return self._delta_add_norm_next(layer, x_in, y, x, gate, a, b, modulate=modulate, eps=eps, next=next)
         if self.fuses_norm:
             from fastvideo3.kernels.lora_grouped import lora_shrink
             from fastvideo3.kernels.lora_norm import lora_add_norm
@@ -376,6 +435,26 @@ class AdapterStore:
         self.delta_(layer, x_in, y)
         return add_norm(x, y, gate, a, b, modulate=modulate, eps=eps, impl=norm_impl)
 
+    def _delta_add_norm_next(self, layer, x_in, y, x, gate, a, b, *, modulate, eps, next):
+        from fastvideo3.kernels.lora_norm import lora_add_norm_next
+        from fastvideo3.kernels.lora_shrink import choose_split, lora_shrink_split
+        slots, scales = self._plan
+        bsz, n, k = x_in.shape
+        split = choose_split(n, bsz, 1, k) if self.split_k else 1
+        xa = lora_shrink_split(x_in, self.down[layer], slots[0], scales[0], split=split)
+        src = {"xa": xa} if split == 1 else {"xa": None, "xa_parts": xa}
+        nd, wide = None, 0
+        if next is not None and self._widens(next):
+            nd, wide = self.down[next], self._blocks
+        elif next is not None and next in self.groups:
+            nd = self.group_down[next]
+        out = lora_add_norm_next(scales=scales[0], up=self.up[layer], slots=slots[0], x=x, y=y, gate=gate, a=a, b=b,
+                                 modulate=modulate, eps=eps, next_down=nd, wide=wide, impl="triton", **src)
+        if nd is None:
+            return out
+        self._pre[next] = out  # (h, the widened input [h | E] or the group's stacked down projection)
+        return out[0]
+
     def delta_group_(self, group: str, members: list[str], x: torch.Tensor, y: torch.Tensor) -> None:
         """Add the current batch's per-row deltas of ``members`` (layers sharing the input ``x``)
         to ``y``, their outputs side by side in that order. When the store holds ``group`` with
@@ -383,10 +462,19 @@ class AdapterStore:
         them; otherwise one :meth:`delta_` per member on its slice of ``y``."""
         if self._plan is None:
             raise RuntimeError("delta_group_ outside AdapterStore.batch()")
+        pre = self._pre.pop(group, None)
         if self.grouped and self.groups.get(group) == list(members):
-            from fastvideo3.kernels.lora_grouped import lora_group_delta_
+            from fastvideo3.kernels.lora_grouped import lora_expand_, lora_group_delta_
             slots, scales = self._plan
             down, up = self.group_down[group], self.group_up[group]
+            if self.impl == "triton" and slots.shape[0] == 1 and self.fuse_shrink:
+                if pre is not None and pre[0] is x:  # the norm pass ran the shrink
+                    xa = pre[1]
+                else:
+                    from fastvideo3.kernels.lora_shrink import lora_shrink_split
+                    xa = lora_shrink_split(x, down, slots[0], scales[0], groups=len(members))
+                lora_expand_(xa, y, up, slots[0], groups=len(members))
+                return
             for j in range(slots.shape[0]):
                 lora_group_delta_(x, y, down, up, slots[j], scales[j], groups=len(members), impl=self.impl)
             return

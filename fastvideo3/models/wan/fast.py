@@ -203,7 +203,8 @@ class FastWanDiT:
             # gated residual + the cross-attention norm
             if lora and blk.norm2_w is not None:
                 hidden = lora.delta_add_norm(f"blocks.{i}.attn1.to_out.0", o.reshape(b, n, d), y, x, m[:, 2],
-                                             blk.norm2_w, blk.norm2_b, modulate=False, eps=eps, norm_impl=impl)
+                                             blk.norm2_w, blk.norm2_b, modulate=False, eps=eps, norm_impl=impl,
+                                             next=f"blocks.{i}.attn2.to_q")
             elif blk.norm2_w is not None:
                 hidden = add_norm(x, y, m[:, 2], blk.norm2_w, blk.norm2_b, modulate=False, eps=eps, impl=impl)
             else:
@@ -221,7 +222,8 @@ class FastWanDiT:
             y = F.linear(o.reshape(b, n, d), blk.out2_w, blk.out2_b)
             if lora:
                 hidden = lora.delta_add_norm(f"blocks.{i}.attn2.to_out.0", o.reshape(b, n, d), y, x, None, m[:, 4],
-                                             m[:, 3], modulate=True, eps=eps, norm_impl=impl)
+                                             m[:, 3], modulate=True, eps=eps, norm_impl=impl,
+                                             next=f"blocks.{i}.ffn.net.0.proj")
             else:
                 hidden = add_norm(x, y, None, m[:, 4], m[:, 3], modulate=True, eps=eps, impl=impl)
             # FFN; its gated residual is fused with the next norm (the next block's, or the head's)
@@ -236,7 +238,8 @@ class FastWanDiT:
                 final[:, 1], final[:, 0])
             if lora:
                 hidden = lora.delta_add_norm(f"blocks.{i}.ffn.net.2", f1, y, x, m[:, 5], scale, shift, modulate=True,
-                                             eps=eps, norm_impl=impl)
+                                             eps=eps, norm_impl=impl,
+                                             next=f"blocks.{i + 1}.attn1.qkv" if i + 1 < len(self.blocks) else None)
             else:
                 hidden = add_norm(x, y, m[:, 5], scale, shift, modulate=True, eps=eps, impl=impl)
             if tap:
