@@ -320,8 +320,8 @@ class FleetClient:
         except grpc.RpcError as err:
             raise error_from_rpc(err) from None
         out = MessageToDict(d, preserving_proto_field_name=True)
-        out["description"] = json.loads(d.description_json or b"{}")
-        out.pop("description_json", None)
+        out.pop("diagnostics_json", None)
+        out["description"] = description_dict(d)
         return out
 
     def close(self) -> None:
@@ -332,3 +332,42 @@ class FleetClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def description_dict(d) -> dict[str, Any]:
+    """A ``SchedulerDescription`` as plain data for people and scripts: its typed live facts
+    (edges, batching, adapters, load, one entry per pool replica keyed by replica id) over the
+    scheduler's diagnostics (configuration, counters by section, admission, scaling)."""
+    out: dict[str, Any] = json.loads(d.diagnostics_json or "{}")
+    pools: dict[str, Any] = {}
+    for p in d.pools:
+        entry = plain(p.description) if p.HasField("description") else {"role": p.role}
+        entry.update({"target": p.address, "remote_counters": dict(p.remote_counters),
+                      "health_changed_unix": p.health_changed_unix, "output_transport": p.output_transport})
+        if p.error:
+            entry["error"] = p.error
+        pools[p.replica_id] = entry
+    out.update({"transport_edges": dict(d.transport_edges), "batching": d.batching,
+                "batch_invariant_bucket": d.batch_invariant_bucket or None, "adapters": dict(d.adapters),
+                "load": plain(d.load), "pools": pools})
+    return out
+
+
+def plain(msg) -> dict[str, Any]:
+    """Every field of a message as plain Python data (defaults included, ints stay ints; a
+    JSON field ``*_json`` stays its string)."""
+    out: dict[str, Any] = {}
+    for f in msg.DESCRIPTOR.fields:
+        v = getattr(msg, f.name)
+        sub = f.message_type
+        if sub is not None and sub.GetOptions().map_entry:
+            vf = sub.fields_by_name["value"]
+            out[f.name] = {k: plain(x) if vf.message_type else x for k, x in v.items()}
+        elif f.is_repeated:
+            out[f.name] = [plain(x) if sub else x for x in v]
+        elif sub is not None:
+            if msg.HasField(f.name):
+                out[f.name] = plain(v)
+        else:
+            out[f.name] = v
+    return out

@@ -6,17 +6,12 @@ parallel plans), which programs it runs, how it prices work (the *same* cost mod
 scheduler admits with, serialized with ``to_dict``), how it reports health, the SLO classes
 it admits under, and where each role's data plane listens.
 
-Three forms, converted here and nowhere else:
-
-* this pydantic model (user-facing: CLI output, config, Dynamo metadata); ``extra="forbid"``
-  so a misspelt key is an error; :meth:`DeploymentCard.model_json_schema` is its JSON schema;
-* the wire message ``fastvideo3.v1.DeploymentCard`` (:meth:`to_proto` / :meth:`from_proto`),
-  served by ``Scheduler.Describe``;
-* plain JSON (``model_dump(mode="json")``), published as the Dynamo worker's runtime data.
-
-Wire notes: the cost model travels as UTF-8 JSON bytes (``CostModelSpec.cost_model_json``);
-what SERVING means for each health service travels in ``labels`` under the reserved prefix
-``health.serving/`` (the wire HealthSchema lists names only). Both round-trip exactly.
+Three forms: the wire message ``fastvideo3.v1.DeploymentCard`` (served by ``Scheduler.Describe``),
+its pydantic model (user-facing: CLI output, config, Dynamo metadata; ``extra="forbid"`` so a
+misspelt key is an error; :meth:`DeploymentCard.model_json_schema` is its JSON schema) and plain
+JSON (``model_dump(mode="json")``, the Dynamo worker's runtime data). The model is generated from
+the wire message in :mod:`fleet.deployment_schema`, which also holds the conversions
+(``to_proto`` / ``from_proto``, exact both ways); this module re-exports it.
 
 Builders: :func:`build_deployment_card` (model cards + pools + cost model + endpoints) and
 :func:`card_from_fleet_config` (a ``fleet.yaml``, the format the Helm chart and the local
@@ -27,19 +22,21 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal, Mapping
+from typing import Any, Iterable, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
 
-from fastvideo3 import __version__
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import InvalidRequest
-from fastvideo3.runtime.cost import COST_MODEL_VERSION, CalibratedCostModel
+from fastvideo3.runtime.cost import CalibratedCostModel
 from fastvideo3 import vocab
 from fastvideo3.vocab import KIND_OF_ROLE, PROGRAM_LOOPS, Program, ROLES, Role, Sampler, Task
+from fleet.deployment_schema import (  # noqa: F401  (the card's models are this module's API)
+    HEALTH_LABEL_PREFIX, SCHEMA_VERSION, CapabilityCell, CostModelSpec, DeploymentCard, DeviceNeeds, HealthSchema,
+    ModelCardSummary, ParallelPlan, ProgramSpec, RequestDefaults, RequestLimits, RoleEndpoints, RolePoolSpec,
+    SloClass, TransferEndpoint, parse_card,
+)
 
-SCHEMA_VERSION = "1"
-HEALTH_LABEL_PREFIX = "health.serving/"
 #: WorkUnit kinds each role executes (the pool service's table).
 ROLE_KINDS = {role: [kind] for role, kind in KIND_OF_ROLE.items()}
 #: program name -> loops it runs, in order.
@@ -47,257 +44,6 @@ PROGRAMS = {Program.T2V: list(PROGRAM_LOOPS[Program.T2V])}
 SCHEDULER_SERVICE = "fastvideo3.v1.Scheduler"
 POOL_SERVICE = "fastvideo3.v1.RolePool"
 OUTPUT_FORMATS = list(vocab.OUTPUT_FORMATS)
-
-_I32 = 2**31 - 1
-U32 = Annotated[int, Field(ge=0, le=_I32)]  # a non-negative int32 on the wire
-Level = Literal["supported", "partial", "unsupported"]
-
-
-class _Part(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RequestLimits(_Part):
-    """Allowed ranges of request fields; 0 / empty = no limit declared."""
-
-    min_frames: U32 = 0
-    max_frames: U32 = 0
-    frames_multiple: U32 = 0  # num_frames = frames_offset + k * frames_multiple (4k+1)
-    frames_offset: U32 = 0
-    min_height: U32 = 0
-    max_height: U32 = 0
-    min_width: U32 = 0
-    max_width: U32 = 0
-    size_multiple: U32 = 0
-    min_steps: U32 = 0
-    max_steps: U32 = 0
-    min_guidance_scale: float = 0.0
-    max_guidance_scale: float = 0.0
-    max_prompt_tokens: U32 = 0
-    samplers: list[str] = Field(default_factory=list)
-    output_formats: list[str] = Field(default_factory=list)
-
-
-class RequestDefaults(_Part):
-    """Values used for request fields left absent."""
-
-    num_frames: U32 = 0
-    height: U32 = 0
-    width: U32 = 0
-    num_inference_steps: U32 = 0
-    guidance_scale: float = 0.0
-    flow_shift: float = 0.0
-    sampler: str = ""
-    fps: U32 = 0
-    negative_prompt: str = ""
-
-
-class ModelCardSummary(_Part):
-    """One served model card, as a client needs to see it."""
-
-    card_id: str = Field(min_length=1)
-    family: str
-    capabilities: list[str] = Field(default_factory=list)  # "t2v", ...
-    limits: RequestLimits = Field(default_factory=RequestLimits)
-    defaults: RequestDefaults = Field(default_factory=RequestDefaults)
-    recipe: str = ""
-    precision: str = ""
-    runtime_fingerprint: str = ""
-
-
-class CapabilityCell(_Part):
-    card_id: str
-    capability: str
-    level: Level = "supported"
-    note: str = ""
-
-
-class DeviceNeeds(_Part):
-    gpus: U32 = 0
-    gpu_memory_bytes: int = Field(0, ge=0)
-    host_memory_bytes: int = Field(0, ge=0)
-    accelerator: str = ""  # empty = any, CPU included
-
-
-class RolePoolSpec(_Part):
-    role: Literal[Role.ENCODER, Role.DENOISER, Role.DECODER, Role.REWARD]
-    replicas: U32 = 1
-    device: DeviceNeeds = Field(default_factory=DeviceNeeds)
-    card_ids: list[str] = Field(default_factory=list)
-    kinds: list[str] = Field(default_factory=list)
-    max_batch_units: U32 = 0
-    transport_backends: list[str] = Field(default_factory=list)
-    parallel_plan: str = ""
-
-
-class ProgramSpec(_Part):
-    name: str = Field(min_length=1)
-    loops: list[str]
-    card_ids: list[str] = Field(default_factory=list)
-
-
-class ParallelPlan(_Part):
-    name: str = Field(min_length=1)
-    role: str = ""
-    degrees: dict[str, int] = Field(default_factory=dict)  # "tp", "sp", "cfg", "dp"; absent = 1
-    gpus: U32 = 0
-
-
-class CostModelSpec(_Part):
-    """The scheduler's cost model, unchanged: ``model`` is ``CalibratedCostModel.to_dict()``."""
-
-    version: str = str(COST_MODEL_VERSION)
-    unit: Literal["gpu_seconds"] = "gpu_seconds"
-    model: dict[str, Any]
-    calibrated_unix_ms: int = Field(0, ge=0)
-
-    @classmethod
-    def of(cls, model: CalibratedCostModel, *, calibrated_unix_ms: int | None = None) -> "CostModelSpec":
-        return cls(model=model.to_dict(), calibrated_unix_ms=int(time.time() * 1000)
-                   if calibrated_unix_ms is None else calibrated_unix_ms)
-
-    def load(self) -> CalibratedCostModel:
-        """Rebuild the cost model (its learned calibration included)."""
-        return CalibratedCostModel.from_dict(self.model)
-
-
-class HealthSchema(_Part):
-    protocol: str = "grpc.health.v1"
-    services: list[str] = Field(default_factory=list)
-    #: service name -> what SERVING means for it
-    serving: dict[str, str] = Field(default_factory=dict)
-    check_interval_s: float = Field(10.0, ge=0)
-    unhealthy_after_s: float = Field(30.0, ge=0)
-    metrics: dict[str, str] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _known_services(self) -> "HealthSchema":
-        unknown = sorted(set(self.serving) - set(self.services))
-        if unknown:
-            raise ValueError(f"health.serving names services not in health.services: {unknown}")
-        return self
-
-
-class SloClass(_Part):
-    name: str = Field(min_length=1)
-    priority: int = Field(0, ge=-_I32, le=_I32)  # higher admits first
-    target_queue_s: float = Field(0.0, ge=0)
-    target_latency_p50_s: float = Field(0.0, ge=0)
-    target_latency_p95_s: float = Field(0.0, ge=0)
-    gpu_seconds_budget: float = Field(0.0, ge=0)  # per request; 0 = unbounded
-    max_concurrent_requests: U32 = 0
-
-
-class TransferEndpoint(_Part):
-    backend: str = Field(min_length=1)
-    address: str = ""
-    replica_id: str = ""
-
-
-class RoleEndpoints(_Part):
-    role: str
-    endpoints: list[TransferEndpoint] = Field(default_factory=list)
-
-
-class DeploymentCard(_Part):
-    engine_id: str = Field(min_length=1)
-    version: str = __version__
-    schema_version: str = SCHEMA_VERSION
-    models: list[ModelCardSummary] = Field(min_length=1)
-    capability_matrix: list[CapabilityCell] = Field(default_factory=list)
-    role_pools: list[RolePoolSpec] = Field(default_factory=list)
-    programs: list[ProgramSpec] = Field(default_factory=list)
-    parallel_plans: list[ParallelPlan] = Field(default_factory=list)
-    cost_model: CostModelSpec | None = None
-    health: HealthSchema = Field(default_factory=HealthSchema)
-    slo_classes: list[SloClass] = Field(default_factory=list)
-    transfer_endpoints: list[RoleEndpoints] = Field(default_factory=list)
-    default_model: str = ""
-    created_unix_ms: int = Field(0, ge=0)
-    labels: dict[str, str] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> "DeploymentCard":
-        ids = [m.card_id for m in self.models]
-        _unique(ids, "models.card_id")
-        _unique([p.role for p in self.role_pools], "role_pools.role")
-        _unique([s.name for s in self.slo_classes], "slo_classes.name")
-        _unique([p.name for p in self.programs], "programs.name")
-        known = set(ids)
-        if self.default_model and self.default_model not in known:
-            raise ValueError(f"default_model {self.default_model!r} is not one of the served models {ids}")
-        refs = [("role_pools", c) for p in self.role_pools for c in p.card_ids]
-        refs += [("programs", c) for p in self.programs for c in p.card_ids]
-        refs += [("capability_matrix", c.card_id) for c in self.capability_matrix]
-        for where, card_id in refs:
-            if card_id not in known:
-                raise ValueError(f"{where} names card {card_id!r}, which is not one of the served models {ids}")
-        plans = {p.name for p in self.parallel_plans}
-        for pool in self.role_pools:
-            if pool.parallel_plan and pool.parallel_plan not in plans:
-                raise ValueError(f"role_pools.{pool.role}.parallel_plan {pool.parallel_plan!r} is not declared "
-                                 f"in parallel_plans {sorted(plans)}")
-        if any(k.startswith(HEALTH_LABEL_PREFIX) for k in self.labels):
-            raise ValueError(f"labels may not use the reserved prefix {HEALTH_LABEL_PREFIX!r}")
-        return self
-
-    # -- lookups ---------------------------------------------------------------------------
-    def model(self, card_id: str | None = None) -> ModelCardSummary:
-        """The served card ``card_id`` (the default card when empty)."""
-        want = card_id or self.default_model or self.models[0].card_id
-        for m in self.models:
-            if m.card_id == want:
-                return m
-        raise InvalidRequest(f"unknown model {want!r}", field="model",
-                             limit=", ".join(m.card_id for m in self.models))
-
-    # -- the wire form ---------------------------------------------------------------------
-    def to_proto(self):
-        """The ``fastvideo3.v1.DeploymentCard`` message."""
-        from fastvideo3.v1 import deployment_pb2 as pb
-
-        d = self.model_dump(mode="json", exclude={"cost_model", "health", "labels"})
-        msg = pb.DeploymentCard(**d)
-        if self.cost_model is not None:
-            cm = self.cost_model
-            msg.cost_model.CopyFrom(pb.CostModelSpec(
-                version=cm.version, unit=cm.unit, calibrated_unix_ms=cm.calibrated_unix_ms,
-                cost_model_json=json.dumps(cm.model, sort_keys=True, separators=(",", ":")).encode()))
-        h = self.health
-        msg.health.CopyFrom(pb.HealthSchema(protocol=h.protocol, services=h.services, metrics=h.metrics,
-                                            check_interval_s=h.check_interval_s,
-                                            unhealthy_after_s=h.unhealthy_after_s))
-        msg.labels.update(self.labels)
-        msg.labels.update({HEALTH_LABEL_PREFIX + name: text for name, text in h.serving.items()})
-        return msg
-
-    @classmethod
-    def from_proto(cls, msg) -> "DeploymentCard":
-        """Parse the wire message; raises InvalidRequest naming the first bad field."""
-        from google.protobuf.json_format import MessageToDict
-
-        d = MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-        d.pop("cost_model", None)
-        labels = dict(msg.labels)
-        serving = {k[len(HEALTH_LABEL_PREFIX):]: v for k, v in labels.items() if k.startswith(HEALTH_LABEL_PREFIX)}
-        d["labels"] = {k: v for k, v in labels.items() if not k.startswith(HEALTH_LABEL_PREFIX)}
-        d["health"] = {**d.get("health", {}), "serving": serving}
-        d["created_unix_ms"] = msg.created_unix_ms  # int64 arrives as a string in proto JSON
-        for pool, wire in zip(d.get("role_pools", []), msg.role_pools):
-            pool["device"] = {**pool.get("device", {}), "gpu_memory_bytes": wire.device.gpu_memory_bytes,
-                              "host_memory_bytes": wire.device.host_memory_bytes}
-        if msg.HasField("cost_model"):
-            cm = msg.cost_model
-            try:
-                model = json.loads(cm.cost_model_json.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise InvalidRequest(f"cost_model_json is not JSON: {e}", field="cost_model.cost_model_json") from None
-            d["cost_model"] = {"version": cm.version, "unit": cm.unit, "model": model,
-                               "calibrated_unix_ms": cm.calibrated_unix_ms}
-        return parse_card(d)
-
-    def to_json(self, **kw: Any) -> str:
-        return self.model_dump_json(**kw)
 
 
 def card_from_description(described: Mapping[str, Any]) -> DeploymentCard | None:
@@ -309,22 +55,6 @@ def card_from_description(described: Mapping[str, Any]) -> DeploymentCard | None
     if not described.get("card"):
         return None
     return DeploymentCard.from_proto(ParseDict(described["card"], deployment_pb2.DeploymentCard()))
-
-
-def parse_card(data: Mapping[str, Any]) -> DeploymentCard:
-    """Validate plain data as a DeploymentCard; raises InvalidRequest naming the field."""
-    try:
-        return DeploymentCard.model_validate(data)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "deployment_card"
-        raise InvalidRequest(err["msg"], field=loc) from None
-
-
-def _unique(names: list[str], where: str) -> None:
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise ValueError(f"{where} must be unique; repeated: {dup}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ class DescribePoolRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PoolDescription(_message.Message):
-    __slots__ = ("role", "card_ids", "replica_id", "runtime_fingerprint", "kinds", "max_batch_units", "resident_buffers", "resident_bytes", "cache_stats", "transport_backends", "transfer_endpoints", "counters", "device", "description_json")
+    __slots__ = ("role", "card_ids", "replica_id", "runtime_fingerprint", "kinds", "max_batch_units", "resident_buffers", "resident_bytes", "cache_stats", "transport_backends", "transfer_endpoints", "counters", "device", "state", "load_error", "precision", "weights_digest", "host_id", "process_id", "executor", "parallel", "scorers", "adapters", "graph_buckets", "diagnostics_json")
     class CacheStatsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,13 @@ class PoolDescription(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class ScorersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CARD_IDS_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
@@ -62,7 +69,18 @@ class PoolDescription(_message.Message):
     TRANSFER_ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
-    DESCRIPTION_JSON_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LOAD_ERROR_FIELD_NUMBER: _ClassVar[int]
+    PRECISION_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_FIELD_NUMBER: _ClassVar[int]
+    SCORERS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    DIAGNOSTICS_JSON_FIELD_NUMBER: _ClassVar[int]
     role: str
     card_ids: _containers.RepeatedScalarFieldContainer[str]
     replica_id: str
@@ -76,8 +94,144 @@ class PoolDescription(_message.Message):
     transfer_endpoints: _containers.RepeatedCompositeFieldContainer[_common_pb2.TransferEndpoint]
     counters: _containers.ScalarMap[str, float]
     device: str
-    description_json: bytes
-    def __init__(self, role: _Optional[str] = ..., card_ids: _Optional[_Iterable[str]] = ..., replica_id: _Optional[str] = ..., runtime_fingerprint: _Optional[str] = ..., kinds: _Optional[_Iterable[str]] = ..., max_batch_units: _Optional[int] = ..., resident_buffers: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., cache_stats: _Optional[_Mapping[str, float]] = ..., transport_backends: _Optional[_Iterable[str]] = ..., transfer_endpoints: _Optional[_Iterable[_Union[_common_pb2.TransferEndpoint, _Mapping]]] = ..., counters: _Optional[_Mapping[str, float]] = ..., device: _Optional[str] = ..., description_json: _Optional[bytes] = ...) -> None: ...
+    state: str
+    load_error: PoolLoadError
+    precision: str
+    weights_digest: str
+    host_id: str
+    process_id: str
+    executor: ExecutorSummary
+    parallel: ParallelInfo
+    scorers: _containers.ScalarMap[str, str]
+    adapters: AdapterState
+    graph_buckets: _containers.RepeatedCompositeFieldContainer[GraphBucket]
+    diagnostics_json: str
+    def __init__(self, role: _Optional[str] = ..., card_ids: _Optional[_Iterable[str]] = ..., replica_id: _Optional[str] = ..., runtime_fingerprint: _Optional[str] = ..., kinds: _Optional[_Iterable[str]] = ..., max_batch_units: _Optional[int] = ..., resident_buffers: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., cache_stats: _Optional[_Mapping[str, float]] = ..., transport_backends: _Optional[_Iterable[str]] = ..., transfer_endpoints: _Optional[_Iterable[_Union[_common_pb2.TransferEndpoint, _Mapping]]] = ..., counters: _Optional[_Mapping[str, float]] = ..., device: _Optional[str] = ..., state: _Optional[str] = ..., load_error: _Optional[_Union[PoolLoadError, _Mapping]] = ..., precision: _Optional[str] = ..., weights_digest: _Optional[str] = ..., host_id: _Optional[str] = ..., process_id: _Optional[str] = ..., executor: _Optional[_Union[ExecutorSummary, _Mapping]] = ..., parallel: _Optional[_Union[ParallelInfo, _Mapping]] = ..., scorers: _Optional[_Mapping[str, str]] = ..., adapters: _Optional[_Union[AdapterState, _Mapping]] = ..., graph_buckets: _Optional[_Iterable[_Union[GraphBucket, _Mapping]]] = ..., diagnostics_json: _Optional[str] = ...) -> None: ...
+
+class PoolLoadError(_message.Message):
+    __slots__ = ("code", "field", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    field: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., field: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ExecutorSummary(_message.Message):
+    __slots__ = ("kind", "fake", "resident_regions", "experts")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    FAKE_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_REGIONS_FIELD_NUMBER: _ClassVar[int]
+    EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    fake: bool
+    resident_regions: int
+    experts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, kind: _Optional[str] = ..., fake: _Optional[bool] = ..., resident_regions: _Optional[int] = ..., experts: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ParallelInfo(_message.Message):
+    __slots__ = ("spec", "kind", "cfg", "ring", "ulysses", "world", "pad", "rank", "backend", "rank_pids", "broken")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    CFG_FIELD_NUMBER: _ClassVar[int]
+    RING_FIELD_NUMBER: _ClassVar[int]
+    ULYSSES_FIELD_NUMBER: _ClassVar[int]
+    WORLD_FIELD_NUMBER: _ClassVar[int]
+    PAD_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    RANK_PIDS_FIELD_NUMBER: _ClassVar[int]
+    BROKEN_FIELD_NUMBER: _ClassVar[int]
+    spec: str
+    kind: str
+    cfg: int
+    ring: int
+    ulysses: int
+    world: int
+    pad: bool
+    rank: int
+    backend: str
+    rank_pids: _containers.RepeatedScalarFieldContainer[int]
+    broken: str
+    def __init__(self, spec: _Optional[str] = ..., kind: _Optional[str] = ..., cfg: _Optional[int] = ..., ring: _Optional[int] = ..., ulysses: _Optional[int] = ..., world: _Optional[int] = ..., pad: _Optional[bool] = ..., rank: _Optional[int] = ..., backend: _Optional[str] = ..., rank_pids: _Optional[_Iterable[int]] = ..., broken: _Optional[str] = ...) -> None: ...
+
+class AdapterState(_message.Message):
+    __slots__ = ("mode", "merged", "slots", "max_rank", "kernel", "device_bytes", "host_bytes", "host_max_bytes", "widened_weight_bytes", "widen_cache_bytes", "entries", "counters")
+    class CountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    MERGED_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RANK_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOST_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WIDENED_WEIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WIDEN_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    merged: MergedAdapter
+    slots: int
+    max_rank: int
+    kernel: str
+    device_bytes: int
+    host_bytes: int
+    host_max_bytes: int
+    widened_weight_bytes: int
+    widen_cache_bytes: int
+    entries: _containers.RepeatedCompositeFieldContainer[AdapterEntry]
+    counters: _containers.ScalarMap[str, float]
+    def __init__(self, mode: _Optional[str] = ..., merged: _Optional[_Union[MergedAdapter, _Mapping]] = ..., slots: _Optional[int] = ..., max_rank: _Optional[int] = ..., kernel: _Optional[str] = ..., device_bytes: _Optional[int] = ..., host_bytes: _Optional[int] = ..., host_max_bytes: _Optional[int] = ..., widened_weight_bytes: _Optional[int] = ..., widen_cache_bytes: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[AdapterEntry, _Mapping]]] = ..., counters: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class MergedAdapter(_message.Message):
+    __slots__ = ("id", "version", "scale")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    version: str
+    scale: float
+    def __init__(self, id: _Optional[str] = ..., version: _Optional[str] = ..., scale: _Optional[float] = ...) -> None: ...
+
+class AdapterEntry(_message.Message):
+    __slots__ = ("id", "version", "current", "rank", "bytes", "slot", "in_use", "source")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    IN_USE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    version: str
+    current: bool
+    rank: int
+    bytes: int
+    slot: int
+    in_use: int
+    source: str
+    def __init__(self, id: _Optional[str] = ..., version: _Optional[str] = ..., current: _Optional[bool] = ..., rank: _Optional[int] = ..., bytes: _Optional[int] = ..., slot: _Optional[int] = ..., in_use: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
+
+class GraphBucket(_message.Message):
+    __slots__ = ("batch", "signature", "capture_s", "memory_bytes")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    CAPTURE_S_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    batch: int
+    signature: str
+    capture_s: float
+    memory_bytes: int
+    def __init__(self, batch: _Optional[int] = ..., signature: _Optional[str] = ..., capture_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("request_id",)

@@ -1,6 +1,7 @@
 from fastvideo3.v1 import adapter_pb2 as _adapter_pb2
 from fastvideo3.v1 import common_pb2 as _common_pb2
 from fastvideo3.v1 import deployment_pb2 as _deployment_pb2
+from fastvideo3.v1 import pool_pb2 as _pool_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -293,21 +294,72 @@ class DescribeSchedulerRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PoolStatus(_message.Message):
-    __slots__ = ("role", "replica_id", "address", "healthy", "in_flight_units")
+    __slots__ = ("role", "replica_id", "address", "healthy", "in_flight_units", "description", "error", "health_changed_unix", "remote_counters", "output_transport")
+    class RemoteCountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     ROLE_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_UNITS_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_CHANGED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     role: str
     replica_id: str
     address: str
     healthy: bool
     in_flight_units: int
-    def __init__(self, role: _Optional[str] = ..., replica_id: _Optional[str] = ..., address: _Optional[str] = ..., healthy: _Optional[bool] = ..., in_flight_units: _Optional[int] = ...) -> None: ...
+    description: _pool_pb2.PoolDescription
+    error: str
+    health_changed_unix: float
+    remote_counters: _containers.ScalarMap[str, float]
+    output_transport: str
+    def __init__(self, role: _Optional[str] = ..., replica_id: _Optional[str] = ..., address: _Optional[str] = ..., healthy: _Optional[bool] = ..., in_flight_units: _Optional[int] = ..., description: _Optional[_Union[_pool_pb2.PoolDescription, _Mapping]] = ..., error: _Optional[str] = ..., health_changed_unix: _Optional[float] = ..., remote_counters: _Optional[_Mapping[str, float]] = ..., output_transport: _Optional[str] = ...) -> None: ...
+
+class LoadReport(_message.Message):
+    __slots__ = ("owed_gpu_seconds", "requests", "replicas", "admission", "admission_reserved_gpu_seconds", "admission_waiting", "memory_budget_bytes", "memory_free_bytes")
+    class OwedGpuSecondsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class ReplicasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    OWED_GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_RESERVED_GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_WAITING_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    owed_gpu_seconds: _containers.ScalarMap[str, float]
+    requests: int
+    replicas: _containers.ScalarMap[str, int]
+    admission: bool
+    admission_reserved_gpu_seconds: float
+    admission_waiting: int
+    memory_budget_bytes: int
+    memory_free_bytes: int
+    def __init__(self, owed_gpu_seconds: _Optional[_Mapping[str, float]] = ..., requests: _Optional[int] = ..., replicas: _Optional[_Mapping[str, int]] = ..., admission: _Optional[bool] = ..., admission_reserved_gpu_seconds: _Optional[float] = ..., admission_waiting: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ...) -> None: ...
 
 class SchedulerDescription(_message.Message):
-    __slots__ = ("card", "queued_requests", "running_requests", "pools", "budget_gpu_seconds", "reserved_gpu_seconds", "counters", "description_json")
+    __slots__ = ("card", "queued_requests", "running_requests", "pools", "budget_gpu_seconds", "reserved_gpu_seconds", "counters", "transport_edges", "batching", "batch_invariant_bucket", "adapters", "load", "diagnostics_json")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -315,6 +367,20 @@ class SchedulerDescription(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class TransportEdgesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class AdaptersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     CARD_FIELD_NUMBER: _ClassVar[int]
     QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -322,7 +388,12 @@ class SchedulerDescription(_message.Message):
     BUDGET_GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RESERVED_GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
-    DESCRIPTION_JSON_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_EDGES_FIELD_NUMBER: _ClassVar[int]
+    BATCHING_FIELD_NUMBER: _ClassVar[int]
+    BATCH_INVARIANT_BUCKET_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    DIAGNOSTICS_JSON_FIELD_NUMBER: _ClassVar[int]
     card: _deployment_pb2.DeploymentCard
     queued_requests: int
     running_requests: int
@@ -330,5 +401,10 @@ class SchedulerDescription(_message.Message):
     budget_gpu_seconds: float
     reserved_gpu_seconds: float
     counters: _containers.ScalarMap[str, float]
-    description_json: bytes
-    def __init__(self, card: _Optional[_Union[_deployment_pb2.DeploymentCard, _Mapping]] = ..., queued_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., budget_gpu_seconds: _Optional[float] = ..., reserved_gpu_seconds: _Optional[float] = ..., counters: _Optional[_Mapping[str, float]] = ..., description_json: _Optional[bytes] = ...) -> None: ...
+    transport_edges: _containers.ScalarMap[str, str]
+    batching: bool
+    batch_invariant_bucket: int
+    adapters: _containers.ScalarMap[str, str]
+    load: LoadReport
+    diagnostics_json: str
+    def __init__(self, card: _Optional[_Union[_deployment_pb2.DeploymentCard, _Mapping]] = ..., queued_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., budget_gpu_seconds: _Optional[float] = ..., reserved_gpu_seconds: _Optional[float] = ..., counters: _Optional[_Mapping[str, float]] = ..., transport_edges: _Optional[_Mapping[str, str]] = ..., batching: _Optional[bool] = ..., batch_invariant_bucket: _Optional[int] = ..., adapters: _Optional[_Mapping[str, str]] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., diagnostics_json: _Optional[str] = ...) -> None: ...

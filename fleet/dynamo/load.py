@@ -2,7 +2,8 @@
 
 The scheduler keeps a ledger of the predicted GPU-seconds its accepted requests still owe per
 role (priced by its calibrated cost model, shrunk as denoise steps finish) and reports it with
-the admission's reserved GPU-seconds and free memory budget under ``description.load``.
+the admission's reserved GPU-seconds and free memory budget (``SchedulerDescription.load``, under
+``description.load`` in ``FleetClient.describe()``).
 :class:`FleetLoad` is that report; the Dynamo worker publishes it on Dynamo's system ``/metrics``
 (``fastvideo3_fleet_*``, label ``fleet``) and the cost router compares fleets with it.
 """

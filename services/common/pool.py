@@ -7,7 +7,6 @@ mapping, Describe — is here and is the same for every role.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
@@ -242,7 +241,7 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
 
     def Describe(self, request, context):  # noqa: N802
         self.counters["describe_rpcs"] += 1
-        return pool_pb2.PoolDescription(**self.description())
+        return self.description()
 
     def Snapshot(self, request, context):  # noqa: N802
         """A request's resident regions, bound to this pool's runtime fingerprint."""
@@ -324,48 +323,50 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
         return self.executor
 
     # -- Describe -----------------------------------------------------------------------
-    def description(self) -> dict:
+    def description(self) -> pool_pb2.PoolDescription:
+        from services.common.description import diagnostics, executor_fields
         cfg = self.cfg
-        base = {"role": cfg.role, "replica_id": self.replica_id, "kinds": KINDS.get(cfg.role, []),
-                "max_batch_units": cfg.max_batch_units}
         state = "serving" if self.host.serving and not self.host.draining else (
-            "draining" if self.host.draining else "failed" if self.load_error else "loading")
-        info: dict[str, Any] = {"state": state, "inflight_rpcs": self.host.inflight,
-                                "rpc_counters": dict(self.counters), "fake": cfg.fake,
-                                "uptime_s": round(time.time() - self.started, 3)}
+            "draining" if self.host.draining else "failed" if self.load_error is not None else "loading")
+        msg = pool_pb2.PoolDescription(role=cfg.role, replica_id=self.replica_id, kinds=KINDS.get(cfg.role, []),
+                                       max_batch_units=cfg.max_batch_units, state=state,
+                                       executor=pool_pb2.ExecutorSummary(fake=cfg.fake))
         if self.load_error is not None:
-            info["load_error"] = self.load_error
+            e = self.load_error
+            msg.load_error.CopyFrom(pool_pb2.PoolLoadError(code=str(e.get("code") or ""), field=str(e.get("field") or ""),
+                                                           message=str(e.get("message") or "")))
+        info: dict[str, Any] = {"inflight_rpcs": self.host.inflight, "rpc_counters": dict(self.counters),
+                                "uptime_s": round(time.time() - self.started, 3)}
         if self.executor is None:
-            return {**base, "description_json": json.dumps(info).encode()}
+            msg.diagnostics_json = diagnostics(info, None)
+            return msg
         d = self.executor.describe()
         ts = d.get("transport", {})
-        regions = int(d.get("resident_regions", 0))
-        caps = self.transport.caps().to_dict()
+        caps = self.transport.caps()
         cache = d.get("cache") or {}
         counters = {**flatten(d.get("counters", {})), **{f"rpc.{k}": float(v) for k, v in self.counters.items()},
                     "inflight_rpcs": float(self.host.inflight)}
-        info.update({"executor": d, "resident_regions": regions, "transport_caps": caps,
-                     "transport_chosen": ts.get("published_by_backend", {}), "transport_default": ts.get("backend"),
+        info.update({"transport_chosen": ts.get("published_by_backend", {}), "transport_default": ts.get("backend"),
                      "nixl_ucx": {k: v for k, v in (ts.get("backends", {}).get("nixl") or {}).items()
-                                  if k in ("ucx", "ucx_transports")},
-                     "weights_digest": d.get("weights_digest", "")})
+                                  if k in ("ucx", "ucx_transports")}})
         address = f"{cfg.public_host}:{self.host.port}"
-        endpoints = [common_pb2.TransferEndpoint(backend=b, address=address if b == "grpc" else "",
-                                                 replica_id=self.replica_id) for b in caps["backends"]]
-        return {
-            **base, "card_ids": [self.card.model_id], "runtime_fingerprint": self.fingerprint,
-            "resident_buffers": int(ts.get("resident_buffers", 0)) + regions,
-            "resident_bytes": int(ts.get("resident_bytes", 0)),
-            "cache_stats": {f"feature_cache.{k}": float(v) for k, v in cache.items()},
-            "transport_backends": caps["backends"], "transfer_endpoints": endpoints, "counters": counters,
-            "device": str(d.get("device", "")), "description_json": json.dumps(info, default=str).encode(),
-        }
+        fields = executor_fields(d, role=cfg.role, fake=cfg.fake)
+        msg.MergeFrom(pool_pb2.PoolDescription(
+            card_ids=[self.card.model_id], runtime_fingerprint=self.fingerprint,
+            resident_buffers=int(ts.get("resident_buffers", 0)) + fields["executor"].resident_regions,
+            resident_bytes=int(ts.get("resident_bytes", 0)),
+            cache_stats={f"feature_cache.{k}": float(v) for k, v in cache.items()},
+            transport_backends=list(caps.backends), host_id=caps.host_id, process_id=caps.process_id,
+            transfer_endpoints=[common_pb2.TransferEndpoint(backend=b, address=address if b == "grpc" else "",
+                                                            replica_id=self.replica_id) for b in caps.backends],
+            counters=counters, device=str(d.get("device", "")), diagnostics_json=diagnostics(info, d), **fields))
+        return msg
 
     def metrics(self) -> dict[str, float]:
         d = self.description()
-        out = {k: v for k, v in d.get("counters", {}).items()}
-        out.update(d.get("cache_stats", {}))
-        out["resident_buffers"] = float(d.get("resident_buffers", 0))
+        out = dict(d.counters)
+        out.update(d.cache_stats)
+        out["resident_buffers"] = float(d.resident_buffers)
         out["serving"] = float(self.host.serving and not self.host.draining)
         return out
 

@@ -240,9 +240,7 @@ def _build(cfg: SchedulerConfig, host: ServiceHost):
     # never send a pool a bigger batch than it accepts
     max_batch = min([cfg.max_batch] + [r.last_description.max_batch_units or cfg.max_batch
                                        for reps in replicas.values() for r in reps])
-    import json
-    info = json.loads(denoiser_replica(replicas).last_description.description_json or b"{}")
-    precision = (info.get("executor") or {}).get("precision") or card.precision.default_cpu
+    precision = denoiser_replica(replicas).last_description.precision or card.precision.default_cpu
     pricer, admission, telemetry = _economy(cfg)
     from services.scheduler.plans import denoiser_plan
     # a multi-rank replica prices by its plan (denoiser pools, one per expert where the card has two)

@@ -23,7 +23,7 @@ def build_card(cfg: SchedulerConfig, card, replicas: dict[str, list], edges: dic
     denoiser = denoiser_replica(replicas).last_description
     summary = deployment_pb2.ModelCardSummary(
         card_id=card.model_id, family=card.family, capabilities=[Program.T2V], recipe=card.recipe.method,
-        precision=_precision(denoiser),
+        precision=denoiser.precision,
         runtime_fingerprint=denoiser.runtime_fingerprint,
         limits=deployment_pb2.RequestLimits(
             min_frames=lim.min_frames, max_frames=lim.max_frames, frames_multiple=4, frames_offset=1,
@@ -80,8 +80,3 @@ def cost_model_spec(model) -> deployment_pb2.CostModelSpec:
     return deployment_pb2.CostModelSpec(version="1", unit="gpu_seconds",
                                         cost_model_json=json.dumps(model.to_dict()).encode(),
                                         calibrated_unix_ms=int(time.time() * 1000))
-
-
-def _precision(desc) -> str:
-    import json
-    return str(json.loads(desc.description_json or b"{}").get("executor", {}).get("precision", ""))

@@ -3,19 +3,15 @@ the card's parallelism contract, handed to the pricer (a multi-rank replica stay
 placement target; its plan changes what a step costs and what fits in memory)."""
 from __future__ import annotations
 
-import json
-
 from fastvideo3.errors import FailedPrecondition
 from fastvideo3.parallel.plan import ParallelPlan
 
 
 def replica_plan(description) -> ParallelPlan | None:
     """The plan a pool replica reports in Describe (None: a one-device replica)."""
-    info = json.loads(description.description_json or b"{}")
-    par = (info.get("executor") or {}).get("parallel") or {}
-    if not par.get("spec"):
+    if not description.HasField("parallel") or not description.parallel.spec:
         return None
-    return ParallelPlan.parse(par["spec"], pad=bool(par.get("pad", True)))
+    return ParallelPlan.parse(description.parallel.spec, pad=description.parallel.pad)
 
 
 def denoiser_plan(card, replicas: list) -> ParallelPlan | None:

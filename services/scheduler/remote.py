@@ -15,10 +15,8 @@ A replica that answers NOT_SERVING (draining) keeps its in-flight calls and gets
 from __future__ import annotations
 
 import itertools
-import json
 import threading
 import time
-from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -176,14 +174,6 @@ class RemoteExecutor:
         self.replica_id = d.replica_id or self.target
         self.fingerprint = d.runtime_fingerprint
         return d
-
-    def describe(self, timeout: float | None = None) -> dict[str, Any]:
-        d = self.describe_raw(timeout)
-        return {"role": d.role, "replica_id": d.replica_id, "target": self.target, "card_ids": list(d.card_ids),
-                "runtime_fingerprint": d.runtime_fingerprint, "resident_buffers": d.resident_buffers,
-                "resident_bytes": d.resident_bytes, "cache_stats": dict(d.cache_stats),
-                "transport_backends": list(d.transport_backends), "counters": dict(d.counters), "device": d.device,
-                "output_transport": self.output_transport, "info": json.loads(d.description_json or b"{}")}
 
     # -- health ------------------------------------------------------------------------------
     def check_health(self, timeout: float | None = None) -> bool:

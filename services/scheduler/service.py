@@ -56,11 +56,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                           (Role.REWARD, Role.REWARD)):
             pools = [k for k in replicas if k.partition(":")[0] == role]  # denoiser:EXPERT pools too
             if pools:
-                infos = [json.loads(replicas[k][0].last_description.description_json or b"{}") for k in pools]
-                self.weights[key] = "+".join(i.get("weights_digest", "") for i in infos)
-                info = infos[0]
+                descs = [replicas[k][0].last_description for k in pools]
+                self.weights[key] = "+".join(d.weights_digest for d in descs)
                 if role == Role.REWARD:
-                    self.scorers = sorted((info.get("executor") or {}).get("scorers") or {})
+                    self.scorers = sorted(descs[0].scorers)
         # the adapters requests may name (id -> version); a restarted scheduler learns the ones
         # every denoiser replica already holds
         self.adapters: dict[str, str] = _common_adapters(replicas.get(Role.DENOISER, []))
@@ -135,17 +134,19 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 self.scaling.set_current(role, sum(r.healthy for r in reps))
         return cost
 
-    def load(self) -> dict[str, Any]:
+    def load(self) -> scheduler_pb2.LoadReport:
         """The fleet's live load for routers: GPU-seconds owed per role, requests, free memory."""
-        out: dict[str, Any] = {"owed_gpu_seconds": self.ledger.owed(), "requests": len(self.ledger),
-                               "replicas": {role: sum(r.healthy for r in reps) for role, reps in self.replicas.items()}}
+        out = scheduler_pb2.LoadReport(owed_gpu_seconds=self.ledger.owed(), requests=len(self.ledger),
+                                       replicas={role: sum(r.healthy for r in reps)
+                                                 for role, reps in self.replicas.items()})
         adm = self.runtime.sched.admission
         if adm is not None:
             c = adm.counters()
-            out["memory_budget_bytes"] = int(c["memory_budget_bytes"])
-            out["memory_free_bytes"] = int(c["memory_budget_bytes"]) - int(c["memory_reserved_bytes"])
-            out["admission_reserved_gpu_seconds"] = sum(k["reserved_gpu_seconds"] for k in c["classes"].values())
-            out["admission_waiting"] = sum(int(k["waiting"]) for k in c["classes"].values())
+            out.admission = True
+            out.memory_budget_bytes = int(c["memory_budget_bytes"])
+            out.memory_free_bytes = int(c["memory_budget_bytes"]) - int(c["memory_reserved_bytes"])
+            out.admission_reserved_gpu_seconds = sum(k["reserved_gpu_seconds"] for k in c["classes"].values())
+            out.admission_waiting = sum(int(k["waiting"]) for k in c["classes"].values())
         return out
 
     def _pump(self, stream, context):
@@ -300,46 +301,47 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         pools, live = [], {}
         every = [(role, rep) for role, reps in self.replicas.items() for rep in reps]
 
-        def ask(rep) -> dict:
+        def ask(rep):
             # a replica that stopped answering is not asked; the others answer within 1 s, together
             if not rep.healthy:
                 raise Unavailable("not serving (failed health checks)")
-            return rep.describe(timeout=min(1.0, rep.control_timeout_s))
+            return rep.describe_raw(timeout=min(1.0, rep.control_timeout_s))
 
         from concurrent.futures import ThreadPoolExecutor
         with ThreadPoolExecutor(max_workers=max(1, len(every)), thread_name_prefix="describe") as ex:
             answers = [ex.submit(ask, rep) for _, rep in every]
         for (role, rep), fut in zip(every, answers):
-            pools.append(scheduler_pb2.PoolStatus(role=role, replica_id=rep.replica_id, address=rep.target,
-                                                  healthy=rep.healthy,
-                                                  in_flight_units=int(self.runtime.sched.inflight.get(id(rep), 0))))
+            status = scheduler_pb2.PoolStatus(role=role, replica_id=rep.replica_id, address=rep.target,
+                                              healthy=rep.healthy,
+                                              in_flight_units=int(self.runtime.sched.inflight.get(id(rep), 0)),
+                                              health_changed_unix=rep.health_changed_unix,
+                                              remote_counters={k: float(v) for k, v in rep.counters.items()},
+                                              output_transport=rep.output_transport)
             try:
-                live[rep.replica_id] = fut.result()
+                status.description.CopyFrom(fut.result())
             except FastVideoError as e:
-                live[rep.replica_id] = {"role": role, "target": rep.target, "error": e.one_line()}
-            live[rep.replica_id]["remote_counters"] = dict(rep.counters)
-            live[rep.replica_id]["health_changed_unix"] = rep.health_changed_unix
+                status.error = e.one_line()
+            pools.append(status)
         sched = self.runtime.sched
-        desc = {"transport_edges": self.edges, "batching": self.runtime.batching,
-                "batch_invariant_bucket": self.runtime.batch_bucket, "config": self.config,
-                "pools": live, "scheduler": counters,
-                "recent_denoise_batch_sizes": list(sched.batch_sizes)[-64:],
-                "adapters": dict(self.adapters)}  # id -> the version new requests get
+        diag = {"config": self.config, "scheduler": counters,
+                "recent_denoise_batch_sizes": list(sched.batch_sizes)[-64:]}
         card = self.deployment_card
         if sched.pricer is not None:  # publish the live, calibrated cost model
             from services.scheduler.deployment import cost_model_spec
             card = scheduler_pb2.SchedulerDescription().card.__class__.FromString(card.SerializeToString())
             card.cost_model.CopyFrom(cost_model_spec(sched.pricer.cost_model))
-            desc["cost_model_error"] = sched.pricer.cost_model.error_stats()
+            diag["cost_model_error"] = sched.pricer.cost_model.error_stats()
         if sched.admission is not None:
-            desc["admission"] = sched.admission.counters()
-        desc["scaling"] = self.scaling.values()
-        desc["load"] = self.load()
+            diag["admission"] = sched.admission.counters()
+        diag["scaling"] = self.scaling.values()
         return scheduler_pb2.SchedulerDescription(
             card=card, queued_requests=int(counters["queued_requests"]),
             running_requests=int(counters["running_requests"]), pools=pools,
             counters={k: float(v) for k, v in flatten(counters).items()},
-            description_json=json.dumps(desc, default=str).encode())
+            transport_edges=self.edges, batching=bool(self.runtime.batching),
+            batch_invariant_bucket=int(self.runtime.batch_bucket or 0),
+            adapters=dict(self.adapters),  # id -> the version new requests get
+            load=self.load(), diagnostics_json=json.dumps(diag, default=str))
 
     def metrics(self) -> dict[str, float]:
         out = flatten(self.runtime.counters())
@@ -351,12 +353,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
 def _common_adapters(replicas) -> dict[str, str]:
     """id -> version of the current adapters every replica reports in its last Describe."""
-    seen: list[dict[str, str]] = []
-    for rep in replicas:
-        desc = rep.last_description
-        info = json.loads(desc.description_json or b"{}") if desc is not None else {}
-        entries = ((info.get("executor") or {}).get("adapters") or {}).get("adapters", [])
-        seen.append({a["id"]: a["version"] for a in entries if a.get("current")})
+    from services.common.description import current_adapters
+    seen = [current_adapters(rep.last_description) if rep.last_description is not None else {} for rep in replicas]
     if not seen:
         return {}
     common = dict(seen[0])

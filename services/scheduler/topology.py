@@ -17,9 +17,8 @@ from services.scheduler.config import EDGES, SchedulerConfig
 
 
 def caps_of(description) -> TransportCaps:
-    import json
-    info = json.loads(description.description_json or b"{}")
-    return TransportCaps.from_dict(info["transport_caps"])
+    from services.common.description import transport_caps
+    return transport_caps(description)
 
 
 def choose_edges(cfg: SchedulerConfig, caps: dict[str, list[TransportCaps]]) -> dict[str, str]:

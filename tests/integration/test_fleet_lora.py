@@ -122,13 +122,12 @@ def test_pool_dedicated_to_a_merged_adapter(tmp_path):
     merged = LocalFleet(roles=("encoder", "denoiser", "decoder"), log_dir=tmp_path / "logs",
                         pool_args={"denoiser": ["--merge-adapter", f"style={path}", "--merge-scale", "0.8"]})
     with running(merged) as fl, FleetClient(fl.target, timeout_s=300) as c:
-        import json
-        info = json.loads(pool_describe(fl.pools["denoiser"][0].target).description_json)
-        ad = info["executor"]["adapters"]
-        assert ad["mode"] == "merged" and ad["merged"]["id"] == "style" and ad["merged"]["scale"] == 0.8
-        assert ad["merged"]["version"] in info["weights_digest"]
+        info = pool_describe(fl.pools["denoiser"][0].target)
+        ad = info.adapters
+        assert ad.mode == "merged" and ad.merged.id == "style" and ad.merged.scale == 0.8
+        assert ad.merged.version in info.weights_digest
         video = c.generate("a cat", seed=1, adapters=STYLE, **KW)
-        assert video.sidecar["adapters"][0]["version"] == ad["merged"]["version"]
+        assert video.sidecar["adapters"][0]["version"] == ad.merged.version
         with pytest.raises(FailedPrecondition, match="merged into its weights"):
             c.generate("a cat", seed=1, adapters=[{"id": "style", "scale": 0.5}], **KW)
         with pytest.raises(FailedPrecondition, match="merged into its weights"):

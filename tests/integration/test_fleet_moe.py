@@ -4,7 +4,6 @@ sampler history move from the high-noise pool to the low-noise pool at the switc
 match diffusers' two-expert WanPipeline."""
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
@@ -36,7 +35,7 @@ def fleet(moe_dir, tmp_path_factory):
 
 def _pool(target: str) -> tuple[float, list[str]]:
     d = pool_describe(target)
-    return d.counters["forwards"], json.loads(d.description_json)["executor"]["experts"]
+    return d.counters["forwards"], list(d.executor.experts)
 
 
 def test_two_expert_request_with_one_pool_per_expert(fleet, moe_dir):

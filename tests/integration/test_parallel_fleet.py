@@ -38,8 +38,8 @@ def embedded():
 
 
 def _parallel(target: str) -> dict:
-    d = json.loads(pool_describe(target).description_json)
-    return d["executor"]["parallel"]
+    from fastvideo3.client import plain
+    return plain(pool_describe(target).parallel)
 
 
 def _generate_all(target: str) -> list:

@@ -1,7 +1,6 @@
 """The scheduler moves references, never tensors: its own gRPC traffic per request (WorkUnits
 out, StepResults in, the encoded artifact aside) is a small fraction of the tensors the pools
 moved to each other for that request."""
-import json
 
 import grpc
 import pytest
@@ -17,11 +16,10 @@ fleet = fleet_fixture(scope="module", roles=("encoder", "denoiser", "decoder"))
 def _remote_counters(target):
     with grpc.insecure_channel(target) as ch:
         d = scheduler_pb2_grpc.SchedulerStub(ch).Describe(scheduler_pb2.DescribeSchedulerRequest(), timeout=30)
-    pools = json.loads(d.description_json)["pools"]
     tot = {"bytes_sent": 0, "bytes_received": 0, "artifact_bytes": 0}
-    for info in pools.values():
+    for pool in d.pools:
         for k in tot:
-            tot[k] += info.get("remote_counters", {}).get(k, 0)
+            tot[k] += pool.remote_counters.get(k, 0)
     return tot
 
 

@@ -103,10 +103,10 @@ def pool_accounts(target: str) -> dict[str, int]:
     """Resident buffers (+ regions), held cache entries, and transport registrations created /
     released by a pool."""
     d = pool_describe(target)
-    info = json.loads(d.description_json or b"{}")
+    info = json.loads(d.diagnostics_json or "{}")
     t = (info.get("executor") or {}).get("transport") or {}
     return {"resident": int(d.resident_buffers), "created": int(t.get("buffers_created", 0)),
-            "released": int(t.get("buffers_released", 0)), "regions": int(info.get("resident_regions", 0)),
+            "released": int(t.get("buffers_released", 0)), "regions": int(d.executor.resident_regions),
             "cache_handles": int(d.cache_stats.get("feature_cache.referenced_entries", 0))}
 
 

@@ -272,7 +272,7 @@ def test_not_serving_while_loading_and_after_sigterm_drain_then_exit(fleet):
     fleet.schedulers.append(sched)
     try:
         wait_until(lambda: health(fp.target) == "NOT_SERVING", 30, "the loading pool to answer health")
-        assert b'"loading"' in pool_describe(fp.target).description_json
+        assert pool_describe(fp.target).state == "loading"
         unit = WorkUnit("u1", "lifecycle", "diffusion_denoise", "diffusion_step", "denoiser", "wan-tiny-seeded",
                         "sig", step=0, params={"step": 0, "final": True, "latent_shape": [16, 3, 4, 4]})
         req = pool_pb2.ExecuteRequest(units=[convert.unit_to_wire(unit)])

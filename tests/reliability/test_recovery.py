@@ -148,8 +148,7 @@ def test_denoiser_sigkill_requests_resume_on_the_other_replica(balanced):
 
 
 def _regions(target: str) -> int:
-    import json
-    return int(json.loads(pool_describe(target).description_json or b"{}").get("resident_regions", 0))
+    return int(pool_describe(target).executor.resident_regions)
 
 
 @pytest.mark.timeout(180)

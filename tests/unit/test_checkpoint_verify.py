@@ -3,7 +3,6 @@ fails them behaves: NOT_SERVING, Describe state "failed" with the file named, th
 exit status 2."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -124,7 +123,8 @@ def _describe(port: int) -> dict | None:
             d = pool_pb2_grpc.RolePoolStub(ch).Describe(pool_pb2.DescribePoolRequest(), timeout=5)
         except grpc.RpcError:
             return None
-    return json.loads(d.description_json)
+    from fastvideo3.client import plain
+    return plain(d)
 
 
 @pytest.mark.timeout(300)

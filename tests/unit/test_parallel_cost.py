@@ -1,7 +1,6 @@
 """A parallel replica's pricing (compute split + communication term) and the scheduler's plan checks."""
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +12,7 @@ from fastvideo3.parallel.plan import ParallelPlan
 from fastvideo3.runtime.cost import CalibratedCostModel, DiffusionStepFeatures, device_profile, unit_work
 from fastvideo3.models.wan.flops import DitConfig, StepShape
 from fastvideo3.runtime.pricing import Pricer
+from fastvideo3.v1 import pool_pb2
 
 
 def _features(plan=None, ratio=1.0, branches=2):
@@ -53,9 +53,10 @@ def test_pricer_prices_by_the_replica_plan():
 
 
 def _desc(spec):
+    from services.common.description import executor_fields
     par = {"spec": spec, "pad": True} if spec else {}
-    return SimpleNamespace(last_description=SimpleNamespace(
-        description_json=json.dumps({"executor": {"parallel": par}}).encode()))
+    return SimpleNamespace(last_description=pool_pb2.PoolDescription(
+        **executor_fields({"parallel": par}, role="denoiser", fake=False)))
 
 
 def test_scheduler_reads_and_checks_the_plan():
