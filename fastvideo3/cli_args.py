@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 
 EXIT_BAD_INPUT = 2
+#: the help of every ``--card`` flag (the CLI's and the services', services/common/args.py)
+CARD_HELP = "a card name, card file or diffusers-format directory"
 
 
 class _Parser(argparse.ArgumentParser):

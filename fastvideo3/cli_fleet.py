@@ -35,10 +35,10 @@ def _replicas(text: str) -> tuple[str, int]:
 
 def add_commands(sub) -> None:
     """Register fleet commands on the CLI's subparsers."""
-    from fastvideo3.cli_args import _float, _Parser, _size
+    from fastvideo3.cli_args import CARD_HELP, _float, _Parser, _size
 
     s = sub.add_parser("serve", help="start a local fleet (one process per role pool + the scheduler)")
-    s.add_argument("--card", default="wan-tiny", help="a card name, card file or diffusers-format directory")
+    s.add_argument("--card", default="wan-tiny", help=CARD_HELP)
     s.add_argument("--port", type=int, default=None, help="the scheduler's port (default: a free port)")
     s.add_argument("--replicas", type=_replicas, action="append", default=[], help="ROLE=N, e.g. denoiser=2")
     s.add_argument("--transport", default="auto", choices=("auto", "cuda_ipc", "shm", "grpc", "nixl"),

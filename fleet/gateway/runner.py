@@ -20,7 +20,8 @@ from typing import Any
 
 import grpc
 
-from fastvideo3.client import FleetClient, _event, error_from_rpc
+from fastvideo3.client import FleetClient, _event
+from fastvideo3.rpc import error_from_rpc
 from fastvideo3.errors import FastVideoError, Internal, InvalidRequest, ResourceExhausted, Unavailable
 from fastvideo3.vocab import EventKind, OutputFormat, Phase, RunStatus
 from fleet.gateway.errors import job_error

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from fastvideo3.cli_args import CARD_HELP
 from services.common.auth import add_args as add_security_args
-
-CARD_HELP = "a card name, card file or diffusers-format directory"
 
 
 def add_service_args(p: argparse.ArgumentParser, *, port_required: bool = False, host: str | None = None,

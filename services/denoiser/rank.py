@@ -23,12 +23,13 @@ def _watch_parent(parent: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from fastvideo3.cli_args import CARD_HELP
     p = argparse.ArgumentParser(prog="python -m services.denoiser.rank")
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, required=True)
     p.add_argument("--master", required=True, help="host:port of rank 0's store")
     p.add_argument("--plan", required=True)
-    p.add_argument("--card", default="wan-tiny")
+    p.add_argument("--card", default="wan-tiny", help=CARD_HELP)
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", default=None)
     p.add_argument("--dist-timeout", type=float, default=60.0)
