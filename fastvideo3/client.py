@@ -26,8 +26,8 @@ from typing import Any, Callable, Iterator
 import grpc
 
 from fastvideo3.errors import FastVideoError, Internal, from_code
-from fastvideo3.rpc import (  # noqa: F401  (error_from_rpc, make_channel and the rest are part of this API)
-    AUTH_HEADER, ERROR_TRAILER, TokenInterceptor, error_from_rpc, make_channel,
+from fastvideo3.rpc import (  # noqa: F401  (error_from_rpc, make_channel, plain and the rest are part of this API)
+    AUTH_HEADER, ERROR_TRAILER, TokenInterceptor, error_from_rpc, make_channel, plain,
 )
 from fastvideo3.vocab import EventKind, OutputFormat, RunStatus
 
@@ -352,22 +352,3 @@ def description_dict(d) -> dict[str, Any]:
                 "load": plain(d.load), "pools": pools})
     return out
 
-
-def plain(msg) -> dict[str, Any]:
-    """Every field of a message as plain Python data (defaults included, ints stay ints; a
-    JSON field ``*_json`` stays its string)."""
-    out: dict[str, Any] = {}
-    for f in msg.DESCRIPTOR.fields:
-        v = getattr(msg, f.name)
-        sub = f.message_type
-        if sub is not None and sub.GetOptions().map_entry:
-            vf = sub.fields_by_name["value"]
-            out[f.name] = {k: plain(x) if vf.message_type else x for k, x in v.items()}
-        elif f.is_repeated:
-            out[f.name] = [plain(x) if sub else x for x in v]
-        elif sub is not None:
-            if msg.HasField(f.name):
-                out[f.name] = plain(v)
-        else:
-            out[f.name] = v
-    return out

@@ -1,11 +1,12 @@
 """What both ends of our gRPC contracts share: how a typed error rides on a failed RPC (the
-``fv3-error-bin`` trailer) and comes back as the same exception, and how a channel carries TLS
-and a bearer token. The client (fastvideo3/client.py) and the servers (services/common/errors.py,
+``fv3-error-bin`` trailer) and comes back as the same exception, how a channel carries TLS
+and a bearer token, and a message as plain data (:func:`plain`). The client (fastvideo3/client.py) and the servers (services/common/errors.py,
 services/common/auth.py, the scheduler's pool stubs) import it; neither imports the other.
 """
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import grpc
 
@@ -80,3 +81,26 @@ def make_channel(target: str, options=None, *, root_certificates: bytes | None =
 
 
 __all__ = ["AUTH_HEADER", "ERROR_TRAILER", "TokenInterceptor", "error_from_rpc", "make_channel"]
+
+
+def plain(msg, skip: frozenset[tuple[str, str]] = frozenset()) -> dict[str, Any]:
+    """Every field of a message as plain Python data: scalars with their defaults (ints stay
+    ints, unlike proto JSON), lists, dicts, nested messages when set. ``skip`` names
+    ``(message name, field)`` pairs to leave out."""
+    out: dict[str, Any] = {}
+    name = msg.DESCRIPTOR.name
+    for f in msg.DESCRIPTOR.fields:
+        if (name, f.name) in skip:
+            continue
+        v, sub = getattr(msg, f.name), f.message_type
+        if sub is not None and sub.GetOptions().map_entry:
+            nested = sub.fields_by_name["value"].message_type is not None
+            out[f.name] = {k: plain(x, skip) if nested else x for k, x in v.items()}
+        elif f.is_repeated:
+            out[f.name] = [plain(x, skip) if sub is not None else x for x in v]
+        elif sub is not None:
+            if msg.HasField(f.name):
+                out[f.name] = plain(v, skip)
+        else:
+            out[f.name] = v
+    return out

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from fastvideo3 import __version__
 from fastvideo3.errors import InvalidRequest
+from fastvideo3.rpc import plain
 from fastvideo3.runtime.cost import COST_MODEL_VERSION, CalibratedCostModel
 from fastvideo3.v1 import common_pb2, deployment_pb2 as pb
 from fastvideo3.vocab import Role
@@ -129,22 +130,7 @@ def to_wire(model: BaseModel, msg) -> Any:
 def from_wire(msg) -> dict[str, Any]:
     """Plain data of ``msg`` for its model, field by field (an absent message field is left out,
     so the model's default applies)."""
-    out: dict[str, Any] = {}
-    for f in msg.DESCRIPTOR.fields:
-        if (msg.DESCRIPTOR.name, f.name) in WIRE_ONLY:
-            continue
-        v, sub = getattr(msg, f.name), f.message_type
-        if sub is not None and sub.GetOptions().map_entry:
-            nested = sub.fields_by_name["value"].message_type is not None
-            out[f.name] = {k: from_wire(x) if nested else x for k, x in v.items()}
-        elif f.is_repeated:
-            out[f.name] = [from_wire(x) if sub is not None else x for x in v]
-        elif sub is not None:
-            if msg.HasField(f.name):
-                out[f.name] = from_wire(v)
-        else:
-            out[f.name] = v
-    return out
+    return plain(msg, frozenset(WIRE_ONLY))
 
 
 # -- the models, leaves first ------------------------------------------------------------------

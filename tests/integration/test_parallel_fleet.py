@@ -38,7 +38,7 @@ def embedded():
 
 
 def _parallel(target: str) -> dict:
-    from fastvideo3.client import plain
+    from fastvideo3.rpc import plain
     return plain(pool_describe(target).parallel)
 
 

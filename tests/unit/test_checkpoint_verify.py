@@ -123,7 +123,7 @@ def _describe(port: int) -> dict | None:
             d = pool_pb2_grpc.RolePoolStub(ch).Describe(pool_pb2.DescribePoolRequest(), timeout=5)
         except grpc.RpcError:
             return None
-    from fastvideo3.client import plain
+    from fastvideo3.rpc import plain
     return plain(d)
 
 
