@@ -298,7 +298,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     # -- Describe -----------------------------------------------------------------------------
     def Describe(self, request, context):  # noqa: N802
         counters = self.runtime.counters()
-        pools, live = [], {}
+        pools = []
         every = [(role, rep) for role, reps in self.replicas.items() for rep in reps]
 
         def ask(rep):
