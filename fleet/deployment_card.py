@@ -29,8 +29,7 @@ from pydantic import ValidationError
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import InvalidRequest
 from fastvideo3.runtime.cost import CalibratedCostModel
-from fastvideo3 import vocab
-from fastvideo3.vocab import KIND_OF_ROLE, PROGRAM_LOOPS, Program, ROLES, Role, Sampler, Task
+from fastvideo3.vocab import KIND_OF_ROLE, PROGRAM_LOOPS, Program, ROLES, Role, Task
 from fleet.deployment_schema import (  # noqa: F401  (the card's models are this module's API)
     HEALTH_LABEL_PREFIX, SCHEMA_VERSION, CapabilityCell, CostModelSpec, DeploymentCard, DeviceNeeds, HealthSchema,
     ModelCardSummary, ParallelPlan, ProgramSpec, RequestDefaults, RequestLimits, RoleEndpoints, RolePoolSpec,
@@ -43,7 +42,6 @@ ROLE_KINDS = {role: [kind] for role, kind in KIND_OF_ROLE.items()}
 PROGRAMS = {Program.T2V: list(PROGRAM_LOOPS[Program.T2V])}
 SCHEDULER_SERVICE = "fastvideo3.v1.Scheduler"
 POOL_SERVICE = "fastvideo3.v1.RolePool"
-OUTPUT_FORMATS = list(vocab.OUTPUT_FORMATS)
 
 
 def card_from_description(described: Mapping[str, Any]) -> DeploymentCard | None:
@@ -81,32 +79,8 @@ HEALTH_METRICS = {
 
 def summarize_card(card: ModelCard, *, precision: str | None = None, fingerprint: str = "") -> ModelCardSummary:
     """The client-facing summary of a ModelCard: limits and defaults as requests see them."""
-    lim, den, rec = card.limits, card.denoise, card.recipe
-    sampler = den.sampler
-    steps = rec.assumes_steps or den.default_steps or 50
-    lo, hi = (rec.assumes_steps, rec.assumes_steps) if rec.assumes_steps else (den.min_steps, den.max_steps)
-    caps = []
-    if Task.TEXT_TO_VIDEO in card.capabilities.tasks:
-        caps.append(Program.T2V)
-    caps += [t for t in card.capabilities.tasks if t != Task.TEXT_TO_VIDEO]
-    return ModelCardSummary(
-        card_id=card.model_id, family=card.family, capabilities=caps,
-        limits=RequestLimits(
-            min_frames=lim.min_frames, max_frames=lim.max_frames, frames_multiple=4, frames_offset=1,
-            min_height=lim.min_size, max_height=lim.max_height, min_width=lim.min_size, max_width=lim.max_width,
-            size_multiple=lim.size_multiple, min_steps=lo, max_steps=hi, min_guidance_scale=0.0,
-            max_guidance_scale=lim.max_guidance, max_prompt_tokens=card.max_text_tokens,
-            samplers=[rec.assumes_sampler] if rec.assumes_sampler else [Sampler.UNIPC, Sampler.EULER],
-            output_formats=list(OUTPUT_FORMATS)),
-        defaults=RequestDefaults(
-            num_frames=lim.default_frames, height=lim.default_height, width=lim.default_width,
-            num_inference_steps=steps, guidance_scale=lim.default_guidance,
-            flow_shift=sampler.flow_shift if sampler else 3.0, sampler=sampler.name if sampler else Sampler.UNIPC,
-            fps=lim.fps, negative_prompt=""),
-        recipe=f"{rec.method}-{rec.assumes_steps}step" if rec.assumes_steps else rec.method,
-        precision=precision or card.precision.default_cpu,
-        runtime_fingerprint=fingerprint,
-    )
+    from fastvideo3.card.summary import card_summary
+    return ModelCardSummary.model_validate(card_summary(card, precision=precision, fingerprint=fingerprint))
 
 
 def capability_cells(card: ModelCard, roles: set[str]) -> list[CapabilityCell]:

@@ -8,8 +8,9 @@ from __future__ import annotations
 import time
 
 import fastvideo3
+from fastvideo3.card.summary import card_summary
 from fastvideo3.v1 import common_pb2, deployment_pb2
-from fastvideo3.vocab import OutputFormat, PROGRAM_LOOPS, Program, Role, Sampler
+from fastvideo3.vocab import PROGRAM_LOOPS, Program, Role
 from services.common.pool import KINDS
 from services.scheduler.config import SchedulerConfig
 
@@ -18,25 +19,10 @@ PROGRAMS = PROGRAM_LOOPS
 
 def build_card(cfg: SchedulerConfig, card, replicas: dict[str, list], edges: dict[str, str],
                health_services: list[str], cost_model=None) -> deployment_pb2.DeploymentCard:
-    lim, den = card.limits, card.denoise
     from services.scheduler.app import denoiser_replica
     denoiser = denoiser_replica(replicas).last_description
-    summary = deployment_pb2.ModelCardSummary(
-        card_id=card.model_id, family=card.family, capabilities=[Program.T2V], recipe=card.recipe.method,
-        precision=denoiser.precision,
-        runtime_fingerprint=denoiser.runtime_fingerprint,
-        limits=deployment_pb2.RequestLimits(
-            min_frames=lim.min_frames, max_frames=lim.max_frames, frames_multiple=4, frames_offset=1,
-            min_height=lim.min_size, max_height=lim.max_height, min_width=lim.min_size, max_width=lim.max_width,
-            size_multiple=lim.size_multiple, min_steps=den.min_steps, max_steps=den.max_steps,
-            min_guidance_scale=0.0, max_guidance_scale=lim.max_guidance, max_prompt_tokens=card.max_text_tokens,
-            samplers=[Sampler.UNIPC, Sampler.EULER], output_formats=[OutputFormat.MP4, OutputFormat.NPY]),
-        defaults=deployment_pb2.RequestDefaults(
-            num_frames=lim.default_frames, height=lim.default_height, width=lim.default_width,
-            num_inference_steps=card.recipe.assumes_steps or den.default_steps or 50,
-            guidance_scale=lim.default_guidance, flow_shift=den.sampler.flow_shift if den.sampler else 3.0,
-            sampler=den.sampler.name if den.sampler else Sampler.UNIPC, fps=lim.fps),
-    )
+    summary = deployment_pb2.ModelCardSummary(**card_summary(card, precision=denoiser.precision or None,
+                                                             fingerprint=denoiser.runtime_fingerprint))
     from services.scheduler.plans import plan_entry, replica_plan
     pools, endpoints, plans = [], [], []
     for role, reps in replicas.items():

@@ -166,3 +166,5 @@ def test_the_card_the_scheduler_builds_is_a_valid_model_card():
     assert parsed.models[0].precision == "fp32" and parsed.default_model == card.model_id
     assert {p.role: p.parallel_plan for p in parsed.role_pools}["denoiser"] == "ulysses2"
     _same_values(parsed, msg)
+    from fleet.deployment_card import summarize_card  # one summary, whichever builder asks
+    assert parsed.models == [summarize_card(card, precision="fp32", fingerprint="fnv1a64:00000000000000aa")]
