@@ -301,10 +301,10 @@ def _pool_info(desc: dict) -> dict:
     """Device, precision and DiT path of each pool, from the scheduler's Describe."""
     info = {}
     for name, pool in desc["description"].get("pools", {}).items():
-        ex = pool.get("info", {}).get("executor", {})
-        info[name] = {"role": pool.get("role"), "device": pool.get("device"), "precision": ex.get("precision"),
-                      **({"dit_path": ex["dit_path"]} if "dit_path" in ex else {}),
-                      **({"decode": ex["decode"]} if "decode" in ex else {})}
+        ex = pool.get("executor") or {}
+        info[name] = {"role": pool.get("role"), "device": pool.get("device"), "precision": pool.get("precision"),
+                      **({"dit_path": ex["kind"]} if pool.get("role") == "denoiser" and ex.get("kind") else {}),
+                      **({"decode": ex["decoder"]} if "decoder" in ex else {})}
     return info
 
 

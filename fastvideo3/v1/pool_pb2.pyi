@@ -119,16 +119,30 @@ class PoolLoadError(_message.Message):
     def __init__(self, code: _Optional[str] = ..., field: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ExecutorSummary(_message.Message):
-    __slots__ = ("kind", "fake", "resident_regions", "experts")
+    __slots__ = ("kind", "fake", "resident_regions", "experts", "decoder")
     KIND_FIELD_NUMBER: _ClassVar[int]
     FAKE_FIELD_NUMBER: _ClassVar[int]
     RESIDENT_REGIONS_FIELD_NUMBER: _ClassVar[int]
     EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    DECODER_FIELD_NUMBER: _ClassVar[int]
     kind: str
     fake: bool
     resident_regions: int
     experts: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, kind: _Optional[str] = ..., fake: _Optional[bool] = ..., resident_regions: _Optional[int] = ..., experts: _Optional[_Iterable[str]] = ...) -> None: ...
+    decoder: DecoderSettings
+    def __init__(self, kind: _Optional[str] = ..., fake: _Optional[bool] = ..., resident_regions: _Optional[int] = ..., experts: _Optional[_Iterable[str]] = ..., decoder: _Optional[_Union[DecoderSettings, _Mapping]] = ...) -> None: ...
+
+class DecoderSettings(_message.Message):
+    __slots__ = ("max_decode_batch", "fast", "time_chunk", "channels_last")
+    MAX_DECODE_BATCH_FIELD_NUMBER: _ClassVar[int]
+    FAST_FIELD_NUMBER: _ClassVar[int]
+    TIME_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    CHANNELS_LAST_FIELD_NUMBER: _ClassVar[int]
+    max_decode_batch: int
+    fast: bool
+    time_chunk: int
+    channels_last: bool
+    def __init__(self, max_decode_batch: _Optional[int] = ..., fast: _Optional[bool] = ..., time_chunk: _Optional[int] = ..., channels_last: _Optional[bool] = ...) -> None: ...
 
 class ParallelInfo(_message.Message):
     __slots__ = ("spec", "kind", "cfg", "ring", "ulysses", "world", "pad", "rank", "backend", "rank_pids", "broken")

@@ -16,7 +16,7 @@ from fastvideo3.v1 import pool_pb2
 
 #: executor describe() keys that become typed fields (and so leave the diagnostics)
 TYPED_KEYS = ("precision", "weights_digest", "scorers", "adapters", "parallel", "graph_buckets", "experts",
-              "resident_regions", "dit_path", "fake")
+              "resident_regions", "dit_path", "fake", "decode")
 
 
 def executor_fields(d: Mapping[str, Any], *, role: str, fake: bool) -> dict[str, Any]:
@@ -29,6 +29,11 @@ def executor_fields(d: Mapping[str, Any], *, role: str, fake: bool) -> dict[str,
         "scorers": {str(k): str(v) for k, v in (d.get("scorers") or {}).items()},
         "graph_buckets": [graph_bucket(b) for b in d.get("graph_buckets") or ()],
     }
+    if d.get("decode"):
+        dec = d["decode"]
+        out["executor"].decoder.CopyFrom(pool_pb2.DecoderSettings(
+            max_decode_batch=int(dec.get("max_decode_batch", 0)), fast=bool(dec.get("fast")),
+            time_chunk=int(dec.get("time_chunk") or 0), channels_last=bool(dec.get("channels_last"))))
     if d.get("parallel"):
         out["parallel"] = parallel_info(d["parallel"])
     if d.get("adapters"):
