@@ -358,3 +358,9 @@ def latent_shape(card: ModelCard, frames: int, height: int, width: int) -> tuple
 
 def precision_dtype(precision: str) -> torch.dtype:
     return DTYPES[precision]
+
+
+def encode_image_condition(decoder: "VideoDecoder", pixels: torch.Tensor, num_frames: int) -> torch.Tensor:
+    """The decoder pool's ``vae_encode``: the I2V image latent conditioning (models/wan/image.py)."""
+    from fastvideo3.models.wan.image import encode_condition
+    return encode_condition(decoder.model, decoder.mean, decoder.inv_std, pixels.to(decoder.device), num_frames)

@@ -22,8 +22,10 @@ def vae_spatial_scale(card: ModelCard) -> int:
 
 def latent_shape(card: ModelCard, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
     """(C, F_lat, H_lat, W_lat) for a request: 4x temporal, and the spatial compression the card's
-    VAE declares (8x unless it says otherwise: Wan2.2 TI2V-5B's is 16x)."""
-    c = int(card.components["transformer"].config.get("in_channels", 16))
+    VAE declares (8x unless it says otherwise: Wan2.2 TI2V-5B's is 16x). C is what the DiT
+    predicts (``out_channels``; an I2V DiT takes more channels in: the image conditioning)."""
+    cfg = card.components["transformer"].config
+    c = int(cfg.get("out_channels", cfg.get("in_channels", 16)))
     s = vae_spatial_scale(card)
     return (c, (frames - 1) // TEMPORAL_STRIDE + 1, height // s, width // s)
 
