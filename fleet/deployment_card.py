@@ -36,12 +36,12 @@ from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import InvalidRequest
 from fastvideo3.runtime.cost import COST_MODEL_VERSION, CalibratedCostModel
 from fastvideo3 import vocab
-from fastvideo3.vocab import KIND_OF_ROLE, PROGRAM_LOOPS, Program, ROLES, Role, Sampler, Task
+from fastvideo3.vocab import KINDS_OF_ROLE, PROGRAM_LOOPS, Program, ROLES, Role, Sampler, Task
 
 SCHEMA_VERSION = "1"
 HEALTH_LABEL_PREFIX = "health.serving/"
 #: WorkUnit kinds each role executes (the pool service's table).
-ROLE_KINDS = {role: [kind] for role, kind in KIND_OF_ROLE.items()}
+ROLE_KINDS = {role: list(kinds) for role, kinds in KINDS_OF_ROLE.items()}
 #: program name -> loops it runs, in order.
 PROGRAMS = {Program.T2V: list(PROGRAM_LOOPS[Program.T2V])}
 SCHEDULER_SERVICE = "fastvideo3.v1.Scheduler"

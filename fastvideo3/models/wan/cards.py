@@ -272,16 +272,18 @@ _I2V_COMPONENTS = ["tokenizer", "text_encoder", "image_processor", "image_encode
 
 def wan21_i2v(model_id: str, dit: dict, desc: str, *, flow_shift: float, default_height: int, default_width: int,
               default_frames: int = 81, default_steps: int = 50, guidance: float = 5.0, max_size: int = 1280,
-              min_size: int = 16) -> ModelCard:
+              min_size: int = 16, image_tokens: int = 257) -> ModelCard:
     """A Wan2.1 image-to-video card (diffusers' WanImageToVideoPipeline): the T2V components plus
     the CLIP image encoder and its processor; the DiT takes the image's CLIP hidden states and the
     first-frame latent conditioning. One DiT, served at one rank (no sequence-parallel plan and
-    no interceptor covers the image inputs yet)."""
+    no interceptor covers the image inputs yet). ``image_tokens``: the image encoder's sequence
+    length (CLIP ViT-H/14 at 224 px: 16 x 16 patches + the class token), for the cost model."""
     base = _wan_real(model_id, dit, desc)
     data = base.model_dump(mode="json")
     for cid in ("image_encoder", "image_processor"):
+        cfg = {"tokens": image_tokens} if cid == "image_encoder" else {}
         data["components"][cid] = ComponentSpec(component_id=cid, kind=cid, source="diffusers_dir", subfolder=cid,
-                                                precision="fp32").model_dump(mode="json")
+                                                precision="fp32", config=cfg).model_dump(mode="json")
     data["capabilities"]["tasks"] = [Task.IMAGE_TO_VIDEO, Task.VAE_DECODE]
     data["checkpoint"]["required_for"] = {Task.IMAGE_TO_VIDEO: list(_I2V_COMPONENTS), Task.VAE_DECODE: ["vae"]}
     data["loops"][LoopId.DIFFUSION_DENOISE] = _denoise(default_steps, flow_shift).model_dump(mode="json")
@@ -303,7 +305,7 @@ def i2v_cards() -> list[ModelCard]:
         wan21_i2v("wan2.1-i2v-tiny", TINY_I2V_DIT, "The Wan2.1 I2V layout at a tiny size (random weights written "
                   "by diffusers: models/wan/synthetic_layouts.build_wan21_i2v_dir): parity tests",
                   flow_shift=3.0, default_height=32, default_width=48, default_frames=9, default_steps=4,
-                  max_size=512),
+                  max_size=512, image_tokens=17),
     ]
 
 

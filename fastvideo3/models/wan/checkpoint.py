@@ -209,7 +209,9 @@ def card_for_directory(root: Path):
             lim = known.limits
             opts = dict(flow_shift=3.0, default_height=lim.default_height, default_width=lim.default_width,
                         default_frames=lim.default_frames, default_steps=known.denoise.default_steps)
-        base = wan21_i2v(mid, ref, desc, **opts)
+        clip = json.loads((root / "image_encoder" / "config.json").read_text())
+        tokens = (int(clip.get("image_size", 224)) // int(clip.get("patch_size", 14))) ** 2 + 1
+        base = wan21_i2v(mid, ref, desc, image_tokens=tokens, **opts)
     else:
         base = _wan_real(mid, ref, desc)
     sched = json.loads((root / "scheduler" / "scheduler_config.json").read_text())

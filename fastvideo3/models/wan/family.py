@@ -37,7 +37,16 @@ def dit_config(card: ModelCard) -> flops.DitConfig:
         ffn_dim=int(c["ffn_dim"]), text_dim=int(c.get("text_dim", 4096)), freq_dim=int(c.get("freq_dim", 256)),
         in_channels=int(c.get("in_channels", 16)), out_channels=int(c.get("out_channels", 16)),
         patch_size=tuple(c.get("patch_size", (1, 2, 2))), text_len=int(card.max_text_tokens),
+        **_image(card),
     )
+
+
+def _image(card: ModelCard) -> dict:
+    """The I2V DiT's image width and token count (the card's image encoder declares the count)."""
+    dim = card.components["transformer"].config.get("image_dim")
+    if not dim or "image_encoder" not in card.components:
+        return {}
+    return {"image_dim": int(dim), "image_len": int(card.components["image_encoder"].config.get("tokens", 257))}
 
 
 class WanFamily:
