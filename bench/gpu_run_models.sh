@@ -35,6 +35,6 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 # each row and the switch stage get 150 s; the whole run stops before the budget, JSON kept
 timeout $((BUDGET_S - SECONDS - 10)) python3 bench/denoiser.py --models "$MODELS" --quick \
-  --stage-timeout 150 \
+  --stage-timeout "${STAGE_TIMEOUT:-150}" \
   --out "$OUT/$JSON" 2>&1 | tee "$OUT/${JSON%.json}.log"
 echo "rc=${PIPESTATUS[0]} at ${SECONDS}s"
