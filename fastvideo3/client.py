@@ -188,8 +188,8 @@ class FleetClient:
         """The wire GenerateRequest for these (diffusers-named) parameters. ``detached``: the
         request outlives this client's stream and can be re-attached by id (job-style APIs).
         ``cache``: an interceptor, ``{"policy": name, param: number-or-bool, ...}`` (docs/extend.md).
-        ``image``: an image-to-video card's first frame: its bytes, or an http(s) URL the scheduler
-        fetches when it allows URLs."""
+        ``image``: an image-to-video card's first frame: its bytes (or base64 text, a data URL), or
+        an http(s) URL the scheduler fetches when it allows URLs."""
         from fastvideo3.v1 import scheduler_pb2
         msg = scheduler_pb2.GenerateRequest(prompt=prompt, request_id=request_id or "", model=model,
                                             output_format=output_format, slo_class=slo_class,
@@ -207,8 +207,11 @@ class FleetClient:
                 setattr(msg, name, value)
         if isinstance(image, (bytes, bytearray, memoryview)):
             msg.image = bytes(image)
-        elif isinstance(image, str):
-            msg.image_url = image
+        elif isinstance(image, str) and image.strip().startswith(("http://", "https://")):
+            msg.image_url = image.strip()
+        elif isinstance(image, str):  # base64 text or a data URL
+            from fastvideo3.request.image import image_bytes
+            msg.image = image_bytes(image)
         elif image is not None:
             raise InvalidRequest(f"must be bytes or a URL, got {type(image).__name__}", field="image")
         if cache is not None:

@@ -116,23 +116,8 @@ class EncoderExecutor(_Base):
         return out
 
     def _encode_image(self, unit: WorkUnit) -> torch.Tensor:
-        """The request image's CLIP hidden states [1, T_img, image_dim] (cached by its digest)."""
-        if self.image_encoder is None:
-            raise InvalidRequest(f"card {self.card.model_id} has no image encoder", field="image", limit="unset")
-        import base64
-        from fastvideo3.models.wan.image import open_rgb
-
-        def run() -> torch.Tensor:
-            return self.image_encoder.encode([open_rgb(base64.b64decode(unit.params["image"]))])
-        if self.cache is None or not hasattr(self.cache, "cache"):
-            return run()
-        from fastvideo3.cache.key import CacheKey
-        digest = unit.params.get("image_digest") or ""
-        key = CacheKey(model_id=self.card.model_id, component_id="image_encoder",
-                       weights_version=self.image_encoder.digest, precision="fp32", device=self.device.split(":")[0],
-                       max_len=0, shape_sig="images=1", input_hash=digest, image_digest=digest)
-        hit = self.cache.cache.lookup(key, unit.request_id)
-        return hit if hit is not None else self.cache.cache.insert(key, run(), unit.request_id)
+        from fastvideo3.runtime.image_units import image_embeds
+        return image_embeds(self, unit)
 
     def _encode(self, texts: list[str], request_id: str, adapter_versions: tuple[str, ...] = ()) -> torch.Tensor:
         if self.cache is None:

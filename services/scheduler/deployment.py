@@ -9,7 +9,7 @@ import time
 
 import fastvideo3
 from fastvideo3.v1 import common_pb2, deployment_pb2
-from fastvideo3.vocab import OutputFormat, PROGRAM_LOOPS, Program, Role, Sampler
+from fastvideo3.vocab import OutputFormat, PROGRAM_LOOPS, Program, Role, Sampler, Task
 from services.common.pool import KINDS
 from services.scheduler.config import SchedulerConfig
 
@@ -22,7 +22,9 @@ def build_card(cfg: SchedulerConfig, card, replicas: dict[str, list], edges: dic
     from services.scheduler.app import denoiser_replica
     denoiser = denoiser_replica(replicas).last_description
     summary = deployment_pb2.ModelCardSummary(
-        card_id=card.model_id, family=card.family, capabilities=[Program.T2V], recipe=card.recipe.method,
+        card_id=card.model_id, family=card.family, capabilities=[Program.T2V] + (
+            [Task.IMAGE_TO_VIDEO] if Task.IMAGE_TO_VIDEO in card.capabilities.tasks else []),
+        recipe=card.recipe.method,
         precision=_precision(denoiser),
         runtime_fingerprint=denoiser.runtime_fingerprint,
         limits=deployment_pb2.RequestLimits(

@@ -185,3 +185,35 @@ def test_cost_model_counts_the_image_cross_attention():
     req = resolve(GenerateRequest("x", image=png(1, size=(832, 480))), i2v)
     feats = Pricer().features("diffusion_step", i2v, req)
     assert feats.config.image_len == 257 and feats.shape.latent_height == 60
+
+
+def test_encoder_caches_image_embeddings_by_image_digest(i2v_dir):
+    """The image's digest is in the CacheKey of its embeddings: the same image is a hit across
+    requests, another image (same prompts) a miss."""
+    from fastvideo3.cache import TextFeatureCache
+    from fastvideo3.loop.params import EncoderChunkParams
+    from fastvideo3.request.image import validate_image
+    from fastvideo3.runtime.executors import EncoderExecutor
+    from fastvideo3.runtime.workunit import WorkUnit
+    from fastvideo3.transport import make_transport
+    from fastvideo3.transport.ref import TensorRef
+    card = resolve_card(str(i2v_dir))
+    transport = make_transport("inproc", owner="t")
+    enc = EncoderExecutor(card, transport, "cpu", "fp32", cache=TextFeatureCache())
+
+    def unit(rid, data):
+        img = validate_image(data, 32, 48)
+        return WorkUnit(unit_id=f"u-{rid}", request_id=rid, loop_id="text_encode", kind="encoder_chunk",
+                        role="encoder", card_id=card.model_id, shape_sig="s",
+                        params=EncoderChunkParams(prompts={"prompt_embeds": "a"}, image=img.data_b64,
+                                                  image_digest=img.digest))
+    a, b, c = (enc.execute([unit(r, d)])[0] for r, d in (("r1", png(1)), ("r2", png(1)), ("r3", png(2))))
+    assert a.ok and b.ok and c.ok and "image_embeds" in a.outputs
+    stats = enc.cache.stats()
+    # prompts: a miss then two hits; images: a miss, a hit (same digest), a miss (another image)
+    assert (stats["hits"], stats["misses"]) == (3, 3)
+    got = [transport.fetch(TensorRef.from_dict(r.outputs["image_embeds"]), deadline_s=10.0) for r in (a, b, c)]
+    assert torch.equal(got[0], got[1]) and not torch.equal(got[0], got[2])
+    for r in ("r1", "r2", "r3"):
+        enc.release(r)
+    transport.close()
