@@ -2,7 +2,7 @@
 
     python bench/denoiser.py --models wan2.2-ti2v-5b,wan2.2-a14b --out bench/results/denoiser_models_h200.json
     python bench/denoiser.py --models wan2.2-ti2v-5b,wan2.2-a14b --tiny --device cpu --out OUT.json   # a check
-    python bench/denoiser.py --models wan2.1-i2v-14b --out bench/results/denoiser_i2v_h200.json   # Wan2.1 I2V
+    python bench/denoiser.py --models wan2.1-i2v-14b --out bench/results/denoiser_models_i2v_h200.json   # Wan2.1 I2V
 
 For each family's real-size config (random weights drawn on the device, shared by both sides, as
 bench/denoiser.py does for Wan2.1): TI2V-5B at the 720p shape its card lists (1280x704, 121

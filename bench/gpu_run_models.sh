@@ -3,7 +3,7 @@
 # real-size configs) and the cost of the Wan2.2 MoE switch: bench/denoiser_models.py.
 #
 #   BUDGET_S=470 bash bench/gpu_run_models.sh        # from the repository root
-#   MODELS=wan2.1-i2v-14b JSON=denoiser_i2v_h200.json BUDGET_S=560 bash bench/gpu_run_models.sh   # Wan2.1 I2V
+#   MODELS=wan2.1-i2v-14b JSON=denoiser_models_i2v_h200.json BUDGET_S=560 bash bench/gpu_run_models.sh   # Wan2.1 I2V
 #
 # diffusers (the baseline) comes from .wheels/ (git-ignored; carry it), FlashAttention-3 too when
 # its wheel imports. Results go to $OUT (default out/gpu_models): the JSON, its log, gpu.txt.

@@ -125,3 +125,15 @@ def test_validate_image_direct_limits():
     img = validate_image(encoded("JPEG", size=(48, 32)), 32, 48)
     assert (img.format, img.width, img.height) == ("JPEG", 48, 32)
     assert img.data() == encoded("JPEG", size=(48, 32))
+
+
+def test_scheduler_image_flags():
+    from services.scheduler.config import parse_args
+    base = ["--port", "0", "--pools", "encoder=h:1", "--pools", "denoiser=h:2", "--pools", "decoder=h:3"]
+    cfg = parse_args(base)
+    assert (cfg.allow_image_urls, cfg.image_url_timeout_s, cfg.max_image_bytes) == (False, 10.0, 16 << 20)
+    cfg = parse_args(base + ["--allow-image-urls", "--image-url-timeout", "5", "--max-image-bytes", "4096"])
+    assert (cfg.allow_image_urls, cfg.image_url_timeout_s, cfg.max_image_bytes) == (True, 5.0, 4096)
+    with pytest.raises(InvalidRequest) as e:
+        parse_args(base + ["--image-url-timeout", "0"])
+    assert "image_url_timeout_s" in e.value.field
