@@ -217,3 +217,24 @@ def test_encoder_caches_image_embeddings_by_image_digest(i2v_dir):
     for r in ("r1", "r2", "r3"):
         enc.release(r)
     transport.close()
+
+
+def test_image_encoder_refuses_what_its_files_do_not_hold(i2v_dir, tmp_path):
+    import json
+    import shutil
+    from fastvideo3.card.registry import bind_checkpoint
+    from fastvideo3.errors import CardError
+    from fastvideo3.models.wan.image import ImageEncoder
+    d = tmp_path / "d"
+    shutil.copytree(i2v_dir, d)
+    cfg_path = d / "image_encoder" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    card = bind_checkpoint(resolve_card(str(i2v_dir)), d)
+    cfg_path.write_text(json.dumps({**cfg, "architectures": ["CLIPVisionModelWithProjection"]}))
+    with pytest.raises(CardError) as e:  # the projection the class has is not in the files
+        ImageEncoder(card)
+    assert e.value.field == "image_encoder" and "visual_projection" in e.value.message
+    cfg_path.write_text(json.dumps({**cfg, "architectures": ["SiglipVisionModel"]}))
+    with pytest.raises(CardError) as e:
+        ImageEncoder(card)
+    assert e.value.field == "components.image_encoder.config.architectures"

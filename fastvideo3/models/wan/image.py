@@ -82,8 +82,9 @@ class ImageEncoder:
             raise CardError(f"image_encoder hidden_size={cfg.get('hidden_size')} but the DiT's image_dim is {dit_dim}",
                             field="components.image_encoder.config.hidden_size", limit=str(dit_dim))
         files = safetensors_files(enc_dir)
-        self.model = getattr(transformers, arch).from_pretrained(str(enc_dir), local_files_only=True, dtype=dtype)
-        _check_keys(self.model, files)
+        self.model, info = getattr(transformers, arch).from_pretrained(str(enc_dir), local_files_only=True, dtype=dtype,
+                                                                       output_loading_info=True)
+        _check_loading(info)
         self.processor = CLIPImageProcessor.from_pretrained(str(proc_dir), local_files_only=True)
         self.model.to(device=device, dtype=dtype).eval().requires_grad_(False)
         self.device, self.dtype = device, dtype
@@ -97,21 +98,14 @@ class ImageEncoder:
         return out.hidden_states[-2]
 
 
-def _check_keys(model: torch.nn.Module, files: list[Path]) -> None:
-    """Refuse an image encoder whose files hold tensors the class does not have, or lack ones it
-    has (from_pretrained would only warn), naming one."""
-    from safetensors import safe_open
-    keys: set[str] = set()
-    for p in files:
-        with safe_open(str(p), framework="pt", device="cpu") as fh:
-            keys.update(fh.keys())
-    own = set(model.state_dict())
-    extra, missing = sorted(keys - own), sorted(own - keys)
-    if extra:
-        raise CardError(f"image_encoder has {len(extra)} tensor(s) its class does not know, e.g. {extra[0]}",
-                        field="image_encoder")
-    if missing:
-        raise CardError(f"image_encoder lacks {len(missing)} tensor(s), e.g. {missing[0]}", field="image_encoder")
+def _check_loading(info: dict) -> None:
+    """Refuse an image encoder whose files lack tensors its class has, hold ones it does not, or
+    hold them at another shape (from_pretrained would only warn), naming one."""
+    for what, key in (("lacks", "missing_keys"), ("has tensors its class does not know,", "unexpected_keys"),
+                      ("has mis-shaped tensors,", "mismatched_keys")):
+        bad = sorted(str(k) for k in (info.get(key) or []))
+        if bad:
+            raise CardError(f"image_encoder {what} {len(bad)} tensor(s), e.g. {bad[0]}", field="image_encoder")
 
 
 @torch.no_grad()
