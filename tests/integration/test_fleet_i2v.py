@@ -31,7 +31,7 @@ def _png(seed: int, size=(56, 40)) -> bytes:
 
 @pytest.fixture(scope="module")
 def i2v_dir(tmp_path_factory):
-    from fastvideo3.models.wan.synthetic_layouts import build_wan21_i2v_dir
+    from fastvideo3.testing.synthetic_layouts import build_wan21_i2v_dir
     return build_wan21_i2v_dir(tmp_path_factory.mktemp("i2v") / "wan21-i2v", seed=11)
 
 

@@ -1,5 +1,5 @@
 """Wan2.1 image-to-video against diffusers' WanImageToVideoPipeline on a tiny random directory it
-wrote (models/wan/synthetic_layouts.build_wan21_i2v_dir): C0 of the I2V DiT, of the CLIP image
+wrote (fastvideo3/testing/synthetic_layouts.build_wan21_i2v_dir): C0 of the I2V DiT, of the CLIP image
 encoder and of the image latent conditioning, C1 of whole generations, the interleave gate with
 step batching across requests with different images, and the cost model's FLOPs of the I2V DiT.
 
@@ -39,7 +39,7 @@ def pil(data: bytes):
 
 @pytest.fixture(scope="module")
 def i2v_dir(tmp_path_factory):
-    from fastvideo3.models.wan.synthetic_layouts import build_wan21_i2v_dir
+    from fastvideo3.testing.synthetic_layouts import build_wan21_i2v_dir
     return build_wan21_i2v_dir(tmp_path_factory.mktemp("i2v") / "wan21-i2v", seed=7)
 
 
@@ -196,7 +196,6 @@ def test_encoder_caches_image_embeddings_by_image_digest(i2v_dir):
     from fastvideo3.runtime.executors import EncoderExecutor
     from fastvideo3.runtime.workunit import WorkUnit
     from fastvideo3.transport import make_transport
-    from fastvideo3.transport.ref import TensorRef
     card = resolve_card(str(i2v_dir))
     transport = make_transport("inproc", owner="t")
     enc = EncoderExecutor(card, transport, "cpu", "fp32", cache=TextFeatureCache())
@@ -212,7 +211,7 @@ def test_encoder_caches_image_embeddings_by_image_digest(i2v_dir):
     stats = enc.cache.stats()
     # prompts: a miss then two hits; images: a miss, a hit (same digest), a miss (another image)
     assert (stats["hits"], stats["misses"]) == (3, 3)
-    got = [transport.fetch(TensorRef.from_dict(r.outputs["image_embeds"]), deadline_s=10.0) for r in (a, b, c)]
+    got = [transport.fetch(r.outputs["image_embeds"], deadline_s=10.0) for r in (a, b, c)]
     assert torch.equal(got[0], got[1]) and not torch.equal(got[0], got[2])
     for r in ("r1", "r2", "r3"):
         enc.release(r)

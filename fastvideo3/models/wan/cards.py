@@ -258,7 +258,7 @@ def wan22_ti2v(model_id: str, dit: dict, desc: str, *, flow_shift: float = 5.0, 
 #: Wan2.1 I2V 14B's DiT (480P and 720P share it): the 14B T2V DiT with image cross-attention over
 #: CLIP ViT-H/14's 1280-wide hidden states and 36 input channels (latent 16 + mask 4 + image latent 16)
 WAN_I2V_14B_DIT = dict(WAN_14B_DIT, in_channels=36, image_dim=1280, added_kv_proj_dim=5120)
-#: the tiny I2V DiT of the test directory (models/wan/synthetic_layouts.build_wan21_i2v_dir)
+#: the tiny I2V DiT of the test directory (fastvideo3/testing/synthetic_layouts.build_wan21_i2v_dir)
 TINY_I2V_DIT = dict(
     patch_size=[1, 2, 2], num_attention_heads=2, attention_head_dim=16, in_channels=36, out_channels=16, text_dim=32,
     freq_dim=32, ffn_dim=64, num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
@@ -303,7 +303,7 @@ def i2v_cards() -> list[ModelCard]:
         wan21_i2v("wan2.1-i2v-14b-720p", WAN_I2V_14B_DIT, "Wan2.1 image-to-video 14B, 720P (diffusers-format "
                   "directory with image_encoder and image_processor)", **WAN21_I2V_720P),
         wan21_i2v("wan2.1-i2v-tiny", TINY_I2V_DIT, "The Wan2.1 I2V layout at a tiny size (random weights written "
-                  "by diffusers: models/wan/synthetic_layouts.build_wan21_i2v_dir): parity tests",
+                  "by diffusers: fastvideo3/testing/synthetic_layouts.build_wan21_i2v_dir): parity tests",
                   flow_shift=3.0, default_height=32, default_width=48, default_frames=9, default_steps=4,
                   max_size=512, image_tokens=17),
     ]
