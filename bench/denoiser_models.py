@@ -2,10 +2,13 @@
 
     python bench/denoiser.py --models wan2.2-ti2v-5b,wan2.2-a14b --out bench/results/denoiser_models_h200.json
     python bench/denoiser.py --models wan2.2-ti2v-5b,wan2.2-a14b --tiny --device cpu --out OUT.json   # a check
+    python bench/denoiser.py --models wan2.1-i2v-14b --out bench/results/denoiser_models_i2v_h200.json   # Wan2.1 I2V
 
 For each family's real-size config (random weights drawn on the device, shared by both sides, as
 bench/denoiser.py does for Wan2.1): TI2V-5B at the 720p shape its card lists (1280x704, 121
-frames); for A14B each expert at 480p and the high-noise expert at 720p (the
+frames); Wan2.1 I2V 14B (the 480P and 720P cards share its DiT: 36 input channels, image
+cross-attention over 257 CLIP tokens, 512 text tokens as diffusers' processor assumes) at 480p and
+720p, 81 frames; for A14B each expert at 480p and the high-noise expert at 720p (the
 experts share one architecture; ``--all-experts`` benches each at both), 81 frames, diffusers'
 forward and ours (the fast path, eager; at up to 480p also replayed from a CUDA
 graph), the error of ours against diffusers, and ``ours_faster``. Then the switch: both experts
@@ -39,11 +42,15 @@ from fastvideo3.runtime.pricing import dit_config, vae_spatial_scale
 GiB = 2**30
 TEXT_LEN = 512
 #: family -> the card it benches; the configs are the card's (one per expert)
-FAMILIES = {"wan2.2-ti2v-5b": "wan2.2-ti2v-5b", "wan2.2-a14b": "wan2.2-t2v-a14b"}
+FAMILIES = {"wan2.2-ti2v-5b": "wan2.2-ti2v-5b", "wan2.2-a14b": "wan2.2-t2v-a14b", "wan2.1-i2v-14b": "wan2.1-i2v-14b-480p"}
 #: the shapes each card lists (TI2V-5B is published at 720p only: 1280x704, 121 frames at 24 fps)
 SHAPES = {"wan2.2-a14b": {"480p": (81, 480, 832), "720p": (81, 720, 1280)},
-          "wan2.2-ti2v-5b": {"720p": (121, 704, 1280)}}
-TINY_SHAPES = {"wan2.2-a14b": {"480p": (5, 32, 48), "720p": (5, 48, 80)}, "wan2.2-ti2v-5b": {"720p": (5, 64, 96)}}
+          "wan2.2-ti2v-5b": {"720p": (121, 704, 1280)},
+          "wan2.1-i2v-14b": {"480p": (81, 480, 832), "720p": (81, 720, 1280)}}
+TINY_SHAPES = {"wan2.2-a14b": {"480p": (5, 32, 48), "720p": (5, 48, 80)}, "wan2.2-ti2v-5b": {"720p": (5, 64, 96)},
+               "wan2.1-i2v-14b": {"480p": (5, 32, 48), "720p": (5, 48, 80)}}
+#: the image tokens an I2V DiT attends to (CLIP ViT-H/14 at 224 px)
+IMAGE_TOKENS = 257
 
 
 class _Clock:
@@ -75,12 +82,16 @@ class _Clock:
 
 
 def _inputs(config: dict, shape: tuple[int, int, int], device: str, dtype, seed: int, text_len: int, scale: int = 8):
+    """latents, timestep, text and (an I2V DiT) the image's hidden states, else None."""
     frames, h, w = shape
     g = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(1, config["in_channels"], 1 + (frames - 1) // 4, h // scale, w // scale, generator=g, device=device)
     t = torch.rand(1, generator=g, device=device) * 1000
     text = torch.randn(1, text_len, config["text_dim"], generator=g, device=device)
-    return x.to(dtype), t, text.to(dtype)
+    image = None
+    if config.get("image_dim"):
+        image = torch.randn(1, IMAGE_TOKENS, config["image_dim"], generator=g, device=device).to(dtype)
+    return x.to(dtype), t, text.to(dtype), image
 
 
 def _flops(card, shape) -> float:
@@ -125,8 +136,10 @@ def run(args) -> int:
         configs = {e: dict(card.components[e].config) for e in experts}
         if args.tiny:
             chans = configs[experts[0]]["in_channels"]
-            configs = {e: {**TINY_TRANSFORMER, "rope_max_seq_len": 64, "in_channels": chans, "out_channels": chans}
-                       for e in experts}
+            out = configs[experts[0]]["out_channels"]
+            i2v = {"image_dim": 32, "added_kv_proj_dim": 32} if configs[experts[0]].get("image_dim") else {}
+            configs = {e: {**TINY_TRANSFORMER, "rope_max_seq_len": 64, "in_channels": chans, "out_channels": out,
+                           **i2v} for e in experts}
             card = card.model_copy(update={"components": {**card.components, **{
                 e: card.components[e].model_copy(update={"config": configs[e]}) for e in experts}}})
         models, t_build = {}, time.perf_counter()
@@ -181,13 +194,16 @@ def run(args) -> int:
 def _bench_row(model, config, shape, clock, device, dtype, text_len, warm, iters, *, scale, graphs, deadline, work):
     import denoiser as base
     ref, _, fast = model
-    x, t, text = _inputs(config, shape, device, dtype, seed=shape[1] + shape[0], text_len=text_len, scale=scale)
+    if config.get("image_dim"):  # diffusers' I2V attention splits image tokens off at 512 text tokens
+        text_len = TEXT_LEN
+    x, t, text, image = _inputs(config, shape, device, dtype, seed=shape[1] + shape[0], text_len=text_len, scale=scale)
+    extra = {"encoder_hidden_states_image": image} if image is not None else {}
 
     def run_ref():
-        return ref(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False)[0]
+        return ref(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False, **extra)[0]
 
     def run_ours():
-        return fast(x, t, text)
+        return fast(x, t, text, image=image)
 
     out = {}
     want, got = run_ref(), run_ours()
@@ -202,6 +218,8 @@ def _bench_row(model, config, shape, clock, device, dtype, text_len, warm, iters
     if graphs and time.perf_counter() < deadline:
         runner = GraphRunner("row", warmup_iters=1)
         static = {"latents": x.clone(), "timestep": t.clone(), "text": text.clone()}
+        if image is not None:
+            static["image"] = image.clone()
         runner.prepare("row", fast, static)
         out["ours_graph_ms"], _ = clock.median(lambda: runner.replay("row"), warm, iters)
         out["graph_captured"] = runner.is_captured("row")
@@ -241,7 +259,7 @@ def _bench_switch(card, models, configs, shape, clock, device, dtype, text_len, 
     plan = [experts[0] if t >= boundary else experts[1] for t in sched.timesteps]
     captures = {"n": 0}
     runners = {}
-    x, t, text = _inputs(configs[experts[0]], shape, device, dtype, seed=1, text_len=text_len, scale=scale)
+    x, t, text, _ = _inputs(configs[experts[0]], shape, device, dtype, seed=1, text_len=text_len, scale=scale)
     for e in experts:  # warm phase
         runners[e] = GraphRunner(f"expert-{e}", warmup_iters=1)
         runners[e].prepare("bucket", models[e][2], {"latents": x.clone(), "timestep": t.clone(), "text": text.clone()})

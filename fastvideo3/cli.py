@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--guidance-2", type=_float, default=None, dest="guidance_2",
                    help="two-expert cards: the low-noise expert's guidance (guidance_scale_2; default --guidance)")
     g.add_argument("--negative-prompt", default=None)
+    g.add_argument("--image", default=None, metavar="PATH",
+                   help="image-to-video cards: the first frame (a PNG, JPEG or WebP file)")
     g.add_argument("--sampler", default=None, help="unipc or euler (card default)")
     g.add_argument("--flow-shift", type=_float, default=None)
     g.add_argument("--cfg-policy", default=None, help="none, classic or batched")
@@ -105,6 +107,11 @@ def cmd_generate(args) -> int:
     kw = dict(negative_prompt=args.negative_prompt, num_frames=args.frames, height=height, width=width,
               num_inference_steps=args.steps, guidance_scale=args.guidance, guidance_scale_2=args.guidance_2,
               seed=args.seed, flow_shift=args.flow_shift, sampler=args.sampler, cfg_policy=args.cfg_policy)
+    if args.image is not None:
+        try:
+            kw["image"] = Path(args.image).read_bytes()
+        except OSError as e:
+            raise InvalidRequest(f"cannot read {args.image}: {e.strerror}", field="image") from None
     # validate everything before any weight loads: a refused request writes nothing
     import torch
     on_cuda = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")

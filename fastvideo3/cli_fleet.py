@@ -82,6 +82,9 @@ def add_commands(sub) -> None:
     g.add_argument("--sampler", default=None)
     g.add_argument("--flow-shift", type=_float, default=None)
     g.add_argument("--cfg-policy", default=None)
+    g.add_argument("--image", default=None, metavar="PATH_OR_URL",
+                   help="image-to-video cards: the first frame (a PNG/JPEG/WebP file, or an http(s) URL the "
+                        "scheduler fetches when it allows URLs)")
     g.add_argument("--rewards", default="", help="comma list of reward scorers to run on the result")
     g.add_argument("--timeout", type=float, default=3600.0, help="seconds for the whole request")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -254,7 +257,7 @@ def _client_generate(client, args) -> int:
                                 guidance_scale=args.guidance, guidance_scale_2=args.guidance_2, seed=args.seed,
                                 flow_shift=args.flow_shift,
                                 sampler=args.sampler, cfg_policy=args.cfg_policy, output_format=fmt, rewards=rewards,
-                                on_event=on_event)
+                                on_event=on_event, **_image_arg(args.image))
     finally:
         if bar is not None:
             bar.close()
@@ -264,3 +267,15 @@ def _client_generate(client, args) -> int:
     if video.rewards:
         print("rewards: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(video.rewards.items())))
     return 0
+
+
+def _image_arg(value: str | None) -> dict:
+    """``--image``: a file's bytes, or a URL passed on for the scheduler to fetch."""
+    if value is None:
+        return {}
+    if value.startswith(("http://", "https://")):
+        return {"image": value}
+    try:
+        return {"image": Path(value).read_bytes()}
+    except OSError as e:
+        raise InvalidRequest(f"cannot read {value}: {e.strerror}", field="image") from None

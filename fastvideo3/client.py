@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 
 import grpc
 
-from fastvideo3.errors import FastVideoError, Internal, from_code
+from fastvideo3.errors import FastVideoError, Internal, InvalidRequest, from_code
 from fastvideo3.rpc import (  # noqa: F401  (error_from_rpc, make_channel, plain and the rest are part of this API)
     AUTH_HEADER, ERROR_TRAILER, TokenInterceptor, error_from_rpc, make_channel, plain,
 )
@@ -184,10 +184,12 @@ class FleetClient:
                 rewards: list[str] | tuple[str, ...] = (), request_id: str | None = None, model: str = "",
                 deadline_s: float | None = None, fps: int | None = None, slo_class: str = "",
                 metadata: dict[str, str] | None = None, detached: bool = False, adapters: list | None = None,
-                cache: dict | None = None):
+                cache: dict | None = None, image: bytes | str | None = None):
         """The wire GenerateRequest for these (diffusers-named) parameters. ``detached``: the
         request outlives this client's stream and can be re-attached by id (job-style APIs).
-        ``cache``: an interceptor, ``{"policy": name, param: number-or-bool, ...}`` (docs/extend.md)."""
+        ``cache``: an interceptor, ``{"policy": name, param: number-or-bool, ...}`` (docs/extend.md).
+        ``image``: an image-to-video card's first frame: its bytes (or base64 text, a data URL), or
+        an http(s) URL the scheduler fetches when it allows URLs."""
         from fastvideo3.v1 import scheduler_pb2
         msg = scheduler_pb2.GenerateRequest(prompt=prompt, request_id=request_id or "", model=model,
                                             output_format=output_format, slo_class=slo_class,
@@ -203,6 +205,15 @@ class FleetClient:
                             ("fps", fps)):
             if value is not None:
                 setattr(msg, name, value)
+        if isinstance(image, (bytes, bytearray, memoryview)):
+            msg.image = bytes(image)
+        elif isinstance(image, str) and image.strip().startswith(("http://", "https://")):
+            msg.image_url = image.strip()
+        elif isinstance(image, str):  # base64 text or a data URL
+            from fastvideo3.request.image import image_bytes
+            msg.image = image_bytes(image)
+        elif image is not None:
+            raise InvalidRequest(f"must be bytes or a URL, got {type(image).__name__}", field="image")
         if cache is not None:
             msg.cache.policy = str(cache.get("policy", ""))
             for k, v in cache.items():

@@ -40,6 +40,9 @@ class UnitKind(Name):
     DIFFUSION_STEP = "diffusion_step"
     VAE_TILE = "vae_tile"
     REWARD_BATCH = "reward_batch"
+    #: the decoder pool's second kind: the VAE's encoder over an image-to-video request's first
+    #: frame (the image latent the denoiser conditions on)
+    VAE_ENCODE = "vae_encode"
 
 
 class LoopId(Name):
@@ -85,6 +88,7 @@ class Task(Name):
     """A task a card declares it can serve (``ModelCard.capabilities.tasks``)."""
 
     TEXT_TO_VIDEO = "text_to_video"
+    IMAGE_TO_VIDEO = "image_to_video"
     VAE_DECODE = "vae_decode"
     REWARD = "reward"
 
@@ -112,13 +116,17 @@ class Sampler(Name):
     EULER = "euler"
 
 
-#: the role whose pool runs each unit kind
-ROLE_OF_KIND: dict[UnitKind, Role] = {
-    UnitKind.ENCODER_CHUNK: Role.ENCODER, UnitKind.DIFFUSION_STEP: Role.DENOISER,
-    UnitKind.VAE_TILE: Role.DECODER, UnitKind.REWARD_BATCH: Role.REWARD,
+#: the unit kind each role's pool is named for (its main kind)
+KIND_OF_ROLE: dict[Role, UnitKind] = {
+    Role.ENCODER: UnitKind.ENCODER_CHUNK, Role.DENOISER: UnitKind.DIFFUSION_STEP,
+    Role.DECODER: UnitKind.VAE_TILE, Role.REWARD: UnitKind.REWARD_BATCH,
 }
-#: the unit kind each role's pool runs
-KIND_OF_ROLE: dict[Role, UnitKind] = {role: kind for kind, role in ROLE_OF_KIND.items()}
+#: the role whose pool runs each unit kind
+ROLE_OF_KIND: dict[UnitKind, Role] = {**{kind: role for role, kind in KIND_OF_ROLE.items()},
+                                      UnitKind.VAE_ENCODE: Role.DECODER}
+#: every unit kind each role's pool runs
+KINDS_OF_ROLE: dict[Role, tuple[UnitKind, ...]] = {
+    role: tuple(k for k, r in ROLE_OF_KIND.items() if r == role) for role in KIND_OF_ROLE}
 #: the loops of each program, in order
 PROGRAM_LOOPS: dict[Program, tuple[LoopId, ...]] = {
     Program.T2V: (LoopId.TEXT_ENCODE, LoopId.DIFFUSION_DENOISE, LoopId.VAE_DECODE),
@@ -133,7 +141,7 @@ OUTPUT_FORMATS: tuple[OutputFormat, ...] = tuple(OutputFormat)
 SAMPLERS: tuple[Sampler, ...] = tuple(Sampler)
 
 __all__ = [
-    "KIND_OF_ROLE", "OUTPUT_FORMATS", "PROGRAM_LOOPS", "ROLES", "ROLE_OF_KIND", "SAMPLERS", "TERMINAL_STATUSES",
+    "KIND_OF_ROLE", "KINDS_OF_ROLE", "OUTPUT_FORMATS", "PROGRAM_LOOPS", "ROLES", "ROLE_OF_KIND", "SAMPLERS", "TERMINAL_STATUSES",
     "UNIT_KINDS", "EventKind", "LoopId", "Name", "OutputFormat", "Phase", "Program", "Role", "RunStatus", "Sampler", "Task",
     "UnitKind",
 ]

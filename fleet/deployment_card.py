@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import InvalidRequest
 from fastvideo3.runtime.cost import CalibratedCostModel
-from fastvideo3.vocab import KIND_OF_ROLE, PROGRAM_LOOPS, Program, ROLES, Role, Task
+from fastvideo3.vocab import KINDS_OF_ROLE, PROGRAM_LOOPS, Program, ROLES, Role, Task
 from fleet.deployment_schema import (  # noqa: F401  (the card's models are this module's API)
     HEALTH_LABEL_PREFIX, SCHEMA_VERSION, CapabilityCell, CostModelSpec, DeploymentCard, DeviceNeeds, HealthSchema,
     ModelCardSummary, ParallelPlan, ProgramSpec, RequestDefaults, RequestLimits, RoleEndpoints, RolePoolSpec,
@@ -37,7 +37,7 @@ from fleet.deployment_schema import (  # noqa: F401  (the card's models are this
 )
 
 #: WorkUnit kinds each role executes (the pool service's table).
-ROLE_KINDS = {role: [kind] for role, kind in KIND_OF_ROLE.items()}
+ROLE_KINDS = {role: list(kinds) for role, kinds in KINDS_OF_ROLE.items()}
 #: program name -> loops it runs, in order.
 PROGRAMS = {Program.T2V: list(PROGRAM_LOOPS[Program.T2V])}
 SCHEDULER_SERVICE = "fastvideo3.v1.Scheduler"

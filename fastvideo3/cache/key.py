@@ -34,6 +34,8 @@ class CacheKey:
     adapter_versions: tuple[str, ...] = ()   # LoRA / adapter digests applied, in order
     #: interceptor settings that change outputs (fastvideo3.extend.settings.settings_key), "none"
     interceptors: str = "none"
+    #: the digest of the request's image (image-to-video), "" for none
+    image_digest: str = ""
     contract_version: str = CONTRACT_VERSION
 
     def digest(self) -> str:

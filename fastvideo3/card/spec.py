@@ -20,8 +20,9 @@ from fastvideo3.vocab import LoopId, Sampler, Task
 #: Needs a CUDA GPU with FP8 tensor cores (compute capability >= 8.9).
 Precision = Literal["fp32", "bf16", "fp16", "fp8_e4m3"]
 FP8 = "fp8_e4m3"
-TaskName = Literal[Task.TEXT_TO_VIDEO, Task.VAE_DECODE, Task.REWARD]
-ComponentKind = Literal["dit", "vae", "text_encoder", "tokenizer", "scheduler", "reward_head"]
+TaskName = Literal[Task.TEXT_TO_VIDEO, Task.IMAGE_TO_VIDEO, Task.VAE_DECODE, Task.REWARD]
+ComponentKind = Literal["dit", "vae", "text_encoder", "tokenizer", "scheduler", "reward_head", "image_encoder",
+                        "image_processor"]
 
 
 class _Spec(BaseModel):

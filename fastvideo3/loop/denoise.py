@@ -79,7 +79,9 @@ class DenoiseLoop:
             solver_order=spec.solver_order if spec else 2, seed=request.seed,
             latent_shape=list(family_of(card).latent_shape(card, request.num_frames, request.height, request.width)),
             precision=request.precision,
-            embeds={k: ctx.refs[k] for k in ("prompt_embeds", "negative_embeds") if k in ctx.refs},
+            # image-to-video: the image's CLIP hidden states and first-frame latent, read every step
+            embeds={k: ctx.refs[k] for k in ("prompt_embeds", "negative_embeds", "image_embeds", "image_latents")
+                    if k in ctx.refs},
             adapters=[dict(a) for a in getattr(request, "adapters", ())],
             **_experts(card, request, spec.num_train_timesteps if spec else 1000),
             cache=getattr(request, "cache", None),

@@ -82,12 +82,29 @@ class DiffusionStepParams(StepParams):
 
 @dataclass(eq=False)
 class EncoderChunkParams(StepParams):
-    """Prompts to encode, by name (``prompt``, ``negative``), and the adapter versions in force."""
+    """Prompts to encode, by name (``prompt``, ``negative``), and the adapter versions in force;
+    on an image-to-video card also the request's image (base64 of its bytes) and its digest,
+    whose CLIP hidden states the pool returns as ``image_embeds``."""
 
     prompts: dict[str, str] = field(default_factory=dict)
     adapter_versions: list | None = None
+    image: str | None = None
+    image_digest: str | None = None
 
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("adapter_versions",)
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("adapter_versions", "image", "image_digest")
+
+
+@dataclass(eq=False)
+class VaeEncodeParams(StepParams):
+    """The decoder pool's ``vae_encode``: an image-to-video request's image (base64 of its bytes)
+    resized to ``height`` x ``width`` and encoded as the first of ``num_frames`` frames; the pool
+    returns the conditioning latent as ``image_latents``."""
+
+    image: str
+    image_digest: str
+    height: int
+    width: int
+    num_frames: int
 
 
 @dataclass(eq=False)
@@ -110,7 +127,7 @@ class RewardBatchParams(StepParams):
 
 PARAMS_BY_KIND: dict[str, type[StepParams]] = {
     UnitKind.DIFFUSION_STEP: DiffusionStepParams, UnitKind.ENCODER_CHUNK: EncoderChunkParams,
-    UnitKind.VAE_TILE: VaeTileParams, UnitKind.REWARD_BATCH: RewardBatchParams,
+    UnitKind.VAE_TILE: VaeTileParams, UnitKind.REWARD_BATCH: RewardBatchParams, UnitKind.VAE_ENCODE: VaeEncodeParams,
 }
 
 
@@ -133,4 +150,4 @@ def params_from_dict(kind: str, d: dict[str, Any]) -> Mapping[str, Any]:
 
 
 __all__ = ["DiffusionStepParams", "EncoderChunkParams", "PARAMS_BY_KIND", "RewardBatchParams", "StepParams",
-           "VaeTileParams", "params_from_dict", "params_to_dict"]
+           "VaeEncodeParams", "VaeTileParams", "params_from_dict", "params_to_dict"]

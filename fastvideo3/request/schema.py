@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import InvalidRequest, NotFound
-from fastvideo3.vocab import LoopId, Sampler
+from fastvideo3.vocab import LoopId, Sampler, Task
 
 MAX_SEED = 2**63 - 1
 MAX_ADAPTERS = 4
@@ -43,6 +43,9 @@ class GenerateRequest:
     #: an interceptor by name with its parameters ({"policy": "dbcache", "threshold": 0.1});
     #: None = the card's default, {"policy": "none"} = none (see fastvideo3.extend.settings)
     cache: dict | None = None
+    #: image-to-video cards: the first frame, as bytes, base64 text or an http(s) URL (fetched
+    #: only where the deployment allows it); see fastvideo3.request.image
+    image: bytes | str | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,9 @@ class ResolvedRequest:
     #: the low-noise expert's guidance on a two-expert card; None on a one-DiT card
     guidance_scale_2: float | None = None
     cache: dict | None = None  # full interceptor settings, or None
+    #: image-to-video: the validated image's bytes (base64) and digest; None on text-to-video
+    image: str | None = None
+    image_digest: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -129,9 +135,15 @@ def _float(name: str, v, lo: float, hi: float) -> float:
     return float(v)
 
 
+def takes_image(card: ModelCard) -> bool:
+    """Whether the card generates from an image (image-to-video)."""
+    return Task.IMAGE_TO_VIDEO in card.capabilities.tasks
+
+
 def resolve(req: GenerateRequest, card: ModelCard, *, precision: str = "fp32",
-            adapters: dict[str, str] | None = None) -> ResolvedRequest:
-    """``adapters``: the adapters loaded now (id -> version) that the request may name."""
+            adapters: dict[str, str] | None = None, image_policy=None) -> ResolvedRequest:
+    """``adapters``: the adapters loaded now (id -> version) that the request may name;
+    ``image_policy``: the bounds on an image-to-video request's image (fastvideo3.request.image)."""
     lim = card.limits
     den = card.denoise
     if not isinstance(req.prompt, str) or not req.prompt.strip():
@@ -180,12 +192,28 @@ def resolve(req: GenerateRequest, card: ModelCard, *, precision: str = "fp32",
     lora = resolve_adapters(req.adapters, adapters)
     from fastvideo3.extend.settings import resolve_cache
     cache = resolve_cache(req.cache, card, steps)
+    image = _image(req, card, sizes["height"], sizes["width"], image_policy)
     return ResolvedRequest(
         request_id=rid, model_id=card.model_id, prompt=req.prompt, negative_prompt=neg, num_frames=frames,
         height=sizes["height"], width=sizes["width"], num_inference_steps=steps, guidance_scale=guidance,
         seed=seed, flow_shift=shift, sampler=sampler, cfg_policy=cfg, precision=precision,
         slo_class=req.slo_class, deadline_s=deadline, adapters=lora, guidance_scale_2=guidance_2, cache=cache,
+        image=image.data_b64 if image else None, image_digest=image.digest if image else None,
     )
+
+
+def _image(req: GenerateRequest, card: ModelCard, height: int, width: int, policy):
+    """An image-to-video card needs the image; a text-to-video card refuses one."""
+    if not takes_image(card):
+        if req.image is not None and req.image != b"" and req.image != "":
+            raise InvalidRequest(f"card {card.model_id} is text-to-video; an image applies to image-to-video cards",
+                                 field="image", limit="unset")
+        return None
+    if req.image is None or (isinstance(req.image, (str, bytes)) and len(req.image) == 0):
+        raise InvalidRequest(f"card {card.model_id} is image-to-video: the request needs an image", field="image",
+                             limit="PNG, JPEG or WebP bytes, base64, or a URL")
+    from fastvideo3.request.image import DEFAULT_POLICY, validate_image
+    return validate_image(req.image, height, width, policy or DEFAULT_POLICY)
 
 
 def _guidance_2(req: GenerateRequest, card: ModelCard, guidance: float) -> float | None:

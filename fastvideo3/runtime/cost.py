@@ -26,7 +26,8 @@ from fastvideo3.vocab import Role, UnitKind
 
 COST_MODEL_VERSION = 1
 
-UNIT_KINDS = (UnitKind.DIFFUSION_STEP, UnitKind.ENCODER_CHUNK, UnitKind.VAE_TILE, UnitKind.REWARD_BATCH)
+UNIT_KINDS = (UnitKind.DIFFUSION_STEP, UnitKind.ENCODER_CHUNK, UnitKind.VAE_TILE, UnitKind.REWARD_BATCH,
+              UnitKind.VAE_ENCODE)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -86,6 +87,8 @@ _FEATURES_BY_KIND: dict[str, type] = {
     UnitKind.ENCODER_CHUNK: EncoderChunkFeatures,
     UnitKind.VAE_TILE: VaeTileFeatures,
     UnitKind.REWARD_BATCH: RewardBatchFeatures,
+    # the VAE's encoder over an I2V request's conditioning video: priced like a decode of its shape
+    UnitKind.VAE_ENCODE: VaeTileFeatures,
 }
 
 

@@ -41,11 +41,14 @@ class Video:
 class Engine:
     def __init__(self, model: str | ModelCard = "wan-tiny", device: str | None = None, *,
                  precision: str | None = None, batching: bool = True, max_batch: int = 16,
-                 keep_latents: bool = False, expert_pools: bool = False, batch_invariant: bool = False):
+                 keep_latents: bool = False, expert_pools: bool = False, batch_invariant: bool = False,
+                 image_policy=None):
         """``expert_pools``: on a two-expert card, one denoiser pool per expert (the request's latent
         moves from one to the other at the switch) instead of one pool holding both.
         ``batch_invariant``: every denoise forward runs at ``max_batch`` requests' rows (padded), so
-        a request's output is bit-identical whatever shares its batches (fastvideo3.runtime.invariant)."""
+        a request's output is bit-identical whatever shares its batches (fastvideo3.runtime.invariant).
+        ``image_policy``: bounds on an image-to-video request's image, and whether an image URL may be
+        fetched (fastvideo3.request.image.ImagePolicy; default: no URLs)."""
         from fastvideo3.runtime.executors import DenoiserExecutor, EncoderExecutor
         from fastvideo3.runtime.vae_executor import DecoderExecutor
         from fastvideo3.transport import make_transport
@@ -66,6 +69,7 @@ class Engine:
         self.load_seconds = time.perf_counter() - t0
         self.precision = self.denoiser.precision
         self.keep_latents = keep_latents
+        self.image_policy = image_policy
         self.batch_bucket = (max_batch if batching else 1) if batch_invariant else None
         self.scheduler = CoreScheduler(
             {Role.ENCODER: [self.encoder], **{k: [v] for k, v in self.denoisers.items()}, Role.DECODER: [self.decoder]},
@@ -75,7 +79,7 @@ class Engine:
     # -- requests ------------------------------------------------------------------------
     def resolve(self, prompt: str, **kw) -> ResolvedRequest:
         return resolve(GenerateRequest(prompt=prompt, **kw), self.card, precision=self.precision,
-                       adapters=dict(self.denoiser.adapters.current))
+                       adapters=dict(self.denoiser.adapters.current), image_policy=self.image_policy)
 
     # -- adapters -------------------------------------------------------------------------
     def load_adapter(self, adapter_id: str, path: str | None = None, tensors: dict | None = None) -> dict:
@@ -130,15 +134,18 @@ class Engine:
                  height: int | None = None, width: int | None = None, num_inference_steps: int | None = None,
                  guidance_scale: float | None = None, guidance_scale_2: float | None = None, seed: int | None = None,
                  flow_shift: float | None = None, sampler: str | None = None, cfg_policy: str | None = None,
-                 adapters: list | None = None, cache: dict | None = None,
+                 adapters: list | None = None, cache: dict | None = None, image: bytes | str | None = None,
                  request_id: str | None = None, on_event: Callable[[Event], None] | None = None) -> Video:
+        """``image``: an image-to-video card's first frame (PNG/JPEG/WebP bytes, base64, or a URL
+        where the engine's ``image_policy`` allows fetching one)."""
         prev = self.scheduler.on_event
         self.scheduler.on_event = on_event or prev
         try:
             run = self.submit(prompt, negative_prompt=negative_prompt, num_frames=num_frames, height=height,
                               width=width, num_inference_steps=num_inference_steps, guidance_scale=guidance_scale,
                               guidance_scale_2=guidance_scale_2, seed=seed, flow_shift=flow_shift, sampler=sampler,
-                              cfg_policy=cfg_policy, adapters=adapters, cache=cache, request_id=request_id)
+                              cfg_policy=cfg_policy, adapters=adapters, cache=cache, request_id=request_id,
+                              **({"image": image} if image is not None else {}))
             self.run(until=lambda: run.status in TERMINAL)
         finally:
             self.scheduler.on_event = prev
@@ -149,7 +156,8 @@ class Engine:
         return provenance(
             self.card, run, phase_seconds=run.phase_seconds, fps=self.card.limits.fps,
             weights={"transformer": "+".join(d.weights_digest for d in self.denoisers.values()),
-                     "text_encoder": self.encoder.encoder.digest, "vae": self.decoder.vae.digest},
+                     "text_encoder": self.encoder.encoder.digest, "vae": self.decoder.vae.digest,
+                     **({"image_encoder": self.encoder.image_encoder.digest} if self.encoder.image_encoder else {})},
             runtime={"fingerprint": self.denoiser.runtime.fingerprint_hex,
                      "adapter_mode": self.denoiser.adapters.describe()["mode"]})
 

@@ -91,6 +91,12 @@ class EncoderExecutor(_Base):
         self.encoder = TextEncoder(card, self.device, self.dtype)
         self.weights_digest = self.encoder.digest
         self.cache = cache  # optional feature cache (fastvideo3.cache), keyed by a full CacheKey
+        # image-to-video cards: the CLIP image encoder runs here too (models/wan/image.py)
+        self.image_encoder = None
+        if "image_encoder" in card.components:
+            from fastvideo3.models.wan.image import ImageEncoder
+            self.image_encoder = ImageEncoder(card, self.device, torch.float32)
+            self.weights_digest = f"{self.weights_digest}+image_encoder={self.image_encoder.digest}"
 
     def _execute(self, batch):
         out = []
@@ -101,10 +107,17 @@ class EncoderExecutor(_Base):
                 embeds = self._encode([prompts[n] for n in names], unit.request_id,
                                       tuple(unit.params.get("adapter_versions", ())))
                 refs = {n: self.transport.publish(unit.request_id, n, embeds[i : i + 1]) for i, n in enumerate(names)}
+                if unit.params.get("image"):
+                    img = self._encode_image(unit)
+                    refs["image_embeds"] = self.transport.publish(unit.request_id, "image_embeds", img)
                 out.append(StepResult(unit.unit_id, unit.request_id, outputs=refs))
             except Exception as e:  # noqa: BLE001 - a unit's failure stays in its result
                 out.append(_fail(unit, e))
         return out
+
+    def _encode_image(self, unit: WorkUnit) -> torch.Tensor:
+        from fastvideo3.runtime.image_units import image_embeds
+        return image_embeds(self, unit)
 
     def _encode(self, texts: list[str], request_id: str, adapter_versions: tuple[str, ...] = ()) -> torch.Tensor:
         if self.cache is None:
@@ -375,8 +388,11 @@ class DenoiserExecutor(_Base):
                 self.runtime.prepare(b.key)
                 self._prepared.add(b.key)
 
-    def _dit(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor, expert: str | None = None) -> torch.Tensor:
+    def _dit(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor, expert: str | None = None,
+             image: torch.Tensor | None = None) -> torch.Tensor:
         from fastvideo3.models.wan.runtime_export import bucket_key
+        if image is not None:  # image-to-video: eager (the runtime export's ports carry no image yet)
+            return self._forwards[expert or self.experts[0]](x, t, text, image=image)
         if expert is not None and expert != self.experts[0]:
             return self._forwards[expert](x, t, text)  # the runtime export covers the first expert
         key = bucket_key(x.shape[0], x.shape[1:], text.shape[1])
@@ -421,6 +437,8 @@ class DenoiserExecutor(_Base):
         # until the request is released, so an unload never yanks it mid-request
         self.adapters.acquire(unit.request_id, adapter_refs(p.get("adapters")))
         needed = {"prompt_embeds"} | ({"negative_embeds"} if p["cfg_policy"] != "none" else set())
+        if self.dit.cfg.image_to_video:  # the image conditioning, encoded once per request
+            needed |= {"image_embeds", "image_latents"}
         if not needed <= set(unit.inputs) | set(self.regions.get(unit.request_id, Region(torch.empty(0), SamplerHistory())).embeds):
             raise InvalidRequest(f"missing inputs {sorted(needed - set(unit.inputs))}", field="inputs")
 
@@ -443,17 +461,24 @@ class DenoiserExecutor(_Base):
         plugin_states = [copy.deepcopy(unit.params.get("plugin_state") or {}) for unit, _ in chunk]
         for branch_set in passes:
             lat, ts, txt, index = cfg_policy.branch_rows(chunk, branch_set)
+            image = None
+            if self.dit.cfg.image_to_video:  # each row: its latent beside its request's image latent
+                lat = [torch.cat([lat[r], chunk[i][1].embeds["image_latents"].to(lat[r])], dim=1)
+                       for r, (i, _) in enumerate(index)]
+                image = torch.cat([chunk[i][1].embeds["image_embeds"] for i, _ in index])
             x = torch.cat(lat).to(self.dtype)
             t = torch.tensor(ts, dtype=torch.float32, device=self.device)
             rows = [adapter_refs(chunk[i][0].params.get("adapters")) for i, _ in index]
             # batch-invariant mode: every forward at the bucket's rows (padding rows take row 0's adapters)
             x, t, text, rows, pad = pad_rows(x, t, torch.cat(txt), rows, bucket and bucket * len(branch_set))
+            if image is not None and pad:
+                image = torch.cat([image, image[:1].expand(pad, *image.shape[1:])])
             with self.adapters.batch(rows):
                 if intercepted:
                     out = self._dit_intercepted(x, t, text, index, chunk, "+".join(branch_set), plugin_states,
                                                 chunk[0][0].params.get("expert"), fixed_rows=bucket is not None)
                 else:
-                    out = self._dit(x, t, text, chunk[0][0].params.get("expert"))
+                    out = self._dit(x, t, text, chunk[0][0].params.get("expert"), image=image)
             self._count_forward(len(index), pad)
             for row, (i, b) in enumerate(index):
                 preds[i][b] = out[row : row + 1]

@@ -67,7 +67,7 @@ class Pricer:
             return DiffusionStepFeatures(dit_config(card), shape, weight_bytes_per_param=b, act_bytes=b)
         if kind == UnitKind.ENCODER_CHUNK:
             return _encoder_features(card, prompts)
-        if kind == UnitKind.VAE_TILE:
+        if kind in (UnitKind.VAE_TILE, UnitKind.VAE_ENCODE):
             return VaeTileFeatures(request.num_frames, request.height, request.width)
         return RewardBatchFeatures(request.num_frames)
 

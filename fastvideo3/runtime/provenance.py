@@ -20,7 +20,8 @@ def provenance(card, run, *, weights: dict[str, str], runtime: dict[str, Any], p
     return {
         "card": card.model_id,
         "recipe": card.recipe.model_dump(mode="json"),
-        "request": r.to_dict(),
+        # an image-to-video request's image is recorded by its digest (image_digest), not its bytes
+        "request": {k: v for k, v in r.to_dict().items() if k != "image" or v is None},
         "weights": weights,
         "adapters": [dict(a) for a in r.adapters],
         "runtime": {**runtime, "adapters": list(r.adapter_versions),

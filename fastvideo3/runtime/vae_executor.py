@@ -21,7 +21,7 @@ from fastvideo3.errors import InvalidRequest, ResourceExhausted
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.models.wan.components import VideoDecoder
 from fastvideo3.runtime.executors import _Base, _fail
-from fastvideo3.vocab import OUTPUT_FORMATS, Role
+from fastvideo3.vocab import OUTPUT_FORMATS, Role, UnitKind
 
 FRAME_DTYPES = ("uint8", "float32")
 MEDIA_FORMATS = OUTPUT_FORMATS
@@ -91,6 +91,13 @@ class DecoderExecutor(_Base):
         results: dict[str, StepResult] = {}
         groups: dict[tuple, list[tuple]] = {}
         for unit in batch:  # fetch and validate each unit on its own: one bad unit fails alone
+            if unit.kind == UnitKind.VAE_ENCODE:  # image-to-video: the first-frame image latent
+                try:
+                    from fastvideo3.runtime.image_units import vae_encode
+                    results[unit.unit_id] = vae_encode(self, unit)
+                except Exception as e:  # noqa: BLE001
+                    results[unit.unit_id] = _fail(unit, e)
+                continue
             try:
                 wire = self._frames_dtype(unit)
                 latent = self.transport.fetch(unit.inputs["latents"], deadline_s=self.fetch_deadline_s)

@@ -12,7 +12,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "prompt", "negative_prompt", "num_frames", "height", "width", "num_inference_steps", "guidance_scale", "seed", "flow_shift", "sampler", "fps", "output_format", "slo_class", "deadline_s", "reward_scorers", "previews", "capture_behavior", "metadata", "cfg_policy", "detached", "adapters", "guidance_scale_2", "cache")
+    __slots__ = ("request_id", "model", "prompt", "negative_prompt", "num_frames", "height", "width", "num_inference_steps", "guidance_scale", "seed", "flow_shift", "sampler", "fps", "output_format", "slo_class", "deadline_s", "reward_scorers", "previews", "capture_behavior", "metadata", "cfg_policy", "detached", "adapters", "guidance_scale_2", "cache", "image", "image_url")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,8 @@ class GenerateRequest(_message.Message):
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     GUIDANCE_SCALE_2_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_URL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     prompt: str
@@ -70,7 +72,9 @@ class GenerateRequest(_message.Message):
     adapters: _containers.RepeatedCompositeFieldContainer[_adapter_pb2.AdapterRef]
     guidance_scale_2: float
     cache: CacheSettings
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., num_frames: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., num_inference_steps: _Optional[int] = ..., guidance_scale: _Optional[float] = ..., seed: _Optional[int] = ..., flow_shift: _Optional[float] = ..., sampler: _Optional[str] = ..., fps: _Optional[int] = ..., output_format: _Optional[str] = ..., slo_class: _Optional[str] = ..., deadline_s: _Optional[float] = ..., reward_scorers: _Optional[_Iterable[str]] = ..., previews: _Optional[bool] = ..., capture_behavior: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., cfg_policy: _Optional[str] = ..., detached: _Optional[bool] = ..., adapters: _Optional[_Iterable[_Union[_adapter_pb2.AdapterRef, _Mapping]]] = ..., guidance_scale_2: _Optional[float] = ..., cache: _Optional[_Union[CacheSettings, _Mapping]] = ...) -> None: ...
+    image: bytes
+    image_url: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., num_frames: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., num_inference_steps: _Optional[int] = ..., guidance_scale: _Optional[float] = ..., seed: _Optional[int] = ..., flow_shift: _Optional[float] = ..., sampler: _Optional[str] = ..., fps: _Optional[int] = ..., output_format: _Optional[str] = ..., slo_class: _Optional[str] = ..., deadline_s: _Optional[float] = ..., reward_scorers: _Optional[_Iterable[str]] = ..., previews: _Optional[bool] = ..., capture_behavior: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., cfg_policy: _Optional[str] = ..., detached: _Optional[bool] = ..., adapters: _Optional[_Iterable[_Union[_adapter_pb2.AdapterRef, _Mapping]]] = ..., guidance_scale_2: _Optional[float] = ..., cache: _Optional[_Union[CacheSettings, _Mapping]] = ..., image: _Optional[bytes] = ..., image_url: _Optional[str] = ...) -> None: ...
 
 class CacheSettings(_message.Message):
     __slots__ = ("policy", "params", "flags")

@@ -31,7 +31,7 @@ from dynamo.common.protocols.video_protocol import NvCreateVideoRequest, NvVideo
 from dynamo.llm import exceptions as dx
 from fastvideo3.client import FleetClient, FleetVideo
 from fastvideo3.errors import Cancelled, FastVideoError, InvalidRequest, NotFound
-from fastvideo3.vocab import OutputFormat
+from fastvideo3.vocab import OutputFormat, Task
 from fleet.deployment_card import DeploymentCard
 
 log = logging.getLogger("fastvideo3.dynamo")
@@ -140,7 +140,7 @@ def translate(body: dict[str, Any], card: DeploymentCard, *, served_model_name: 
     else:
         raise NotFound(f"unknown model {req.model!r}", field="model", limit=", ".join([served_model_name, *ids]))
     summary = card.model(card_id)
-    if req.input_reference:
+    if req.input_reference and Task.IMAGE_TO_VIDEO not in summary.capabilities:
         raise InvalidRequest("image-to-video is not served by this model", field="input_reference",
                              limit=", ".join(summary.capabilities))
     out_fmt = (req.output_format or OutputFormat.MP4).lower()
@@ -172,6 +172,8 @@ def translate(body: dict[str, Any], card: DeploymentCard, *, served_model_name: 
         params["num_frames"] = frames_for_seconds(seconds, fps)
     if req.user:
         params["metadata"] = {"user": req.user}
+    if req.input_reference:  # an image-to-video card's first frame: base64, a data URL or an http(s) URL
+        params["image"] = str(req.input_reference)
     return VideoJob(card_id=card_id, model=req.model, prompt=req.prompt, params=params,
                     response_format=req.response_format or "url", output_format=out_fmt, fps=fps)
 

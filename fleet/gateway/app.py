@@ -36,6 +36,7 @@ from starlette.routing import Route
 
 from fastvideo3.client import FleetClient
 from fastvideo3.errors import FastVideoError
+from fastvideo3.vocab import Task
 from fleet.gateway.config import GatewayConfig
 from fleet.gateway.errors import ApiError, from_fleet
 from fleet.gateway.jobs import JobStore, now_us
@@ -154,7 +155,8 @@ class Gateway:
                     max_frames=int(lim.get("max_frames") or 0), frames_multiple=int(lim.get("frames_multiple") or 4),
                     frames_offset=int(lim.get("frames_offset") or 1), min_steps=int(lim.get("min_steps") or 1),
                     max_steps=int(lim.get("max_steps") or 0),
-                    created=int(card.get("created_unix_ms") or 0) // 1000)
+                    created=int(card.get("created_unix_ms") or 0) // 1000,
+                    image_to_video=Task.IMAGE_TO_VIDEO in (m.get("capabilities") or []))
             default = card.get("default_model") or (next(iter(out)) if out else "")
             self._models = (time.monotonic(), out, default)
             self._raw_models = card.get("models") or []

@@ -37,7 +37,7 @@ PARAM_BY_FIELD: dict[str, str] = {
     "num_frames": "seconds", "num_inference_steps": "fastvideo3.steps", "guidance_scale": "fastvideo3.guidance",
     "seed": "fastvideo3.seed", "negative_prompt": "fastvideo3.negative_prompt", "sampler": "fastvideo3.sampler",
     "flow_shift": "fastvideo3.flow_shift", "cfg_policy": "fastvideo3.cfg_policy", "fps": "fastvideo3.fps",
-    "guidance_scale_2": "fastvideo3.guidance_2",
+    "guidance_scale_2": "fastvideo3.guidance_2", "image": "input_reference",
 }
 
 

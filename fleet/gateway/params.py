@@ -3,8 +3,9 @@
 The official SDK sends multipart form data (every value a string; ``extra_body`` nested objects
 flattened to ``fastvideo3[steps]``), other clients send JSON; both arrive here as one mapping.
 OpenAI's fields: ``model`` (a card name), ``prompt``, ``seconds`` (a string such as ``"2"``, or a
-number), ``size`` (``"WxH"``), ``input_reference`` (image-to-video; refused until a card can use
-it). Our own parameters travel in the ``fastvideo3`` extension object:
+number), ``size`` (``"WxH"``), ``input_reference`` (image-to-video cards: the first frame, an uploaded
+file, base64 or a data URL, or an http(s) URL the scheduler fetches when it allows URLs; refused
+by a text-to-video card). Our own parameters travel in the ``fastvideo3`` extension object:
 
     {"steps": 4, "guidance": 2.0, "seed": 7, "negative_prompt": "...", "sampler": "euler",
      "frames": 17, "flow_shift": 3.0, "cfg_policy": "none"}
@@ -53,6 +54,8 @@ class ModelInfo:
     min_steps: int = 1
     max_steps: int = 0
     created: int = 0
+    #: the card generates from an image (its capabilities list image_to_video)
+    image_to_video: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,8 +153,11 @@ def parse_create(body: dict[str, Any], models: dict[str, ModelInfo], default_mod
     if info is None:
         raise ApiError(404, f"the model {model!r} does not exist (served: {', '.join(sorted(models))})",
                        param="model", type_="invalid_request_error", code="model_not_found")
-    if body.get("input_reference") not in (None, ""):
+    image = body.get("input_reference")
+    if image not in (None, "", b"") and not info.image_to_video:
         raise ApiError(400, f"the card {model!r} has no image-to-video program", param="input_reference")
+    if image not in (None, "", b"") and not isinstance(image, (bytes, str)):
+        raise ApiError(400, "must be an uploaded file, base64 text or a URL", param="input_reference")
 
     size = body.get("size")
     if size in (None, ""):
@@ -192,6 +198,9 @@ def parse_create(body: dict[str, Any], models: dict[str, ModelInfo], default_mod
         params["num_frames"] = max(info.frames_offset,
                                    frames_for_seconds(secs, info.fps, info.frames_multiple, info.frames_offset))
         seconds = str(seconds_raw).strip() if isinstance(seconds_raw, str) else f"{secs:g}"
+    if image not in (None, "", b""):  # the record is JSON: an upload is kept as base64 text
+        import base64
+        params["image"] = base64.b64encode(image).decode("ascii") if isinstance(image, bytes) else image.strip()
     if "seed" not in params:  # drawn here, so a re-attach after a restart resends the same request
         params["seed"] = secrets.randbelow(2**31)
     return VideoSpec(model=model, prompt=prompt, seconds=seconds, size=f"{width}x{height}", params=params,

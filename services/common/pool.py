@@ -15,14 +15,14 @@ from typing import Any, Callable
 
 from fastvideo3.runtime.executor import Executor, is_resumable
 from fastvideo3.v1 import common_pb2, pool_pb2, pool_pb2_grpc
-from fastvideo3.vocab import KIND_OF_ROLE, Role
+from fastvideo3.vocab import KINDS_OF_ROLE, Role
 from services.common.args import add_service_args
 from services.common.server import ServiceHost, flatten, setup_logging
 
 log = logging.getLogger("fastvideo3.pool")
 
 SERVICE = pool_pb2.DESCRIPTOR.services_by_name["RolePool"].full_name
-KINDS = {role: [kind] for role, kind in KIND_OF_ROLE.items()}
+KINDS = {role: list(kinds) for role, kinds in KINDS_OF_ROLE.items()}
 
 
 @dataclass(frozen=True)

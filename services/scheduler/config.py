@@ -85,6 +85,11 @@ class SchedulerConfig:
     health_timeout_s: float = 1.0
     unhealthy_after: int = 2
     max_request_bytes: int = 4 << 20     # largest Generate message accepted
+    # image-to-video requests (fastvideo3.request.image): the image size cap, and whether (and
+    # how long) the scheduler may fetch an image URL; off by default
+    max_image_bytes: int = 16 << 20
+    allow_image_urls: bool = False
+    image_url_timeout_s: float = 10.0
     tls_cert: str | None = None          # security (services/common/auth.py): off by default
     tls_key: str | None = None
     tls_ca: str | None = None
@@ -181,6 +186,11 @@ def parse_args(argv: list[str] | None = None) -> SchedulerConfig:
     p.add_argument("--health-timeout", type=float, default=None, dest="health_timeout_s")
     p.add_argument("--unhealthy-after", type=int, default=None, help="unanswered health checks before a pool is lost")
     p.add_argument("--max-request-bytes", type=int, default=None)
+    p.add_argument("--max-image-bytes", type=int, default=None, help="image-to-video: largest image (default 16 MiB)")
+    p.add_argument("--allow-image-urls", action="store_true", default=None,
+                   help="image-to-video: fetch a request's image_url (off by default)")
+    p.add_argument("--image-url-timeout", type=float, default=None, dest="image_url_timeout_s",
+                   help="image-to-video: seconds to fetch an image URL (default 10)")
     p.add_argument("--scaling-target-utilization", type=float, default=None,
                    help="utilization the replicas_needed signals aim for, in (0, 1] (default 0.7)")
     p.add_argument("--scaling-window", type=float, default=None, dest="scaling_window_s",
@@ -263,6 +273,9 @@ def build_config(a: argparse.Namespace) -> SchedulerConfig:
         health_timeout_s=float(pick(a.health_timeout_s, "health_timeout_s", 1.0, sched)),
         unhealthy_after=int(pick(a.unhealthy_after, "unhealthy_after", 2, sched)),
         max_request_bytes=int(pick(a.max_request_bytes, "max_request_bytes", 4 << 20, sched)),
+        max_image_bytes=int(pick(getattr(a, "max_image_bytes", None), "max_image_bytes", 16 << 20, sched)),
+        allow_image_urls=bool(pick(getattr(a, "allow_image_urls", None), "allow_image_urls", False, sched)),
+        image_url_timeout_s=float(pick(getattr(a, "image_url_timeout_s", None), "image_url_timeout_s", 10.0, sched)),
         tls_cert=pick(a.tls_cert, "tls_cert", None, sched), tls_key=pick(a.tls_key, "tls_key", None, sched),
         tls_ca=pick(a.tls_ca, "tls_ca", None, sched),
         auth_token_file=pick(a.auth_token_file, "auth_token_file", None, sched),
@@ -285,6 +298,8 @@ def build_config(a: argparse.Namespace) -> SchedulerConfig:
                              limit="[0, 3600]")
     if cfg.checkpoint_every < 0:
         raise InvalidRequest(f"must be >= 0, got {cfg.checkpoint_every}", field="checkpoint_every", limit=">= 0")
+    if cfg.max_image_bytes < 1024 or not 0 < cfg.image_url_timeout_s <= 300:
+        raise InvalidRequest("out of range", field="max_image_bytes/image_url_timeout_s", limit=">= 1024 / (0, 300] s")
     if cfg.unhealthy_after < 1 or cfg.max_request_bytes < 1024:
         raise InvalidRequest("out of range", field="unhealthy_after/max_request_bytes", limit=">= 1 / >= 1024")
     for name in ("memory_budget_bytes", "interactive_budget_s", "batch_budget_s"):

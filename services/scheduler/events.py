@@ -61,7 +61,8 @@ class WireStream:
         if ev.kind == EventKind.ACCEPTED:
             yield self._msg(accepted=scheduler_pb2.Accepted(
                 card_id=run.card.model_id, program=program_name(run.program), seed=r.seed,
-                num_inference_steps=r.num_inference_steps, resolved_params_json=json.dumps(r.to_dict()).encode()))
+                num_inference_steps=r.num_inference_steps, resolved_params_json=json.dumps(
+                    {k: v for k, v in r.to_dict().items() if k != "image" or v is None}).encode()))  # image: by digest
         elif ev.kind == EventKind.QUEUED:
             yield self._msg(queued=scheduler_pb2.Queued(position=int(d.get("position", 0))))
         elif ev.kind == EventKind.PROGRESS:

@@ -64,6 +64,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         # every denoiser replica already holds
         self.adapters: dict[str, str] = _common_adapters(replicas.get(Role.DENOISER, []))
         self._adapter_lock = threading.Lock()
+        from fastvideo3.request.image import ImagePolicy
+        self.image_policy = ImagePolicy(max_bytes=int(config.get("max_image_bytes", 16 << 20)),
+                                        allow_urls=bool(config.get("allow_image_urls", False)),
+                                        url_timeout_s=float(config.get("image_url_timeout_s", 10.0)))
 
     # -- Generate -----------------------------------------------------------------------------
     def prepare(self, msg) -> tuple[Any, tuple[str, ...], dict]:
@@ -78,9 +82,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 self._refresh_adapters()  # loaded through another scheduler replica, perhaps
         if msg.HasField("cache"):
             kw["cache"] = {"policy": msg.cache.policy, **dict(msg.cache.params), **dict(msg.cache.flags)}
+        source = msg.WhichOneof("image_source")
+        if source == "image":
+            kw["image"] = bytes(msg.image)
+        elif source == "image_url":
+            if not msg.image_url.startswith(("http://", "https://")):
+                raise InvalidRequest("must be an http(s) URL", field="image", limit="http://, https://")
+            kw["image"] = msg.image_url
         req = GenerateRequest(prompt=msg.prompt, request_id=msg.request_id or None,
                               slo_class=msg.slo_class or "interactive", **kw)
-        resolved = resolve(req, self.card, precision=self.precision, adapters=dict(self.adapters))
+        resolved = resolve(req, self.card, precision=self.precision, adapters=dict(self.adapters),
+                           image_policy=self.image_policy)
         fmt = msg.output_format or OutputFormat.MP4
         if fmt not in OUTPUT_FORMATS:
             raise InvalidRequest(f"unknown output format {fmt!r}", field="output_format",

@@ -190,3 +190,13 @@ def test_error_keeps_the_fleets_loss_report():
     assert isinstance(err, dx.CannotConnect)
     assert "[retryable=true resume_from_step=6 lost=denoiser/denoiser-0]" in str(err)
     assert isinstance(to_dynamo_error(AlreadyExists("taken", field="request_id")), dx.InvalidArgument)
+
+
+def test_input_reference_reaches_an_image_to_video_card():
+    card = card_for_model("wan2.1-i2v-tiny")
+    ref = "data:image/png;base64,iVBORw0KGgo="
+    job = translate({"model": "wan2.1-i2v-tiny", "prompt": "a cat", "input_reference": ref}, card)
+    assert job.params["image"] == ref  # the scheduler decodes and checks it
+    with pytest.raises(InvalidRequest) as e:  # a text-to-video card still refuses it
+        _translate(input_reference=ref)
+    assert e.value.field == "input_reference"

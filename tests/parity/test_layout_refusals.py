@@ -2,8 +2,8 @@
 
 Each family is fed the next family's tiny directory, written by diffusers' own classes: Wan2.1
 T2V gets the Wan2.2 two-expert layout (and TI2V-5B's), the two-expert family gets TI2V-5B's,
-TI2V-5B gets Wan2.1 I2V's (and Wan2.1 T2V's), and the loader refuses Wan2.1 I2V and
-HunyuanVideo-1.5 directories outright. Both ways in are covered: a directory given as ``--model
+TI2V-5B gets Wan2.1 I2V's (and Wan2.1 T2V's), the Wan2.1 I2V card gets Wan2.1 T2V's (and a T2V
+card the I2V one's), and the loader refuses HunyuanVideo-1.5 directories outright. Both ways in are covered: a directory given as ``--model
 DIR`` (the card is built from it) and a card bound to a directory (``checkpoint.root``).
 """
 import json
@@ -116,8 +116,12 @@ def test_a_t2v_card_refuses_a_vae_with_other_compression(tiny_wan_dir, dirs, tmp
     _refused(lambda: VideoDecoder(card), "components.vae.config.scale_factor_spatial", "16")
 
 
-def test_refuses_the_i2v_layout_by_pipeline_component_and_field(tiny_wan_dir, dirs, tmp_path):
-    _refused(lambda: resolve_card(str(dirs["i2v"])), "model_index._class_name", "WanImageToVideoPipeline")
+def test_i2v_layout_loads_as_i2v_and_refuses_t2v_cards_by_pipeline_component_and_field(tiny_wan_dir, dirs,
+                                                                                         tmp_path):
+    assert resolve_card(str(dirs["i2v"])).model_id == "wan2.1-i2v-tiny"
+    t2v = resolve_card(str(tiny_wan_dir))
+    _refused(lambda: load_dit(bind_checkpoint(t2v, dirs["i2v"]), "cpu", torch.float32),
+             "model_index._class_name", "WanImageToVideoPipeline", "text-to-video")
     d = _copy(dirs["i2v"], tmp_path)
     _edit_index(d, _class_name="WanPipeline")  # relabelled: the image encoder is still named
     _refused(lambda: resolve_card(str(d)), "model_index.image_encoder", "image_encoder")
@@ -126,6 +130,33 @@ def test_refuses_the_i2v_layout_by_pipeline_component_and_field(tiny_wan_dir, di
     _edit_index(d, image_encoder=[None, None], image_processor=[None, None])
     _refused(lambda: load_dit(bind_checkpoint(card, d), "cpu", torch.float32),
              "components.transformer.config.added_kv_proj_dim", "image cross-attention")
+
+
+def test_i2v_card_refuses_a_t2v_directory(tiny_wan_dir, dirs):
+    i2v = resolve_card(str(dirs["i2v"]))
+    _refused(lambda: load_dit(bind_checkpoint(i2v, tiny_wan_dir), "cpu", torch.float32),
+             "model_index._class_name", "image-to-video", "WanPipeline")
+    from fastvideo3.card import get_card
+    _refused(lambda: load_dit(bind_checkpoint(get_card("wan2.1-i2v-14b-480p"), dirs["moe"]), "cpu", torch.float32),
+             "model_index._class_name", "image-to-video")
+
+
+def test_i2v_layout_refuses_what_it_does_not_implement(dirs, tmp_path):
+    d = _copy(dirs["i2v"], tmp_path)
+    _edit_index(d, transformer_2=["diffusers", "WanTransformer3DModel"], boundary_ratio=0.9)
+    _refused(lambda: resolve_card(str(d)), "model_index.boundary_ratio", "Wan2.2 I2V A14B")
+    _edit_index(d, transformer_2=["diffusers", "WanTransformer3DModel"], boundary_ratio=None)
+    _refused(lambda: resolve_card(str(d)), "model_index.transformer_2", "transformer_2")
+    _edit_index(d, transformer_2=[None, None], image_encoder=["transformers", "SiglipVisionModel"])
+    _refused(lambda: resolve_card(str(d)), "model_index.image_encoder", "CLIPVisionModel")
+    _edit_index(d, image_encoder=["transformers", "CLIPVisionModel"])
+    cfg = json.loads((d / "transformer" / "config.json").read_text())
+    (d / "transformer" / "config.json").write_text(json.dumps({**cfg, "pos_embed_seq_len": 514}))
+    _refused(lambda: resolve_card(str(d)), "components.transformer.config.pos_embed_seq_len", "FLF2V")
+    (d / "transformer" / "config.json").write_text(json.dumps({**cfg, "in_channels": 16}))
+    _refused(lambda: resolve_card(str(d)), "components.transformer.config.in_channels", "36")
+    (d / "transformer" / "config.json").write_text(json.dumps({**cfg, "image_dim": None}))
+    _refused(lambda: resolve_card(str(d)), "components.transformer.config.image_dim", "image cross-attention")
 
 
 def test_refuses_hunyuan15(dirs):

@@ -31,3 +31,19 @@ def test_tiny_models_bench_on_cpu(tmp_path, monkeypatch):
     assert result["summary"]["moe_switch_weight_reloads"] == sw["weight_reloads"] == 0
     assert len(sw["switch_step_ms"]) == sw["requests"]
     assert sys.modules["denoiser_models"].FAMILIES["wan2.2-a14b"] == "wan2.2-t2v-a14b"
+
+
+def test_tiny_i2v_bench_on_cpu(tmp_path, monkeypatch):
+    """The Wan2.1 I2V entry: ours (image cross-attention, 36 input channels) against diffusers at
+    both shapes, in one run."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import denoiser
+    out = tmp_path / "i2v.json"
+    assert denoiser.main(["--models", "wan2.1-i2v-14b", "--tiny", "--device", "cpu", "--no-graphs",
+                          "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert [(r["family"], r["shape"]) for r in rows] == [("wan2.1-i2v-14b", "480p"), ("wan2.1-i2v-14b", "720p")]
+    assert all("error" not in r and r["rel_fro"] < 1e-4 for r in rows), rows
+    assert set(result["summary"]["ours_faster_480p"]) == set(result["summary"]["ours_faster_720p"]) == {"wan2.1-i2v-14b"}
+    assert result["switch"] == {}  # one DiT: no expert switch

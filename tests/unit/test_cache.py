@@ -17,7 +17,7 @@ BASE = CacheKey(model_id="wan-tiny", component_id="text_encoder", weights_versio
 CHANGED = {"model_id": "wan2.1-t2v-1.3b", "component_id": "vae", "weights_version": "sha:b", "precision": "bf16",
            "device": "cuda", "max_len": 512, "shape_sig": "texts=1", "input_hash": input_hash(["b", ""]),
            "tokenizer_version": "sha256:other", "adapter_versions": ("lora:1",), "contract_version": "text_encode/2",
-           "interceptors": "policy=dbcache,threshold=0.08"}
+           "interceptors": "policy=dbcache,threshold=0.08", "image_digest": "sha256:" + "ab" * 32}
 
 
 def test_every_field_of_the_key_is_covered_by_this_test():

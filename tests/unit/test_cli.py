@@ -27,6 +27,7 @@ pytestmark = pytest.mark.timeout(120)
         (["--device", "tpu"], "device"),
         (["-o", "{out}/video.gif"], "output"),
         (["--prompt-empty"], "prompt"),
+        (["--image", "{out}/first.png"], "image"),  # unreadable
     ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, args, field):
@@ -75,6 +76,16 @@ def test_cli_surface_is_frozen():
     gen = p._subparsers._group_actions[0].choices["generate"]
     flags = {s for a in gen._actions for s in a.option_strings}
     assert {"-o", "--model", "--steps", "--frames", "--size", "--seed", "--guidance", "--negative-prompt"} <= flags
+
+
+def test_image_flag_on_a_text_to_video_card_is_refused(tmp_path, capsys):
+    from PIL import Image
+    img = tmp_path / "first.png"
+    Image.new("RGB", (128, 128)).save(img)
+    assert main(["generate", "a cat", "-o", str(tmp_path / "o" / "v.mp4"), "--image", str(img)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "image" in err and "text-to-video" in err
+    assert not (tmp_path / "o").exists()
 
 
 def test_serve_scheduler_replicas_need_a_shared_store(capsys):

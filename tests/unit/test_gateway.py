@@ -272,3 +272,17 @@ def test_job_pages_follow_creation_order():
     jobs.delete("video_2")
     page, _ = jobs.page(after=None, limit=10, descending=False, visible=lambda j: True)
     assert [j["id"] for j in page] == ["video_0", "video_1", "video_3", "video_4"]
+
+
+def test_input_reference_goes_to_an_image_to_video_card_as_base64():
+    import base64
+    from fleet.gateway.params import ModelInfo
+    models = {"i2v": ModelInfo(id="i2v", image_to_video=True), **MODELS}
+    spec = parse_create({"prompt": "a", "model": "i2v", "input_reference": b"\x89PNG..."}, models, "wan-tiny")
+    assert base64.b64decode(spec.params["image"]) == b"\x89PNG..."
+    assert spec.from_public(spec.public()).params["image"] == spec.params["image"]  # the record is JSON
+    url = parse_create({"prompt": "a", "model": "i2v", "input_reference": "https://x/y.png"}, models, "wan-tiny")
+    assert url.params["image"] == "https://x/y.png"
+    with pytest.raises(ApiError) as e:  # a text-to-video card still refuses it
+        parse_create({"prompt": "a", "input_reference": b"png"}, models, "wan-tiny")
+    assert e.value.param == "input_reference"

@@ -255,6 +255,60 @@ def wan22_ti2v(model_id: str, dit: dict, desc: str, *, flow_shift: float = 5.0, 
     return ModelCard.model_validate(data)
 
 
+#: Wan2.1 I2V 14B's DiT (480P and 720P share it): the 14B T2V DiT with image cross-attention over
+#: CLIP ViT-H/14's 1280-wide hidden states and 36 input channels (latent 16 + mask 4 + image latent 16)
+WAN_I2V_14B_DIT = dict(WAN_14B_DIT, in_channels=36, image_dim=1280, added_kv_proj_dim=5120)
+#: the tiny I2V DiT of the test directory (fastvideo3/testing/synthetic_layouts.build_wan21_i2v_dir)
+TINY_I2V_DIT = dict(
+    patch_size=[1, 2, 2], num_attention_heads=2, attention_head_dim=16, in_channels=36, out_channels=16, text_dim=32,
+    freq_dim=32, ffn_dim=64, num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
+    rope_max_seq_len=32, image_dim=32, added_kv_proj_dim=32,
+)
+#: the published I2V checkpoints' serving defaults: 81 frames at 480x832 (flow shift 3) or 720x1280 (5)
+WAN21_I2V_480P = dict(flow_shift=3.0, default_height=480, default_width=832)
+WAN21_I2V_720P = dict(flow_shift=5.0, default_height=720, default_width=1280)
+_I2V_COMPONENTS = ["tokenizer", "text_encoder", "image_processor", "image_encoder", "transformer", "vae", "scheduler"]
+
+
+def wan21_i2v(model_id: str, dit: dict, desc: str, *, flow_shift: float, default_height: int, default_width: int,
+              default_frames: int = 81, default_steps: int = 50, guidance: float = 5.0, max_size: int = 1280,
+              min_size: int = 16, image_tokens: int = 257) -> ModelCard:
+    """A Wan2.1 image-to-video card (diffusers' WanImageToVideoPipeline): the T2V components plus
+    the CLIP image encoder and its processor; the DiT takes the image's CLIP hidden states and the
+    first-frame latent conditioning. One DiT, served at one rank (no sequence-parallel plan and
+    no interceptor covers the image inputs yet). ``image_tokens``: the image encoder's sequence
+    length (CLIP ViT-H/14 at 224 px: 16 x 16 patches + the class token), for the cost model."""
+    base = _wan_real(model_id, dit, desc)
+    data = base.model_dump(mode="json")
+    for cid in ("image_encoder", "image_processor"):
+        cfg = {"tokens": image_tokens} if cid == "image_encoder" else {}
+        data["components"][cid] = ComponentSpec(component_id=cid, kind=cid, source="diffusers_dir", subfolder=cid,
+                                                precision="fp32", config=cfg).model_dump(mode="json")
+    data["capabilities"]["tasks"] = [Task.IMAGE_TO_VIDEO, Task.VAE_DECODE]
+    data["checkpoint"]["required_for"] = {Task.IMAGE_TO_VIDEO: list(_I2V_COMPONENTS), Task.VAE_DECODE: ["vae"]}
+    data["loops"][LoopId.DIFFUSION_DENOISE] = _denoise(default_steps, flow_shift).model_dump(mode="json")
+    data["parity"]["reference"] = "diffusers.WanImageToVideoPipeline"
+    data["parallelism"] = ParallelismContract(plans=["single"]).model_dump(mode="json")
+    data["extensions"] = ExtensionContract(allowed=[]).model_dump(mode="json")
+    data["limits"] = Limits(max_frames=129, min_size=min_size, max_height=max_size, max_width=max_size,
+                            size_multiple=16, default_frames=default_frames, default_height=default_height,
+                            default_width=default_width, default_guidance=guidance).model_dump(mode="json")
+    return ModelCard.model_validate(data)
+
+
+def i2v_cards() -> list[ModelCard]:
+    return [
+        wan21_i2v("wan2.1-i2v-14b-480p", WAN_I2V_14B_DIT, "Wan2.1 image-to-video 14B, 480P (diffusers-format "
+                  "directory with image_encoder and image_processor)", **WAN21_I2V_480P),
+        wan21_i2v("wan2.1-i2v-14b-720p", WAN_I2V_14B_DIT, "Wan2.1 image-to-video 14B, 720P (diffusers-format "
+                  "directory with image_encoder and image_processor)", **WAN21_I2V_720P),
+        wan21_i2v("wan2.1-i2v-tiny", TINY_I2V_DIT, "The Wan2.1 I2V layout at a tiny size (random weights written "
+                  "by diffusers: fastvideo3/testing/synthetic_layouts.build_wan21_i2v_dir): parity tests",
+                  flow_shift=3.0, default_height=32, default_width=48, default_frames=9, default_steps=4,
+                  max_size=512, image_tokens=17),
+    ]
+
+
 def builtin_cards() -> dict[str, ModelCard]:
     """The Wan family's built-in cards by model id."""
     w13 = _wan_real("wan2.1-t2v-1.3b", WAN_1_3B_DIT, "Wan2.1 text-to-video 1.3B (diffusers-format directory)")
@@ -274,5 +328,6 @@ def builtin_cards() -> dict[str, ModelCard]:
         fp8_variant(tiny, "wan-tiny-fp8"),
         fp8_variant(w13, "wan2.1-t2v-1.3b-fp8"),
         fp8_variant(w14, "wan2.1-t2v-14b-fp8"),
+        *i2v_cards(),
     ]
     return {c.model_id: c for c in cards}

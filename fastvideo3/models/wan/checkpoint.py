@@ -45,6 +45,12 @@ def wan_dit_key_map(cfg) -> dict[str, tuple[str, tuple[int, ...]]]:
         "proj_out.bias": (cfg.out_channels * pt * ph * pw,),
         "scale_shift_table": (1, 2, d),
     }
+    img = cfg.image_dim
+    if img is not None:  # the I2V layout: the image embedder and each block's image K/V
+        e = "condition_embedder.image_embedder."
+        table.update({f"{e}norm1.weight": (img,), f"{e}norm1.bias": (img,), f"{e}ff.net.0.proj.weight": (img, img),
+                      f"{e}ff.net.0.proj.bias": (img,), f"{e}ff.net.2.weight": (d, img), f"{e}ff.net.2.bias": (d,),
+                      f"{e}norm2.weight": (d,), f"{e}norm2.bias": (d,)})
     for i in range(cfg.num_layers):
         b = f"blocks.{i}."
         for a in ("attn1", "attn2"):
@@ -61,6 +67,11 @@ def wan_dit_key_map(cfg) -> dict[str, tuple[str, tuple[int, ...]]]:
         table[f"{b}ffn.net.2.weight"] = (d, f)
         table[f"{b}ffn.net.2.bias"] = (d,)
         table[f"{b}scale_shift_table"] = (1, 6, d)
+        if cfg.added_kv_proj_dim is not None:
+            for p in ("add_k_proj", "add_v_proj"):
+                table[f"{b}attn2.{p}.weight"] = (d, cfg.added_kv_proj_dim)
+                table[f"{b}attn2.{p}.bias"] = (d,)
+            table[f"{b}attn2.norm_added_k.weight"] = (d,)
     # Our module tree mirrors the checkpoint layout, so the name map is the identity — but it is
     # an explicit, complete table: nothing outside it is loaded and nothing in it may be absent.
     return {k: (k, s) for k, s in table.items()}
@@ -160,7 +171,8 @@ def card_for_directory(root: Path):
     from its own config. Layouts we do not implement are refused by name (models/wan/layout.py)."""
     from fastvideo3.card.registry import bind_checkpoint
     from fastvideo3.models.wan.cards import (
-        WAN22_5B_DIT, WAN22_A14B_T2V, WAN_1_3B_DIT, WAN_14B_DIT, _wan_real, wan22_moe, wan22_ti2v,
+        TINY_I2V_DIT, WAN21_I2V_480P, WAN21_I2V_720P, WAN22_5B_DIT, WAN22_A14B_T2V, WAN_1_3B_DIT, WAN_14B_DIT,
+        WAN_I2V_14B_DIT, _wan_real, wan21_i2v, wan22_moe, wan22_ti2v,
     )
     from fastvideo3.card.spec import Limits, LoopSpec, SamplerSpec
     from fastvideo3.models.wan.layout import inspect_directory
@@ -168,23 +180,38 @@ def card_for_directory(root: Path):
     root = Path(root)
     layout = inspect_directory(root)  # refuses, by name, every layout and field we do not implement
     moe, ti2v = layout.kind == "wan2.2-t2v-moe", layout.kind == "wan2.2-ti2v"
+    i2v = layout.kind == "wan2.1-i2v"
     tcfg = layout.transformer
-    arch = {k: tcfg[k] for k in WAN_1_3B_DIT if k in tcfg}
+    arch = {k: tcfg[k] for k in (WAN_I2V_14B_DIT if i2v else WAN_1_3B_DIT) if k in tcfg}
+    # the 480P and 720P I2V checkpoints share one architecture: the published directory names it
+    i2v_14b = "wan2.1-i2v-14b-720p" if "720p" in root.name.lower() else "wan2.1-i2v-14b-480p"
     refs = ((("wan2.2-t2v-a14b", WAN_14B_DIT),) if moe else (("wan2.2-ti2v-5b", WAN22_5B_DIT),) if ti2v
+            else ((i2v_14b, WAN_I2V_14B_DIT), ("wan2.1-i2v-tiny", TINY_I2V_DIT)) if i2v
             else (("wan2.1-t2v-1.3b", WAN_1_3B_DIT), ("wan2.1-t2v-14b", WAN_14B_DIT)))
     found = None
     for mid, ref in refs:
         if all(arch.get(k) == (list(v) if isinstance(v, tuple) else v) for k, v in ref.items() if k != "rope_max_seq_len"):
             found = (mid, ref)
-    mid, ref = found or ((f"wan22-custom-{_slug(root.name)}" if moe or ti2v else f"wan-custom-{_slug(root.name)}"),
-                         arch)
-    kind = "2.2 two-expert" if moe else "2.2 TI2V" if ti2v else "2.1"
+    mid, ref = found or ((f"wan22-custom-{_slug(root.name)}" if moe or ti2v else f"wan-i2v-custom-{_slug(root.name)}"
+                          if i2v else f"wan-custom-{_slug(root.name)}"), arch)
+    kind = "2.2 two-expert" if moe else "2.2 TI2V" if ti2v else "2.1 I2V" if i2v else "2.1"
     desc = f"{mid} from {root.name}" if found else f"Wan{kind} architecture from {root.name}"
     if moe:
         opts = dict(WAN22_A14B_T2V, boundary_ratio=layout.boundary_ratio)
         base = wan22_moe(mid, ref, desc, **opts)
     elif ti2v:
         base = wan22_ti2v(mid, ref, desc)
+    elif i2v:
+        from fastvideo3.card.registry import get_card
+        known = get_card(mid) if found else None
+        opts = WAN21_I2V_720P if mid.endswith("720p") else WAN21_I2V_480P
+        if known is not None:  # the built-in card's serving defaults (the tiny one's small sizes)
+            lim = known.limits
+            opts = dict(flow_shift=3.0, default_height=lim.default_height, default_width=lim.default_width,
+                        default_frames=lim.default_frames, default_steps=known.denoise.default_steps)
+        clip = json.loads((root / "image_encoder" / "config.json").read_text())
+        tokens = (int(clip.get("image_size", 224)) // int(clip.get("patch_size", 14))) ** 2 + 1
+        base = wan21_i2v(mid, ref, desc, image_tokens=tokens, **opts)
     else:
         base = _wan_real(mid, ref, desc)
     sched = json.loads((root / "scheduler" / "scheduler_config.json").read_text())

@@ -214,7 +214,7 @@ def load_dit(card: ModelCard, device: str = "cpu", dtype: torch.dtype = torch.fl
         actual = json.loads((folder / "config.json").read_text())
         from fastvideo3.models.wan.layout import check_card_layout, check_dit_fields
         check_card_layout(card)  # the directory as a whole is the layout the card implements
-        check_dit_fields(component, actual)
+        check_dit_fields(component, actual, image_to_video=spec.config.get("image_dim") is not None)
         check_config(component, spec.config, actual)
         cfg = WanDiTConfig.from_dict({**spec.config, **{k: actual[k] for k in spec.config if k in actual}})
         with torch.device("meta"):
@@ -259,7 +259,7 @@ def keep_reference_fp32(model: WanDiT) -> WanDiT:
     """What the loader does at bf16: the time embedder, the cross-attention norm, the modulation
     tables and the RoPE tables stay fp32 (as in the reference)."""
     for name, mod in model.named_modules():
-        if name.endswith("time_embedder") or name.endswith("norm2"):
+        if name.endswith("time_embedder") or name.endswith("norm2") or name.endswith("image_embedder.norm1"):
             mod.float()
     for name, p in model.named_parameters():
         if name.endswith("scale_shift_table"):
@@ -358,3 +358,9 @@ def latent_shape(card: ModelCard, frames: int, height: int, width: int) -> tuple
 
 def precision_dtype(precision: str) -> torch.dtype:
     return DTYPES[precision]
+
+
+def encode_image_condition(decoder: "VideoDecoder", pixels: torch.Tensor, num_frames: int) -> torch.Tensor:
+    """The decoder pool's ``vae_encode``: the I2V image latent conditioning (models/wan/image.py)."""
+    from fastvideo3.models.wan.image import encode_condition
+    return encode_condition(decoder.model, decoder.mean, decoder.inv_std, pixels.to(decoder.device), num_frames)

@@ -6,6 +6,12 @@ implements it), and the parameter names are those of the diffusers-format checkp
 key map in :mod:`fastvideo3.models.wan.checkpoint` is an explicit, checked identity table.
 Where the reference keeps fp32 (norms, modulation, timestep embedding, RoPE tables) so do we.
 
+The image-to-video layout (Wan2.1 I2V: ``image_dim`` and ``added_kv_proj_dim`` set) adds an image
+embedder for the CLIP hidden states and, in every block's cross-attention, a second attention of
+the same queries over the image tokens (their own K/V projections, K RMS-normed), summed with the
+text attention before the output projection; the latent input then carries the conditioning
+channels (noisy latent, 4-channel first-frame mask, image latent: ``in_channels`` 36).
+
 ``forward`` takes an optional ``tap(name, tensor)`` observer: the parity tooling records named
 taps per block without the model knowing about it.
 """
@@ -37,6 +43,9 @@ class WanDiTConfig:
     qk_norm: str | None = "rms_norm_across_heads"
     eps: float = 1e-6
     rope_max_seq_len: int = 1024
+    #: the image encoder's hidden width (I2V) and the image K/V projections' input width; None for T2V
+    image_dim: int | None = None
+    added_kv_proj_dim: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict) -> "WanDiTConfig":
@@ -49,6 +58,10 @@ class WanDiTConfig:
     @property
     def inner_dim(self) -> int:
         return self.num_attention_heads * self.attention_head_dim
+
+    @property
+    def image_to_video(self) -> bool:
+        return self.image_dim is not None
 
 
 def _layer_norm_fp32(x: torch.Tensor, eps: float, weight=None, bias=None) -> torch.Tensor:
@@ -110,11 +123,36 @@ class ConditionEmbedder(nn.Module):
         self.time_embedder = _Linear2(cfg.freq_dim, dim, dim, nn.SiLU())
         self.time_proj = nn.Linear(dim, dim * 6)
         self.text_embedder = _Linear2(cfg.text_dim, dim, dim, nn.GELU(approximate="tanh"))
+        self.image_embedder = ImageEmbedder(cfg.image_dim, dim) if cfg.image_dim is not None else None
 
     def forward(self, timestep: torch.Tensor, text: torch.Tensor):
         t = timestep_embedding(timestep, self.freq_dim).to(self.time_embedder.linear_1.weight.dtype)
         temb = self.time_embedder(t).type_as(text)
         return temb, self.time_proj(F.silu(temb)), self.text_embedder(text)
+
+    def embed_image(self, image: torch.Tensor | None) -> torch.Tensor | None:
+        """CLIP hidden states [B, T_img, image_dim] -> image context [B, T_img, D] (None: none)."""
+        if image is None:
+            return None
+        if self.image_embedder is None:
+            raise ValueError("this DiT has no image cross-attention (image_dim is unset)")
+        return self.image_embedder(image)
+
+
+class ImageEmbedder(nn.Module):
+    """fp32 LayerNorm -> Linear -> GELU (erf) -> Linear -> fp32 LayerNorm, as the reference's
+    image embedding (names match the checkpoint: norm1, ff.net.0.proj, ff.net.2, norm2)."""
+
+    def __init__(self, image_dim: int, dim: int):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(image_dim, eps=1e-5)
+        self.ff = FeedForward(image_dim, image_dim, out=dim, approximate="none")
+        self.norm2 = nn.LayerNorm(dim, eps=1e-5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = _layer_norm_fp32(x, self.norm1.eps, self.norm1.weight, self.norm1.bias).to(x.dtype)
+        h = self.ff(h)
+        return _layer_norm_fp32(h, self.norm2.eps, self.norm2.weight, self.norm2.bias).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -122,7 +160,7 @@ class Attention(nn.Module):
     #: parallel plan sets it on the self-attention (fastvideo3.parallel) and nothing else changes.
     attend = None
 
-    def __init__(self, dim: int, heads: int, eps: float):
+    def __init__(self, dim: int, heads: int, eps: float, added_kv_dim: int | None = None):
         super().__init__()
         self.heads = heads
         self.to_q = nn.Linear(dim, dim)
@@ -131,8 +169,15 @@ class Attention(nn.Module):
         self.to_out = nn.ModuleList([nn.Linear(dim, dim)])
         self.norm_q = nn.RMSNorm(dim, eps=eps)
         self.norm_k = nn.RMSNorm(dim, eps=eps)
+        # the image tokens' K/V (I2V cross-attention only)
+        self.add_k_proj = self.add_v_proj = self.norm_added_k = None
+        if added_kv_dim is not None:
+            self.add_k_proj = nn.Linear(added_kv_dim, dim)
+            self.add_v_proj = nn.Linear(added_kv_dim, dim)
+            self.norm_added_k = nn.RMSNorm(dim, eps=eps)
 
-    def forward(self, x: torch.Tensor, ctx: torch.Tensor | None = None, rope=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: torch.Tensor | None = None, rope=None,
+                img: torch.Tensor | None = None) -> torch.Tensor:
         src = x if ctx is None else ctx
         q = self.norm_q(self.to_q(x)).unflatten(2, (self.heads, -1))
         k = self.norm_k(self.to_k(src)).unflatten(2, (self.heads, -1))
@@ -142,20 +187,30 @@ class Attention(nn.Module):
         if self.attend is not None:
             o = self.attend(q, k, v).flatten(2, 3).type_as(q)
         else:
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-            o = o.transpose(1, 2).flatten(2, 3).type_as(q)
+            o = _sdpa(q, k, v)
+        if img is not None:  # a second softmax over the image tokens, summed (not one joint softmax)
+            ki = self.norm_added_k(self.add_k_proj(img)).unflatten(2, (self.heads, -1))
+            vi = self.add_v_proj(img).unflatten(2, (self.heads, -1))
+            o = o + _sdpa(q, ki, vi)
         return self.to_out[0](o)
 
 
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """[B, L, H, D] attention -> [B, L, H*D] in q's dtype."""
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return o.transpose(1, 2).flatten(2, 3).type_as(q)
+
+
 class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden: int):
+    def __init__(self, dim: int, hidden: int, out: int | None = None, approximate: str = "tanh"):
         super().__init__()
         # net.0.proj / net.2 mirror the checkpoint layout (net.1 is a parameter-free dropout)
-        self.net = nn.ModuleList([nn.Module(), nn.Identity(), nn.Linear(hidden, dim)])
+        self.approximate = approximate
+        self.net = nn.ModuleList([nn.Module(), nn.Identity(), nn.Linear(hidden, out or dim)])
         self.net[0].proj = nn.Linear(dim, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net[2](F.gelu(self.net[0].proj(x), approximate="tanh"))
+        return self.net[2](F.gelu(self.net[0].proj(x), approximate=self.approximate))
 
 
 class _AffineNorm(nn.Module):
@@ -177,17 +232,17 @@ class Block(nn.Module):
         dim = cfg.inner_dim
         self.eps = cfg.eps
         self.attn1 = Attention(dim, cfg.num_attention_heads, cfg.eps)
-        self.attn2 = Attention(dim, cfg.num_attention_heads, cfg.eps)
+        self.attn2 = Attention(dim, cfg.num_attention_heads, cfg.eps, cfg.added_kv_proj_dim)
         self.norm2 = _AffineNorm(dim, cfg.eps) if cfg.cross_attn_norm else None
         self.ffn = FeedForward(dim, cfg.ffn_dim)
         self.scale_shift_table = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
-    def forward(self, x, text, temb6, rope):
+    def forward(self, x, text, temb6, rope, img=None):
         shift, scale, gate, c_shift, c_scale, c_gate = (self.scale_shift_table + temb6.float()).chunk(6, dim=1)
         h = (_layer_norm_fp32(x, self.eps) * (1 + scale) + shift).type_as(x)
         x = (x.float() + self.attn1(h, None, rope) * gate).type_as(x)
         h = (self.norm2(x) if self.norm2 is not None else x.float()).type_as(x)
-        x = x + self.attn2(h, text)
+        x = x + self.attn2(h, text, None, img)
         h = (_layer_norm_fp32(x, self.eps) * (1 + c_scale) + c_shift).type_as(x)
         return (x.float() + self.ffn(h).float() * c_gate).type_as(x)
 
@@ -220,7 +275,9 @@ class PatchEmbedding(nn.Conv3d):
 
 
 class WanDiT(nn.Module):
-    """Wan2.1 DiT. ``forward(latents [B,C,F,H,W], timestep [B], text [B,T,text_dim]) -> [B,C,F,H,W]``."""
+    """Wan2.1 DiT. ``forward(latents [B,C,F,H,W], timestep [B], text [B,T,text_dim]) -> [B,C_out,F,H,W]``;
+    an I2V DiT also takes ``image`` (CLIP hidden states [B, T_img, image_dim]), and its ``latents``
+    are the noisy latent concatenated with the conditioning channels."""
 
     def __init__(self, cfg: WanDiTConfig):
         super().__init__()
@@ -251,14 +308,15 @@ class WanDiT(nn.Module):
 
         return grid(self.rope_cos), grid(self.rope_sin)
 
-    def forward(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, tap: Tap = None):
-        stage = self.embed(latents, timestep, text)
+    def forward(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, tap: Tap = None,
+                image: torch.Tensor | None = None):
+        stage = self.embed(latents, timestep, text, image)
         x = stage.x
         if tap:
             tap("patch_embed", x)
             tap("temb", stage.temb)
         for i, block in enumerate(self.blocks):
-            x = block(x, stage.ctx, stage.temb6, stage.rope)
+            x = block(x, stage.ctx, stage.temb6, stage.rope, stage.img)
             if tap:
                 tap(f"block.{i}", x)
         out = self.head(stage, x)
@@ -271,7 +329,8 @@ class WanDiT(nn.Module):
     def num_blocks(self) -> int:
         return len(self.blocks)
 
-    def embed(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor) -> "DitStage":
+    def embed(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor,
+              image: torch.Tensor | None = None) -> "DitStage":
         """Patch embedding, condition embedding and RoPE: what every block range needs."""
         _, _, f, h, w = latents.shape
         pt, ph, pw = self.cfg.patch_size
@@ -279,14 +338,16 @@ class WanDiT(nn.Module):
         if max(ff, hh, ww) > self.cfg.rope_max_seq_len:
             raise ValueError(f"latent grid {ff}x{hh}x{ww} exceeds rope_max_seq_len {self.cfg.rope_max_seq_len}")
         x = self.patch_embedding(latents).flatten(2).transpose(1, 2).contiguous()
+        if self.cfg.image_to_video and image is None:
+            raise ValueError("an image-to-video DiT needs the image's hidden states (image=)")
         temb, temb6, ctx = self.condition_embedder(timestep, text)
         return DitStage(x=x, ctx=ctx, temb=temb, temb6=temb6.unflatten(1, (6, -1)), rope=self.rope(ff, hh, ww),
-                        grid=(ff, hh, ww))
+                        grid=(ff, hh, ww), img=self.condition_embedder.embed_image(image))
 
     def run_blocks(self, stage: "DitStage", x: torch.Tensor, start: int, end: int) -> torch.Tensor:
         """Blocks ``[start, end)`` on the hidden states ``x`` of the stage's rows."""
         for block in self.blocks[start:end]:
-            x = block(x, stage.ctx, stage.temb6, stage.rope)
+            x = block(x, stage.ctx, stage.temb6, stage.rope, stage.img)
         return x
 
     def modulated_input(self, stage: "DitStage", x: torch.Tensor) -> torch.Tensor:
@@ -316,6 +377,8 @@ class DitStage:
     temb6: torch.Tensor   # [B, 6, D]
     rope: tuple[torch.Tensor, torch.Tensor]
     grid: tuple[int, int, int]
+    img: torch.Tensor | None = None  # [B, T_img, D] projected image tokens (I2V), None for T2V
 
     def select(self, rows: torch.Tensor) -> "DitStage":
-        return DitStage(self.x[rows], self.ctx[rows], self.temb[rows], self.temb6[rows], self.rope, self.grid)
+        return DitStage(self.x[rows], self.ctx[rows], self.temb[rows], self.temb6[rows], self.rope, self.grid,
+                        None if self.img is None else self.img[rows])

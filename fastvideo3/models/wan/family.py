@@ -22,8 +22,10 @@ def vae_spatial_scale(card: ModelCard) -> int:
 
 def latent_shape(card: ModelCard, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
     """(C, F_lat, H_lat, W_lat) for a request: 4x temporal, and the spatial compression the card's
-    VAE declares (8x unless it says otherwise: Wan2.2 TI2V-5B's is 16x)."""
-    c = int(card.components["transformer"].config.get("in_channels", 16))
+    VAE declares (8x unless it says otherwise: Wan2.2 TI2V-5B's is 16x). C is what the DiT
+    predicts (``out_channels``; an I2V DiT takes more channels in: the image conditioning)."""
+    cfg = card.components["transformer"].config
+    c = int(cfg.get("out_channels", cfg.get("in_channels", 16)))
     s = vae_spatial_scale(card)
     return (c, (frames - 1) // TEMPORAL_STRIDE + 1, height // s, width // s)
 
@@ -35,7 +37,16 @@ def dit_config(card: ModelCard) -> flops.DitConfig:
         ffn_dim=int(c["ffn_dim"]), text_dim=int(c.get("text_dim", 4096)), freq_dim=int(c.get("freq_dim", 256)),
         in_channels=int(c.get("in_channels", 16)), out_channels=int(c.get("out_channels", 16)),
         patch_size=tuple(c.get("patch_size", (1, 2, 2))), text_len=int(card.max_text_tokens),
+        **_image(card),
     )
+
+
+def _image(card: ModelCard) -> dict:
+    """The I2V DiT's image width and token count (the card's image encoder declares the count)."""
+    dim = card.components["transformer"].config.get("image_dim")
+    if not dim or "image_encoder" not in card.components:
+        return {}
+    return {"image_dim": int(dim), "image_len": int(card.components["image_encoder"].config.get("tokens", 257))}
 
 
 class WanFamily:

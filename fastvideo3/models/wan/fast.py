@@ -10,7 +10,9 @@
   residual + the *next* block's (or the head's) modulated norm;
 * the FFN's bias + tanh-GELU in the GEMM epilogue (cuBLASLt) on CUDA;
 * the patch embedding as one GEMM (its stride equals its kernel);
-* attention through a chosen backend (:mod:`fastvideo3.kernels.attention`).
+* attention through a chosen backend (:mod:`fastvideo3.kernels.attention`);
+* on an I2V DiT, every block's image K/V computed by one GEMM over the image tokens before the
+  blocks (like the text K/V), and each block's image attention added to its text attention.
 
 Precision follows the reference: activations in the model dtype, fp32 for norms, modulation,
 the timestep embedding and RoPE, with rounding at the same points. Nothing here keeps state
@@ -159,14 +161,21 @@ class FastWanDiT:
         # every block's cross-attention K and V, interleaved per block: [k_0; v_0; k_1; v_1; ...]
         self.kv_w, self.kv_b = _fuse([lin for blk in dit.blocks for lin in (blk.attn2.to_k, blk.attn2.to_v)], share)
         self.k_norm = torch.stack([blk.attn2.norm_k.weight.detach().float() for blk in dit.blocks])
+        self.ikv_w = self.ikv_b = self.ik_norm = None
+        if self.cfg.image_to_video:  # the image tokens' K and V, interleaved per block like the text's
+            self.ikv_w, self.ikv_b = _fuse([lin for blk in dit.blocks
+                                            for lin in (blk.attn2.add_k_proj, blk.attn2.add_v_proj)], share)
+            self.ik_norm = torch.stack([blk.attn2.norm_added_k.weight.detach().float() for blk in dit.blocks])
         self.mod_table = torch.stack([blk.scale_shift_table.detach().float() for blk in dit.blocks])  # [n,1,6,D]
 
     # -----------------------------------------------------------------------------------
-    def __call__(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, tap: Tap = None):
-        return self.forward(latents, timestep, text, tap)
+    def __call__(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, tap: Tap = None,
+                 image: torch.Tensor | None = None):
+        return self.forward(latents, timestep, text, tap, image=image)
 
     @torch.no_grad()
-    def forward(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, tap: Tap = None):
+    def forward(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, tap: Tap = None,
+                image: torch.Tensor | None = None):
         dit, cfg, impl = self.base, self.cfg, self.kernels
         b, c, f, h, w = latents.shape
         pt, ph, pw = cfg.patch_size
@@ -185,6 +194,7 @@ class FastWanDiT:
         mod = self.mod_table + temb6.float().view(1, b, 6, d)  # [layers, B, 6, D]: shift, scale, gate, c_*
         final = dit.scale_shift_table.float() + temb.float().unsqueeze(1)  # [B, 2, D]: shift, scale
         k_all, v_all = self._cross_kv(ctx)
+        ki_all, vi_all = self._image_kv(image)
         rope = RopeGrid(dit.rope_cos, dit.rope_sin, (ff, hh, ww), *self.rope_split)
 
         hidden = add_norm(x, None, None, mod[0, :, 1], mod[0, :, 0], modulate=True, eps=eps, impl=impl)
@@ -219,6 +229,8 @@ class FastWanDiT:
                 q = F.linear(hidden, blk.q2_w, blk.q2_b)
             q = qk_norm_rope(q, blk.q2_norm, parts=1, eps=eps, heads=heads, impl=impl)
             o = attention(q.view(b, n, heads, hd), k_all[i], v_all[i], self.cross_attention)
+            if ki_all is not None:
+                o = o + attention(q.view(b, n, heads, hd), ki_all[i], vi_all[i], self.cross_attention)
             y = F.linear(o.reshape(b, n, d), blk.out2_w, blk.out2_b)
             if lora:
                 hidden = lora.delta_add_norm(f"blocks.{i}.attn2.to_out.0", o.reshape(b, n, d), y, x, None, m[:, 4],
@@ -260,7 +272,8 @@ class FastWanDiT:
         return len(self.blocks)
 
     @torch.no_grad()
-    def embed(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor) -> "FastStage":
+    def embed(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor,
+              image: torch.Tensor | None = None) -> "FastStage":
         dit, cfg = self.base, self.cfg
         b, c, f, h, w = latents.shape
         pt, ph, pw = cfg.patch_size
@@ -275,7 +288,7 @@ class FastWanDiT:
         final = dit.scale_shift_table.float() + temb.float().unsqueeze(1)
         k_all, v_all = self._cross_kv(ctx)
         rope = RopeGrid(dit.rope_cos, dit.rope_sin, (ff, hh, ww), *self.rope_split)
-        return FastStage(x, mod, final, k_all, v_all, rope, (ff, hh, ww))
+        return FastStage(x, mod, final, k_all, v_all, rope, (ff, hh, ww), *self._image_kv(image))
 
     @torch.no_grad()
     def run_blocks(self, stage: "FastStage", x: torch.Tensor, start: int, end: int) -> torch.Tensor:
@@ -302,6 +315,8 @@ class FastWanDiT:
             q = qk_norm_rope(F.linear(hidden, blk.q2_w, blk.q2_b), blk.q2_norm, parts=1, eps=eps, heads=heads,
                              impl=impl)
             o = attention(q.view(b, n, heads, hd), stage.k_all[i], stage.v_all[i], self.cross_attention)
+            if stage.ki_all is not None:
+                o = o + attention(q.view(b, n, heads, hd), stage.ki_all[i], stage.vi_all[i], self.cross_attention)
             y = F.linear(o.reshape(b, n, d), blk.out2_w, blk.out2_b)
             hidden = add_norm(x, y, None, m[:, 4], m[:, 3], modulate=True, eps=eps, impl=impl)
             y = F.linear(self._gelu_linear(hidden, blk.ff1_w, blk.ff1_b), blk.ff2_w, blk.ff2_b)
@@ -339,6 +354,24 @@ class FastWanDiT:
         v = kv[:, :, :, 1].permute(2, 0, 1, 3).contiguous().view(layers, b, t, self.heads, self.head_dim)
         return k, v
 
+    def _image_kv(self, image: torch.Tensor | None):
+        """Every block's normed image K and its V ([layers, B, T_img, H, head_dim] each), or
+        (None, None) without an image; an I2V DiT refuses to run without one."""
+        if self.ikv_w is None:
+            if image is not None:
+                raise ValueError("this DiT has no image cross-attention (image_dim is unset)")
+            return None, None
+        if image is None:
+            raise ValueError("an image-to-video DiT needs the image's hidden states (image=)")
+        ctx = self.base.condition_embedder.embed_image(image.to(self.dtype))
+        b, t, d = ctx.shape
+        layers = len(self.blocks)
+        kv = F.linear(ctx, self.ikv_w, self.ikv_b).view(b, t, layers, 2, d)
+        k = F.rms_norm(kv[:, :, :, 0].float(), (d,), eps=self.cfg.eps) * self.ik_norm
+        k = k.to(ctx.dtype).permute(2, 0, 1, 3).contiguous().view(layers, b, t, self.heads, self.head_dim)
+        v = kv[:, :, :, 1].permute(2, 0, 1, 3).contiguous().view(layers, b, t, self.heads, self.head_dim)
+        return k, v
+
     def _kv_projection(self, ctx: torch.Tensor) -> torch.Tensor:
         return F.linear(ctx, self.kv_w, self.kv_b)
 
@@ -361,7 +394,10 @@ class FastStage:
     v_all: torch.Tensor
     rope: RopeGrid
     grid: tuple[int, int, int]
+    ki_all: torch.Tensor | None = None  # [layers, B, T_img, H, hd] on an I2V DiT
+    vi_all: torch.Tensor | None = None
 
     def select(self, rows: torch.Tensor) -> "FastStage":
+        img = (None, None) if self.ki_all is None else (self.ki_all[:, rows], self.vi_all[:, rows])
         return FastStage(self.x[rows], self.mod[:, rows], self.final[rows], self.k_all[:, rows],
-                         self.v_all[:, rows], self.rope, self.grid)
+                         self.v_all[:, rows], self.rope, self.grid, *img)

@@ -16,6 +16,14 @@ width ``F``, text length ``T``, ``n = batch * cfg_branches`` sequences and
     embedders        2 * T * (text_dim * D + D^2) + 2 * (freq_dim * D + D^2 + 6 * D^2)
     head             2 * L * D * (C_out * pt*ph*pw)
 
+An image-to-video DiT (Wan2.1 I2V: ``image_dim`` set, ``I`` image tokens of width ``d_img``) adds:
+
+    patch embed      as above, with C_in = 36 (latent, mask, image latent)
+    per block:
+      image K, V       2 * 2 * I * D^2                      (on the image tokens)
+      image core       2 * 2 * L * I * D                    (its own softmax, summed with the text's)
+    image embedder   2 * I * (d_img^2 + d_img * D)
+
 Norms, modulation and RoPE are elementwise and left out (well under 1% at video sizes). For
 Wan2.1 1.3B at 81 x 480 x 832 (latent 21 x 60 x 104, L = 32,760) this is about 283 TFLOP.
 """
@@ -41,6 +49,9 @@ class DitConfig:
     out_channels: int = 16
     patch_size: tuple[int, int, int] = (1, 2, 2)
     text_len: int = 512
+    #: image-to-video: the image encoder's width and token count (CLIP ViT-H/14: 1280, 257); None for T2V
+    image_dim: int | None = None
+    image_len: int = 0
 
     @property
     def hidden(self) -> int:
@@ -60,6 +71,10 @@ class DitConfig:
         text = self.text_dim * d + d + d * d + d
         time = self.freq_dim * d + d + d * d + d + d * 6 * d + 6 * d
         head = d * self.out_channels * self.patch_volume + self.out_channels * self.patch_volume + 2 * d
+        if self.image_dim:  # image K/V and their norm per block; the image embedder
+            di = self.image_dim
+            block += 2 * (d * d + d) + d
+            head += di * di + di + di * d + d + 2 * di + 2 * d
         return self.num_layers * block + patch + text + time + head
 
     @classmethod
@@ -175,6 +190,12 @@ def dit_forward_cost(config: DitConfig, shape: StepShape, *, weight_bytes_per_pa
         "embedders": lin(t, config.text_dim, d) + lin(t, d, d) + lin(1, config.freq_dim, d) + lin(1, d, 7 * d),
         "head": lin(tok, d, pv_out),
     }
+    if config.image_dim:
+        il, di = config.image_len, config.image_dim
+        components["image_attn_kv"] = lin(il, d, d, count=2).scaled(nl)
+        components["image_attn_core"] = ComponentCost(n * 2 * 2.0 * tok * il * d,
+                                                      n * (2.0 * tok * d + 2.0 * il * d) * ab).scaled(nl)
+        components["image_embedder"] = lin(il, di, di) + lin(il, di, d)
     return DitForwardCost(components, tok, float(config.param_count() * wb))
 
 
@@ -191,7 +212,7 @@ def dit_peak_activation_bytes(config: DitConfig, shape: StepShape, *, act_bytes:
     residual = n * tok * d * residual_bytes
     attn_phase = n * tok * d * 7 * act_bytes
     ffn_phase = n * tok * (d + 2 * config.ffn_dim) * act_bytes
-    context = n * config.text_len * d * 3 * act_bytes
+    context = n * (config.text_len + config.image_len) * d * 3 * act_bytes
     return int(residual + max(attn_phase, ffn_phase) + context)
 
 
@@ -222,5 +243,8 @@ def dit_resident_memory(config: DitConfig, shape: StepShape, *, sampler_history:
     latent = shape.batch * config.out_channels * shape.latent_frames * shape.latent_height \
         * shape.latent_width * latent_bytes
     embeds = shape.sequences * config.text_len * config.text_dim * embed_bytes
+    if config.image_dim:  # the image's hidden states and its conditioning latent (mask + image latent)
+        embeds += config.image_len * config.image_dim * embed_bytes + latent // config.out_channels * (
+            config.in_channels - config.out_channels)
     return ResidentMemory(config.param_count() * weight_bytes_per_param, latent,
                           latent * sampler_history, embeds)

@@ -16,6 +16,13 @@ Implemented layouts (``Layout.kind``):
   ``transformer`` and the Wan2.2 VAE (48 channels, 2x2 input patch, 16x spatial), served as
   text-to-video: with no image every token shares the step's timestep, so per-token timesteps
   reduce to the step's one. Its card declares that VAE layout (``components.vae.config``).
+- ``wan2.1-i2v``: ``WanImageToVideoPipeline`` (Wan2.1 I2V 14B 480P / 720P) with a CLIP
+  ``image_encoder`` (``CLIPVisionModel`` or ``CLIPVisionModelWithProjection``: the penultimate
+  hidden states are used, the projection never), its ``image_processor``, one ``transformer``
+  with image cross-attention (``image_dim``, ``added_kv_proj_dim`` = the DiT width, no
+  ``pos_embed_seq_len``) and ``in_channels`` = 2 x z_dim + 4 (noisy latent, first-frame mask,
+  image latent), and the Wan2.1 VAE. No ``transformer_2`` (Wan2.2 I2V A14B), no
+  ``expand_timesteps``. Its card names ``image_encoder`` (``card.components``).
 """
 from __future__ import annotations
 
@@ -35,6 +42,16 @@ T2V_COMPONENTS = {
     "tokenizer": None,  # any transformers tokenizer class of the T5 family
     "scheduler": None,  # checked by the card builder (UniPC or flow-matching Euler)
 }
+#: what the I2V layout's components are, beyond the T2V ones (transformer_2 excepted)
+I2V_COMPONENTS = {
+    **{k: v for k, v in T2V_COMPONENTS.items() if k != "transformer_2"},
+    "image_encoder": ("CLIPVisionModel", "CLIPVisionModelWithProjection"),
+    "image_processor": ("CLIPImageProcessor",),
+}
+#: the image-to-video fields of the transformer config (set in the I2V layout, unset elsewhere)
+DIT_I2V_FIELDS = ("image_dim", "added_kv_proj_dim")
+#: the channels the I2V DiT takes besides the noisy latent: the 4-channel first-frame mask
+I2V_MASK_CHANNELS = 4
 #: pipeline config fields of WanPipeline and the values we implement (None: absent/unset)
 PIPELINE_FIELDS = ("boundary_ratio", "expand_timesteps")
 #: transformer config fields our DiT implements (checked against the card), and the fields of the
@@ -53,7 +70,6 @@ WAN22_VAE = {"z_dim": 48, "scale_factor_temporal": 4, "scale_factor_spatial": 16
              "patch_size": 2, "in_channels": 12, "out_channels": 12, "temperal_downsample": [False, True, True]}
 
 _KNOWN_PIPELINES = {
-    "WanImageToVideoPipeline": "Wan image-to-video",
     "WanVideoToVideoPipeline": "Wan video-to-video",
     "WanVACEPipeline": "Wan VACE",
     "HunyuanVideo15Pipeline": "HunyuanVideo-1.5 text-to-video",
@@ -64,7 +80,7 @@ _KNOWN_PIPELINES = {
 
 @dataclass(frozen=True)
 class Layout:
-    kind: str  # "wan2.1-t2v" | "wan2.2-t2v-moe"
+    kind: str  # "wan2.1-t2v" | "wan2.2-t2v-moe" | "wan2.2-ti2v" | "wan2.1-i2v"
     model_index: dict
     transformer: dict  # transformer/config.json
     boundary_ratio: float | None = None
@@ -94,10 +110,13 @@ def inspect_directory(root: Path) -> Layout:
         raise CardError(f"{root.name}/ is not a diffusers-format directory (no model_index.json)", field="model")
     mi = _json(index, "model_index")
     cls = mi.get("_class_name")
+    if cls == "WanImageToVideoPipeline":
+        return _inspect_i2v(root, mi)
     if cls != "WanPipeline":
         what = _KNOWN_PIPELINES.get(cls, "a pipeline this build does not implement")
         raise CardError(f"{root.name}/ is a {cls} directory ({what}); loading implements WanPipeline text-to-video "
-                        "layouts only", field="model_index._class_name", limit="WanPipeline")
+                        "and WanImageToVideoPipeline (Wan2.1 I2V) layouts only", field="model_index._class_name",
+                        limit="WanPipeline, WanImageToVideoPipeline")
     for key, value in mi.items():
         if key.startswith("_") or key in PIPELINE_FIELDS:
             continue
@@ -152,14 +171,49 @@ def inspect_directory(root: Path) -> Layout:
     return Layout("wan2.2-t2v-moe", mi, tcfg, float(ratio))
 
 
-def check_dit_fields(component: str, cfg: dict) -> None:
-    """Refuse a transformer config with a field we do not implement (set, or unknown)."""
+def _inspect_i2v(root: Path, mi: dict) -> Layout:
+    """The Wan2.1 I2V layout, or a refusal naming what differs from it."""
+    for key, value in mi.items():
+        if key.startswith("_"):
+            continue
+        if key in PIPELINE_FIELDS:
+            if value not in (None, False):
+                what = ("a second expert (the Wan2.2 I2V A14B layout)" if key == "boundary_ratio"
+                        else "per-token timesteps (the Wan2.2 TI2V layout)")
+                raise CardError(f"{root.name}/ sets {key}={value!r}: {what} is not implemented for image-to-video",
+                                field=f"model_index.{key}", limit="null")
+            continue
+        if key not in I2V_COMPONENTS:
+            if _present(value) or not isinstance(value, (list, tuple)):
+                what = " (the Wan2.2 I2V A14B layout)" if key == "transformer_2" else ""
+                raise CardError(f"{root.name}/ has component or field {key!r}{what}, which this build does not "
+                                "implement for image-to-video", field=f"model_index.{key}")
+            continue
+        want = I2V_COMPONENTS[key]
+        names = want if isinstance(want, tuple) else (want,)
+        if _present(value) and want is not None and value[1] not in names:
+            raise CardError(f"component {key} is a {value[1]}; the layout needs a {' or '.join(names)}",
+                            field=f"model_index.{key}", limit=", ".join(names))
+    for sub in ("transformer", "vae", "text_encoder", "tokenizer", "scheduler", "image_encoder", "image_processor"):
+        if not _present(mi.get(sub)) or not (root / sub).is_dir():
+            raise CardError(f"{root.name}/ lacks the {sub}/ component an image-to-video card requires",
+                            field=f"checkpoint.{sub}")
+    tcfg = _json(root / "transformer" / "config.json", "checkpoint.transformer")
+    check_dit_fields("transformer", tcfg, image_to_video=True)
+    vcfg = _json(root / "vae" / "config.json", "checkpoint.vae")
+    check_vae_fields(vcfg, tcfg)
+    return Layout("wan2.1-i2v", mi, tcfg)
+
+
+def check_dit_fields(component: str, cfg: dict, image_to_video: bool = False) -> None:
+    """Refuse a transformer config with a field we do not implement (set, or unknown). With
+    ``image_to_video`` the I2V fields must be set and consistent (the Wan2.1 I2V layout)."""
     cls = cfg.get("_class_name")
     if cls is not None and cls != "WanTransformer3DModel":
         raise CardError(f"{component}/config.json is a {cls}, not a WanTransformer3DModel",
                         field=f"components.{component}.config._class_name")
     for k, v in cfg.items():
-        if k.startswith("_") or k in DIT_FIELDS:
+        if k.startswith("_") or k in DIT_FIELDS or (image_to_video and k in DIT_I2V_FIELDS):
             continue
         if k in DIT_UNSET:
             if v is not None:
@@ -168,10 +222,29 @@ def check_dit_fields(component: str, cfg: dict) -> None:
             continue
         raise CardError(f"{component}/config.json has field {k!r}, which this build does not implement",
                         field=f"components.{component}.config.{k}")
+    if image_to_video:
+        _check_i2v_dit(component, cfg)
+        return
     if cfg.get("in_channels") != cfg.get("out_channels"):
         raise CardError(f"{component}/config.json has in_channels={cfg.get('in_channels')} != out_channels="
                         f"{cfg.get('out_channels')}: channel-concatenated conditioning (image-to-video) is not "
                         "implemented", field=f"components.{component}.config.in_channels")
+
+
+def _check_i2v_dit(component: str, cfg: dict) -> None:
+    f = f"components.{component}.config"
+    for k in DIT_I2V_FIELDS:
+        if not isinstance(cfg.get(k), int) or isinstance(cfg.get(k), bool) or cfg[k] < 1:
+            raise CardError(f"{component}/config.json has {k}={cfg.get(k)!r}: an image-to-video transformer needs "
+                            "image cross-attention", field=f"{f}.{k}", limit="a positive integer")
+    inner = int(cfg.get("num_attention_heads", 0)) * int(cfg.get("attention_head_dim", 0))
+    if cfg["added_kv_proj_dim"] != inner:
+        raise CardError(f"{component}/config.json has added_kv_proj_dim={cfg['added_kv_proj_dim']}; the image "
+                        f"embedder's output is the DiT width {inner}", field=f"{f}.added_kv_proj_dim", limit=str(inner))
+    want = 2 * int(cfg.get("out_channels", 0)) + I2V_MASK_CHANNELS
+    if cfg.get("in_channels") != want:
+        raise CardError(f"{component}/config.json has in_channels={cfg.get('in_channels')}; image-to-video takes "
+                        f"latent + mask + image latent = {want}", field=f"{f}.in_channels", limit=str(want))
 
 
 def check_vae_fields(vcfg: dict, tcfg: dict | None = None, expected: dict | None = None) -> None:
@@ -208,6 +281,14 @@ def check_card_layout(card) -> Layout | None:
                                 field=f"checkpoint.{extra}")
         return None
     layout = inspect_directory(root)
+    i2v = "image_encoder" in card.components
+    if (layout.kind == "wan2.1-i2v") != i2v:
+        if i2v:
+            raise CardError(f"card {card.model_id} is image-to-video but the directory is a "
+                            f"{layout.model_index.get('_class_name')} {layout.kind} layout (no image encoder, no "
+                            "image cross-attention)", field="model_index._class_name", limit="WanImageToVideoPipeline")
+        raise CardError(f"card {card.model_id} is text-to-video but the directory is a WanImageToVideoPipeline "
+                        "(Wan2.1 image-to-video) layout", field="model_index._class_name", limit="WanPipeline")
     moe = LoopId.DIFFUSION_DENOISE in card.loops and card.denoise.experts is not None
     ti2v = "vae" in card.components and card.components["vae"].config.get("z_dim") == WAN22_VAE["z_dim"]
     if (layout.kind == "wan2.2-ti2v") != ti2v:
