@@ -10,7 +10,9 @@ A card names its family (``ModelCard.family``); :func:`family_of` is the lookup 
 """
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from fastvideo3.errors import NotFound
@@ -89,4 +91,18 @@ def family_of(card: ModelCard) -> ModelFamily:
     return get_family(card.family)
 
 
-__all__ = ["ModelFamily", "families", "family_of", "get_family", "register_family", "unregister_family"]
+def family_module(card: ModelCard, name: str = "components") -> ModuleType:
+    """A module of the card's family's weights code, ``<package>.<name>``, where ``package`` is the
+    family object's optional ``package`` attribute (its folder's import path). The pools build
+    their components from ``components``: ``TextEncoder``, ``VideoDecoder``, ``load_dit``,
+    ``fast_dit`` and ``lora_layers``. A family without a package serves no weights (fake pools only)."""
+    fam = family_of(card)
+    package = getattr(fam, "package", None)
+    if not package:
+        raise NotFound(f"model family {fam.name!r} names no package of weights code", field="family",
+                       limit="a family with a package")
+    return importlib.import_module(f"{package}.{name}")
+
+
+__all__ = ["ModelFamily", "families", "family_module", "family_of", "get_family", "register_family",
+           "unregister_family"]

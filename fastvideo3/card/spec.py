@@ -108,6 +108,10 @@ class SamplerSpec(_Spec):
     flow_shift: float = Field(3.0, gt=0.0, le=100.0)
     solver_order: int = Field(2, ge=1, le=3)
     num_train_timesteps: int = 1000
+    #: the sigmas a request's steps take: "scheduler" (the scheduler's own spacing for a step count,
+    #: as ``set_timesteps(num_inference_steps)`` makes it) or "linear" (``linspace(1, 0, steps + 1)``
+    #: without its last point, then shifted: what HunyuanVideo15Pipeline passes as ``sigmas``)
+    sigma_spacing: Literal["scheduler", "linear"] = "scheduler"
 
 
 class ExpertsSpec(_Spec):

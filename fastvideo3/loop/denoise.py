@@ -71,7 +71,8 @@ class DenoiseLoop:
         from fastvideo3.card.family import family_of
         spec = card.denoise.sampler
         sched = make_schedule(request.sampler, request.num_inference_steps, request.flow_shift,
-                              spec.num_train_timesteps if spec else 1000)
+                              spec.num_train_timesteps if spec else 1000,
+                              sigma_spacing=spec.sigma_spacing if spec else "scheduler")
         return DenoiseState(
             request_id=request.request_id, loop_id=self.loop_id, model_id=card.model_id,
             num_steps=request.num_inference_steps, timesteps=sched.timesteps, sigmas=sched.sigmas,

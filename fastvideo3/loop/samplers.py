@@ -25,8 +25,19 @@ class Schedule:
     sigmas: list[float]  # len(timesteps) + 1, the last is the terminal sigma (0)
 
 
-def make_schedule(sampler: str, steps: int, flow_shift: float, num_train_timesteps: int = 1000) -> Schedule:
+def make_schedule(sampler: str, steps: int, flow_shift: float, num_train_timesteps: int = 1000, *,
+                  sigma_spacing: str = "scheduler") -> Schedule:
     n = num_train_timesteps
+    if sigma_spacing == "linear":  # the pipeline passes these sigmas; the scheduler shifts them
+        if sampler != Sampler.EULER:
+            raise ValueError(f"sigma_spacing 'linear' is implemented for the {Sampler.EULER} sampler, not {sampler!r}")
+        sig = np.linspace(1.0, 0.0, steps + 1)[:-1].astype(np.float32)
+        sig = flow_shift * sig / (1 + (flow_shift - 1) * sig)
+        sig32 = torch.from_numpy(sig).to(torch.float32)
+        sigmas = torch.cat([sig32, torch.zeros(1)])
+        return Schedule([float(t) for t in (sig32 * n).tolist()], [float(s) for s in sigmas.tolist()])
+    if sigma_spacing != "scheduler":
+        raise ValueError(f"unknown sigma spacing {sigma_spacing!r}")
     if sampler == Sampler.UNIPC:
         sig = np.linspace(1, 1 / n, steps + 1)[:-1]
         sig = flow_shift * sig / (1 + (flow_shift - 1) * sig)

@@ -3,5 +3,6 @@
 its folder under models/ and one line here; card/, loop/, runtime/ and services/ stay as they are.
 """
 from fastvideo3.models.wan import family as wan  # noqa: F401  (registers the Wan family)
+from fastvideo3.models.hunyuan15 import family as hunyuan15  # noqa: F401  (registers HunyuanVideo-1.5)
 
-__all__ = ["wan"]
+__all__ = ["hunyuan15", "wan"]

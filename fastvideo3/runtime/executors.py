@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fastvideo3.card.family import family_module
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import (ErrorInfo, FailedPrecondition, FastVideoError, InvalidRequest, NumericFault,
                                ResourceExhausted, Unavailable)
@@ -20,7 +21,7 @@ from fastvideo3.loop import cfg as cfg_policy
 from fastvideo3.loop.denoise import HANDOFF_PREFIX
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.loop.samplers import SamplerHistory, sampler_step
-from fastvideo3.models.wan.components import TextEncoder, load_dit, precision_dtype
+from fastvideo3.models.wan.components import precision_dtype
 from fastvideo3.request.schema import ID_CHARS
 from fastvideo3.runtime.adapters import adapter_refs
 from fastvideo3.runtime.invariant import bucket_of, cut, pad_rows
@@ -37,6 +38,11 @@ def _fail(unit: WorkUnit, exc: BaseException) -> StepResult:
     if info.step is None and unit.step is not None:  # every step failure names its step
         info = ErrorInfo(info.code, info.message, info.field, info.limit, unit.step, info.retry_after_s, info.details)
     return StepResult(unit.unit_id, unit.request_id, ok=False, error=info)
+
+
+def load_dit(card: ModelCard, device: str, dtype: torch.dtype, component: str = "transformer"):
+    """The card's DiT ``component`` (model, weights digest), loaded by its family's weights code."""
+    return family_module(card).load_dit(card, device, dtype, component=component)
 
 
 def _auto_device(device: str | None) -> str:
@@ -88,7 +94,7 @@ class EncoderExecutor(_Base):
 
     def __init__(self, card: ModelCard, transport, device=None, precision=None, cache=None):
         super().__init__(card, transport, device, precision)
-        self.encoder = TextEncoder(card, self.device, self.dtype)
+        self.encoder = family_module(card).TextEncoder(card, self.device, self.dtype)
         self.weights_digest = self.encoder.digest
         self.cache = cache  # optional feature cache (fastvideo3.cache), keyed by a full CacheKey
         # image-to-video cards: the CLIP image encoder runs here too (models/wan/image.py)
@@ -169,6 +175,7 @@ class DenoiserExecutor(_Base):
         self.experts = names
         self.dits: dict[str, object] = {}
         digests = []
+        parts = family_module(card)  # the card's family's weights code
         for name in names:
             self.dits[name], digest = load_dit(card, self.device, self.dtype, component=name)
             digests.append(digest if len(names) == 1 and name == "transformer" else f"{name}={digest}")
@@ -179,16 +186,15 @@ class DenoiserExecutor(_Base):
         self.fast = self.device.startswith("cuda") if fast is None else bool(fast)
         self._forwards = dict(self.dits)
         if self.fast:
-            from fastvideo3.models.wan.fast import FastWanDiT
-            self._forwards = {n: FastWanDiT(m) for n, m in self.dits.items()}
+            self._forwards = {n: parts.fast_dit(m) for n, m in self.dits.items()}
         self._forward = self._forwards[names[0]]
         # LoRA adapters (fastvideo3.runtime.adapters): a per-row delta on the adapted layers of
         # whichever forward runs (hooks on the reference model, calls inside the fast path)
-        from fastvideo3.models.wan.lora import adapted_linears, layer_shapes, lora_groups
         from fastvideo3.runtime.adapters import AdapterStore
-        self.adapters = AdapterStore(layer_shapes(self.dit.cfg), self.device, self.dtype, slots=lora_slots,
-                                     max_rank=lora_max_rank, groups=lora_groups(self.dit.cfg))
-        self.adapters.hook(self.dit, adapted_linears(self.dit, self.dit.cfg))
+        shapes, linears, groups = parts.lora_layers(self.dit)
+        self.adapters = AdapterStore(shapes, self.device, self.dtype, slots=lora_slots,
+                                     max_rank=lora_max_rank, groups=groups)
+        self.adapters.hook(self.dit, linears)
         if self.fast:
             self._forward.lora = self.adapters
         # The model as the pool sees it: a runtime export (identity, fingerprint, ports, stages,
@@ -244,6 +250,8 @@ class DenoiserExecutor(_Base):
         if not isinstance(adapter_id, str) or not 1 <= len(adapter_id) <= 128 or not set(adapter_id) <= ID_CHARS:
             raise InvalidRequest("must be 1-128 characters of [A-Za-z0-9-_.:]", field="adapter_id",
                                  limit="1..128 chars")
+        if not self.adapters.shapes:  # the card's DiT adapts no layers
+            raise FailedPrecondition(f"card {self.card.model_id}'s DiT takes no LoRA adapters", field="adapter_id")
         if type(self._forward).__name__ == "Fp8FastWanDiT":
             raise FailedPrecondition("the FP8 fast path takes no LoRA adapters", field="adapter_id")
         if len(getattr(self, "experts", ())) > 1:  # the delta hooks sit on one expert's layers

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 
+from fastvideo3.card.family import family_module
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import InvalidRequest, ResourceExhausted
 from fastvideo3.loop.protocol import StepResult
-from fastvideo3.models.wan.components import VideoDecoder
 from fastvideo3.runtime.executors import _Base, _fail
 from fastvideo3.vocab import OUTPUT_FORMATS, Role, UnitKind
 
@@ -71,7 +71,7 @@ class DecoderExecutor(_Base):
             raise InvalidRequest(f"{max_decode_batch!r}", field="max_decode_batch", limit=f"1..{MAX_DECODE_BATCH}")
         self.frames_dtype = frames_dtype
         self.max_decode_batch = max_decode_batch
-        self.vae = VideoDecoder(card, self.device, self.dtype, fast=fast)
+        self.vae = family_module(card).VideoDecoder(card, self.device, self.dtype, fast=fast)
         self.weights_digest = self.vae.digest
         if not self.device.startswith("cuda"):
             from fastvideo3.models.wan.vae_decode import contiguous_inputs

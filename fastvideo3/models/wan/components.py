@@ -244,6 +244,18 @@ def load_dit(card: ModelCard, device: str = "cpu", dtype: torch.dtype = torch.fl
     return model, digest
 
 
+def fast_dit(model: WanDiT):
+    """The CUDA fast path of a loaded DiT (:class:`~fastvideo3.models.wan.fast.FastWanDiT`)."""
+    from fastvideo3.models.wan.fast import FastWanDiT
+    return FastWanDiT(model)
+
+
+def lora_layers(model: WanDiT):
+    """(layer shapes, adapted Linear modules, fused groups) of per-row LoRA on this DiT."""
+    from fastvideo3.models.wan.lora import adapted_linears, layer_shapes, lora_groups
+    return layer_shapes(model.cfg), adapted_linears(model, model.cfg), lora_groups(model.cfg)
+
+
 def _init_seeded_dit(model: WanDiT) -> None:
     """Seeded weights with a useful scale: small normal weights, zero biases."""
     for name, p in model.named_parameters():

@@ -53,6 +53,8 @@ class WanFamily:
     """Wan2.1 / Wan2.2 text-to-video (and the tiny cards of the same architecture)."""
 
     name = "wan"
+    #: the family's package: its weights code is ``<package>.components``
+    package = "fastvideo3.models.wan"
 
     def builtin_cards(self) -> dict[str, ModelCard]:
         from fastvideo3.models.wan.cards import builtin_cards

@@ -200,7 +200,7 @@ def _update(state_latent, noise_pred, dt, prev, has_prev) -> None:
 
 def default_buckets(card, text_dim: int | None = None) -> tuple[DitBucket, ...]:
     """One request (rows 1) and one request with CFG (rows 2) at the card's default shape."""
-    from fastvideo3.models.wan.components import latent_shape
+    from fastvideo3.card.family import family_of
     lim = card.limits
-    shape = latent_shape(card, lim.default_frames, lim.default_height, lim.default_width)
+    shape = family_of(card).latent_shape(card, lim.default_frames, lim.default_height, lim.default_width)
     return tuple(DitBucket(r, shape, card.max_text_tokens) for r in (1, 2))

@@ -1,0 +1,84 @@
+"""The HunyuanVideo-1.5 family object: what card/, loop/, runtime/ and the fake pools know of
+HunyuanVideo-1.5, through :mod:`fastvideo3.card.family`. Torch-free; the weights code
+(components.py, checkpoint.py) is imported only when a checkpoint directory is read.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastvideo3.card.family import register_family
+from fastvideo3.card.spec import ModelCard
+from fastvideo3.models.hunyuan15 import flops
+from fastvideo3.models.wan.flops import StepShape
+
+
+def latent_stride(card: ModelCard) -> tuple[int, int, int]:
+    """(temporal, height, width) compression of the card's VAE (HunyuanVideo-1.5: 4, 16, 16)."""
+    v = card.components["vae"].config
+    s = int(v.get("spatial_compression_ratio", 16))
+    return int(v.get("temporal_compression_ratio", 4)), s, s
+
+
+def latent_shape(card: ModelCard, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
+    """(C, F_lat, H_lat, W_lat): the VAE is causal in time, ``1 + (frames - 1) / t`` latent frames."""
+    t, s, _ = latent_stride(card)
+    c = int(card.components["vae"].config.get("latent_channels", 32))
+    return (c, (frames - 1) // t + 1, height // s, width // s)
+
+
+def dit_config(card: ModelCard) -> flops.DitConfig:
+    c = card.components["transformer"].config
+    pt, p = int(c.get("patch_size_t", 1)), int(c.get("patch_size", 1))
+    return flops.DitConfig(
+        num_layers=int(c["num_layers"]), num_heads=int(c["num_attention_heads"]), head_dim=int(c["attention_head_dim"]),
+        mlp_ratio=float(c.get("mlp_ratio", 4.0)), num_refiner_layers=int(c.get("num_refiner_layers", 2)),
+        text_dim=int(c.get("text_embed_dim", 3584)), text_dim_2=int(c.get("text_embed_2_dim", 1472)),
+        image_dim=int(c.get("image_embed_dim", 1152)), in_channels=int(c.get("in_channels", 65)),
+        out_channels=int(c.get("out_channels", 32)), patch_size=(pt, p, p),
+    )
+
+
+class Hunyuan15Family:
+    """HunyuanVideo-1.5 text-to-video (diffusers' HunyuanVideo15Pipeline layout)."""
+
+    name = "hunyuan15"
+    #: the family's package: its weights code is ``<package>.components``
+    package = "fastvideo3.models.hunyuan15"
+
+    def builtin_cards(self) -> dict[str, ModelCard]:
+        from fastvideo3.models.hunyuan15.cards import builtin_cards
+        return builtin_cards()
+
+    def card_for_directory(self, root: Path) -> ModelCard | None:
+        from fastvideo3.models.hunyuan15.checkpoint import card_for_directory
+        return card_for_directory(root)
+
+    def latent_shape(self, card: ModelCard, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
+        return latent_shape(card, frames, height, width)
+
+    def frames_of_latent(self, card: ModelCard, latent_frames: int) -> int:
+        return (latent_frames - 1) * latent_stride(card)[0] + 1
+
+    def latent_stride(self, card: ModelCard) -> tuple[int, int, int]:
+        return latent_stride(card)
+
+    def dit_config(self, card: ModelCard) -> flops.DitConfig:
+        return dit_config(card)
+
+    def step_shape(self, frames: int, height: int, width: int, *, stride: tuple[int, int, int],
+                   batch: int = 1, cfg_branches: int = 1) -> StepShape:
+        return StepShape.from_video(frames, height, width, batch=batch, cfg_branches=cfg_branches, stride=stride)
+
+    def step_work(self, config: flops.DitConfig, shape: StepShape, *, weight_bytes_per_param: int, act_bytes: int,
+                  sampler_history: int):
+        fwd = flops.dit_forward_cost(config, shape, weight_bytes_per_param=weight_bytes_per_param, act_bytes=act_bytes)
+        peak = flops.dit_peak_activation_bytes(config, shape, act_bytes=act_bytes)
+        res = flops.dit_resident_memory(config, shape, sampler_history=sampler_history,
+                                        weight_bytes_per_param=weight_bytes_per_param)
+        return fwd, peak, res
+
+    def weights_dir(self) -> Path | None:
+        return None  # it ships no weights
+
+
+HUNYUAN15 = register_family(Hunyuan15Family())
