@@ -19,6 +19,15 @@ def tiny_wan_dir(tmp_path_factory: pytest.TempPathFactory):
     return build_wan_dir(tmp_path_factory.mktemp("wan") / "tiny-wan", preset="tiny", seed=0)
 
 
+@pytest.fixture(scope="session")
+def tiny_hunyuan15_dir(tmp_path_factory: pytest.TempPathFactory):
+    """A random tiny HunyuanVideo-1.5 T2V directory written by diffusers (seed 0), built once per session."""
+    from fastvideo3.models.hunyuan15.synthetic import build_hunyuan15_dir
+
+    return build_hunyuan15_dir(tmp_path_factory.mktemp("hy15") / "tiny-hy15", seed=0, flow_shift=7.0,
+                               guidance_scale=6.0)
+
+
 from tests.redis_server import redis_url  # noqa: E402,F401  (a real redis-server per session)
 
 # In CI nothing the issues ask to be tested may be skipped silently: a skip that is not about a

@@ -390,6 +390,7 @@ class HunyuanDiT(nn.Module):
         qwen, mask, keys_1 = valid_first(qwen, mask)
         q_ctx = self.context_embedder(qwen, mask, keys_1, t, self.transformer_blocks[0].attn.attend)
         q_ctx = q_ctx + self.cond_type_embed.weight[0]
+        byt5, mask_2, _ = valid_first(byt5, mask_2)  # padding rows are never projected
         b_ctx = self.context_embedder_2(byt5) + self.cond_type_embed.weight[1]
         # the reference's token order: valid ByT5, then valid Qwen (then padding, dropped)
         ctx, cmask, keys = valid_first(torch.cat([b_ctx, q_ctx], 1), torch.cat([mask_2, mask], 1))
