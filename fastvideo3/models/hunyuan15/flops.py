@@ -19,8 +19,8 @@ One multiply-add = 2 FLOPs. Hidden ``D = heads * head_dim``, FFN width ``F = mlp
     head             2 * L * D * (C_out * pt*p*p) + 2 * 2 * D^2
 
 Norms, RoPE and residual adds are elementwise and left out. For the 480p card at 121 x 480 x 848
-(latent 31 x 30 x 53, L = 49,290) one conditional forward is about 2.0 PFLOP (the attention is
-about 60% of it).
+(latent 31 x 30 x 53, L = 49,290) one conditional forward is about 1.4 PFLOP, four fifths of
+it the joint attention.
 """
 from __future__ import annotations
 
