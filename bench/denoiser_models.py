@@ -3,6 +3,7 @@
     python bench/denoiser.py --models wan2.2-ti2v-5b,wan2.2-a14b --out bench/results/denoiser_models_h200.json
     python bench/denoiser.py --models wan2.2-ti2v-5b,wan2.2-a14b --tiny --device cpu --out OUT.json   # a check
     python bench/denoiser.py --models wan2.1-i2v-14b --out bench/results/denoiser_models_i2v_h200.json   # Wan2.1 I2V
+    python bench/denoiser.py --models hunyuanvideo-1.5 --out bench/results/denoiser_hunyuan15_h200.json   # HunyuanVideo-1.5
 
 For each family's real-size config (random weights drawn on the device, shared by both sides, as
 bench/denoiser.py does for Wan2.1): TI2V-5B at the 720p shape its card lists (1280x704, 121
@@ -16,7 +17,8 @@ resident, graphs captured once per expert in the warm phase, requests stepped th
 boundary as the denoise loop names the experts. Counted during the requests: graph captures
 (``recompiles``) and weights that moved or were re-read (``weight_reloads``: parameters whose
 storage changed, and growth of allocated memory), with the switch step's time next to the
-steady step time. Every stage has a deadline (``--stage-timeout``); the JSON is rewritten after
+steady step time. HunyuanVideo-1.5 (``hunyuanvideo-1.5``: 480p and 720p at 121 frames) is benched
+by bench/denoiser_hunyuan15.py, its rows in the same table. Every stage has a deadline (``--stage-timeout``); the JSON is rewritten after
 every row, so a stopped run keeps what finished.
 
 ``summary`` holds exactly: ``ours_faster_480p`` and ``ours_faster_720p`` (family -> bool, every
@@ -42,7 +44,10 @@ from fastvideo3.runtime.pricing import dit_config, vae_spatial_scale
 GiB = 2**30
 TEXT_LEN = 512
 #: family -> the card it benches; the configs are the card's (one per expert)
-FAMILIES = {"wan2.2-ti2v-5b": "wan2.2-ti2v-5b", "wan2.2-a14b": "wan2.2-t2v-a14b", "wan2.1-i2v-14b": "wan2.1-i2v-14b-480p"}
+FAMILIES = {"wan2.2-ti2v-5b": "wan2.2-ti2v-5b", "wan2.2-a14b": "wan2.2-t2v-a14b", "wan2.1-i2v-14b": "wan2.1-i2v-14b-480p",
+            "hunyuanvideo-1.5": "hunyuanvideo-1.5-480p-t2v"}
+#: families benched by their own module (bench/denoiser_<module>.py: ``bench_family``)
+OWN_BENCH = {"hunyuanvideo-1.5": "denoiser_hunyuan15"}
 #: the shapes each card lists (TI2V-5B is published at 720p only: 1280x704, 121 frames at 24 fps)
 SHAPES = {"wan2.2-a14b": {"480p": (81, 480, 832), "720p": (81, 720, 1280)},
           "wan2.2-ti2v-5b": {"720p": (121, 704, 1280)},
@@ -129,6 +134,16 @@ def run(args) -> int:
     for fam in families:
         if fam not in FAMILIES:
             raise SystemExit(f"--models: unknown family {fam!r} (known: {', '.join(FAMILIES)})")
+        if fam in OWN_BENCH:  # HunyuanVideo-1.5: its DiT's own inputs (packed two-encoder text)
+            import importlib
+            faster = importlib.import_module(OWN_BENCH[fam]).bench_family(args, clock, device, dtype, warm, iters,
+                                                                         save, result)
+            for label, ok in faster.items():
+                summary[f"ours_faster_{label}"][fam] = ok
+            gc.collect()
+            if clock.cuda:
+                torch.cuda.empty_cache()
+            continue
         card = get_card(FAMILIES[fam])
         shapes = (TINY_SHAPES if args.tiny else SHAPES)[fam]
         scale = vae_spatial_scale(card)

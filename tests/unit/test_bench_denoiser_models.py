@@ -47,3 +47,16 @@ def test_tiny_i2v_bench_on_cpu(tmp_path, monkeypatch):
     assert all("error" not in r and r["rel_fro"] < 1e-4 for r in rows), rows
     assert set(result["summary"]["ours_faster_480p"]) == set(result["summary"]["ours_faster_720p"]) == {"wan2.1-i2v-14b"}
     assert result["switch"] == {}  # one DiT: no expert switch
+
+
+def test_tiny_hunyuan15_bench_on_cpu(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import denoiser
+    out = tmp_path / "h.json"
+    assert denoiser.main(["--models", "hunyuanvideo-1.5", "--tiny", "--device", "cpu", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert [(r["family"], r["shape"]) for r in rows] == [("hunyuanvideo-1.5", "480p"), ("hunyuanvideo-1.5", "720p")]
+    assert all("error" not in r and r["rel_fro"] < 1e-5 and r["finite"] for r in rows)
+    assert set(result["summary"]["ours_faster_480p"]) == set(result["summary"]["ours_faster_720p"]) == {
+        "hunyuanvideo-1.5"}
