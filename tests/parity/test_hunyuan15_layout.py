@@ -94,3 +94,10 @@ def test_card_and_checkpoint_disagreements_are_refused_by_name(tiny_hunyuan15_di
         with pytest.raises(CardError) as e:
             load_dit(resolve_card(str(root)))
         assert e.value.field == {"extra": "transformer.blocks.0.extra.weight", "shape": "transformer.proj_out.bias"}[name]
+
+
+def test_pool_start_check_finds_every_file_a_role_loads(tiny_hunyuan15_dir):
+    from fastvideo3.card.verify import ROLE_KINDS, verify_checkpoint
+    card = resolve_card(str(tiny_hunyuan15_dir))
+    for role, kinds in ROLE_KINDS.items():
+        verify_checkpoint(card, kinds)  # raises, naming the file, if one a role loads is missing

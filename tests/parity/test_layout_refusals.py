@@ -3,7 +3,8 @@
 Each family is fed the next family's tiny directory, written by diffusers' own classes: Wan2.1
 T2V gets the Wan2.2 two-expert layout (and TI2V-5B's), the two-expert family gets TI2V-5B's,
 TI2V-5B gets Wan2.1 I2V's (and Wan2.1 T2V's), the Wan2.1 I2V card gets Wan2.1 T2V's (and a T2V
-card the I2V one's), and the loader refuses HunyuanVideo-1.5 directories outright. Both ways in are covered: a directory given as ``--model
+card the I2V one's), and the Wan loader refuses HunyuanVideo-1.5 directories outright (they are
+their own family's: tests/parity/test_hunyuan15_layout.py). Both ways in are covered: a directory given as ``--model
 DIR`` (the card is built from it) and a card bound to a directory (``checkpoint.root``).
 """
 import json
@@ -160,7 +161,10 @@ def test_i2v_layout_refuses_what_it_does_not_implement(dirs, tmp_path):
 
 
 def test_refuses_hunyuan15(dirs):
-    _refused(lambda: resolve_card(str(dirs["hunyuan15"])), "model_index._class_name", "HunyuanVideo15Pipeline")
+    from fastvideo3.models.wan.checkpoint import card_for_directory
+    _refused(lambda: card_for_directory(dirs["hunyuan15"]), "model_index._class_name", "HunyuanVideo15Pipeline")
+    # --model DIR reaches the HunyuanVideo-1.5 family, which refuses this one (no text encoders) by name
+    _refused(lambda: resolve_card(str(dirs["hunyuan15"])), "checkpoint.text_encoder", "text_encoder")
 
 
 def test_refuses_an_unknown_transformer_field(tiny_wan_dir, tmp_path):

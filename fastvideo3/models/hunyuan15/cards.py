@@ -39,11 +39,11 @@ TINY_DIT = dict(
 )
 TINY_VAE = dict(latent_channels=4, temporal_compression_ratio=2, spatial_compression_ratio=4)
 
-#: the components a text-to-video request needs, all from the directory
+#: the components a text-to-video request loads, all from the directory (its guider/ holds only the
+#: default guidance scale, which the card takes when it is built from the directory)
 COMPONENTS = {
     "tokenizer": "tokenizer", "text_encoder": "text_encoder", "tokenizer_2": "tokenizer",
     "text_encoder_2": "text_encoder", "transformer": "dit", "vae": "vae", "scheduler": "scheduler",
-    "guider": "scheduler",
 }
 
 
