@@ -380,6 +380,9 @@ class DenoiserExecutor(_Base):
         from fastvideo3.models.wan.runtime_export import DitBucket
         if not self.fast:
             return
+        if not getattr(self._forward, "capturable", True):
+            raise FailedPrecondition(f"card {self.card.model_id}'s DiT forward cannot be captured in a CUDA graph "
+                                     "(it reads per-row text lengths on the host); it runs eagerly", field="buckets")
         text_len = text_len or self.card.max_text_tokens
         buckets = tuple(DitBucket(int(r), tuple(int(d) for d in shape), text_len)
                         for r, shape in rows_and_latent_shapes)

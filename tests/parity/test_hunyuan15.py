@@ -123,3 +123,20 @@ def test_interleave_gate_and_step_batching(hy_dir):
     for a, b in zip(batched, serial):
         assert rel_error(a, b) <= card.parity.c1_latents_rel
     assert not torch.equal(serial[0], serial[1])
+
+
+def test_fast_forward_is_the_reference_function(hy_dir):
+    from fastvideo3.models.hunyuan15.components import fast_dit, load_dit
+    from fastvideo3.models.hunyuan15.dit import pack_text
+    model, _ = load_dit(resolve_card(str(hy_dir)))
+    cfg, g = model.cfg, torch.Generator().manual_seed(2)
+    m1, m2 = torch.zeros(1, cfg.text_len), torch.zeros(1, cfg.text_len_2)
+    m1[0, :30] = 1
+    args = (torch.randn(1, 4, 2, 4, 4, generator=g), torch.tensor([500.0]),
+            pack_text(torch.randn(1, cfg.text_len, 16, generator=g), m1, torch.randn(1, cfg.text_len_2, 32), m2,
+                      cfg.text_dim))
+    with torch.no_grad():
+        want = model(*args)
+        fast = fast_dit(model)
+        assert fast.backend == "sdpa" and fast.capturable is False  # eager: host-read text lengths
+        assert torch.equal(fast(*args), want)

@@ -43,7 +43,8 @@ def _edit(path, key, value):
 
 
 @pytest.mark.parametrize("file, key, value, field", [
-    ("model_index.json", "transformer_2", ["diffusers", "HunyuanVideo15Transformer3DModel"], "model_index.transformer_2"),
+    ("model_index.json", "transformer_2", ["diffusers", "HunyuanVideo15Transformer3DModel"],
+     "model_index.transformer_2"),
     ("model_index.json", "image_encoder", ["transformers", "SiglipVisionModel"], "model_index.image_encoder"),
     ("model_index.json", "transformer", ["diffusers", "WanTransformer3DModel"], "model_index.transformer"),
     ("model_index.json", "_class_name", "HunyuanVideo15ImageToVideoPipeline", "model_index._class_name"),
@@ -93,7 +94,8 @@ def test_card_and_checkpoint_disagreements_are_refused_by_name(tiny_hunyuan15_di
         save_file(state, str(weights))
         with pytest.raises(CardError) as e:
             load_dit(resolve_card(str(root)))
-        assert e.value.field == {"extra": "transformer.blocks.0.extra.weight", "shape": "transformer.proj_out.bias"}[name]
+        want = {"extra": "transformer.blocks.0.extra.weight", "shape": "transformer.proj_out.bias"}[name]
+        assert e.value.field == want
 
 
 def test_pool_start_check_finds_every_file_a_role_loads(tiny_hunyuan15_dir):

@@ -18,6 +18,7 @@ from fastvideo3.card.spec import (
     CheckpointManifest, ComponentSpec, ExtensionContract, Limits, LoopSpec, ModelCard, ParallelismContract,
     ParitySpec, PrecisionContract, RecipeSpec, SamplerSpec,
 )
+from fastvideo3.models.hunyuan15.layout import TASK_T2V
 from fastvideo3.vocab import LoopId, Sampler, Task
 
 FAMILY = "hunyuan15"
@@ -28,7 +29,7 @@ HV15_DIT = dict(
     in_channels=65, out_channels=32, num_attention_heads=16, attention_head_dim=128, num_layers=54,
     num_refiner_layers=2, mlp_ratio=4.0, patch_size=1, patch_size_t=1, qk_norm="rms_norm", text_embed_dim=3584,
     text_embed_2_dim=1472, image_embed_dim=1152, rope_theta=256.0, rope_axes_dim=[16, 56, 56], target_size=640,
-    task_type="t2v", use_meanflow=False,
+    task_type=TASK_T2V, use_meanflow=False,
 )
 #: the latent layout of the HunyuanVideo-1.5 VAE: 32 channels, 4x temporal, 16x spatial
 HV15_VAE = dict(latent_channels=32, temporal_compression_ratio=4, spatial_compression_ratio=16)

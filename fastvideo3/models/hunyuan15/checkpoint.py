@@ -15,6 +15,7 @@ from safetensors import safe_open
 
 from fastvideo3.errors import CardError
 from fastvideo3.models.wan.checkpoint import safetensors_files
+from fastvideo3.vocab import LoopId
 
 
 def hunyuan15_dit_key_map(cfg) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -139,7 +140,7 @@ def card_for_directory(root: Path):
                                    limits=builtin_cards()["hunyuanvideo-1.5-480p-t2v"].limits)
     data = base.model_dump(mode="json")
     data["components"]["transformer"]["config"] = tcfg
-    den = data["loops"]["diffusion_denoise"]
+    den = data["loops"][LoopId.DIFFUSION_DENOISE]
     den["sampler"].update(flow_shift=float(layout.scheduler.get("shift", 1.0)),
                           num_train_timesteps=int(layout.scheduler.get("num_train_timesteps", 1000)))
     data["limits"]["default_guidance"] = float(layout.guider.get("guidance_scale", 7.5))

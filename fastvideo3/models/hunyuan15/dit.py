@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastvideo3.vocab import Program
+
 Tap = Callable[[str, torch.Tensor], None] | None
 
 
@@ -51,7 +53,7 @@ class HunyuanDiTConfig:
     rope_theta: float = 256.0
     rope_axes_dim: tuple[int, int, int] = (16, 56, 56)
     target_size: int = 640
-    task_type: str = "t2v"
+    task_type: str = str(Program.T2V)  # diffusers' text-to-video task_type
     use_meanflow: bool = False
     #: rows of each encoder in the packed text conditioning (the pipeline's tokenizer lengths)
     text_len: int = 1000
@@ -132,7 +134,8 @@ def rope_grid(cfg: HunyuanDiTConfig, f: int, h: int, w: int, device) -> tuple[to
     cos, sin = [], []
     axes = torch.meshgrid(*[torch.arange(n, device=device, dtype=torch.float32) for n in (f, h, w)], indexing="ij")
     for dim, pos in zip(cfg.rope_axes_dim, axes):
-        freqs = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, device=device, dtype=torch.float64)[: dim // 2] / dim))
+        exps = torch.arange(0, dim, 2, device=device, dtype=torch.float64)[: dim // 2] / dim
+        freqs = 1.0 / (cfg.rope_theta ** exps)
         ang = torch.outer(pos.reshape(-1).double(), freqs)
         cos.append(ang.cos().float().repeat_interleave(2, dim=1))
         sin.append(ang.sin().float().repeat_interleave(2, dim=1))
@@ -246,7 +249,8 @@ class ByT5Projection(nn.Module):
     def __init__(self, d_in: int, d_out: int):
         super().__init__()
         self.norm = nn.LayerNorm(d_in)
-        self.linear_1, self.linear_2, self.linear_3 = nn.Linear(d_in, 2048), nn.Linear(2048, 2048), nn.Linear(2048, d_out)
+        self.linear_1, self.linear_2 = nn.Linear(d_in, 2048), nn.Linear(2048, 2048)
+        self.linear_3 = nn.Linear(2048, d_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_3(F.gelu(self.linear_2(F.gelu(self.linear_1(self.norm(x))))))

@@ -33,6 +33,10 @@ def pick_backend(device, dtype: torch.dtype) -> str:
 class FastHunyuanDiT(torch.nn.Module):
     """Wraps a loaded :class:`HunyuanDiT`; ``forward(latents, timestep, text)`` as the model's."""
 
+    #: each row's valid text length is read on the host, so the forward runs eagerly, never in a
+    #: captured CUDA graph (the pool refuses to prepare graph buckets for it)
+    capturable = False
+
     def __init__(self, model: HunyuanDiT, backend: str | None = None):
         super().__init__()
         self.model = model

@@ -17,8 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastvideo3.errors import CardError
+from fastvideo3.vocab import Program
 
 PIPELINE = "HunyuanVideo15Pipeline"
+#: the transformer's ``task_type`` for text-to-video: diffusers spells it as our text-to-video program
+TASK_T2V = str(Program.T2V)
 #: model_index.json component -> the classes we implement (None: any)
 COMPONENTS = {
     "transformer": ("HunyuanVideo15Transformer3DModel",),
@@ -36,7 +39,7 @@ DIT_FIELDS = ("in_channels", "out_channels", "num_attention_heads", "attention_h
               "text_embed_2_dim", "image_embed_dim", "rope_theta", "rope_axes_dim", "target_size", "task_type",
               "use_meanflow")
 DIT_VALUES = {"qk_norm": ("rms_norm", "RMSNorm QK normalization"),
-              "task_type": ("t2v", "text-to-video (image-to-video is HunyuanVideo15ImageToVideoPipeline)"),
+              "task_type": (TASK_T2V, "text-to-video (image-to-video is HunyuanVideo15ImageToVideoPipeline)"),
               "use_meanflow": (False, "MeanFlow's second timestep (the distilled super-resolution models)")}
 VAE_FIELDS = ("in_channels", "out_channels", "latent_channels", "block_out_channels", "layers_per_block",
               "spatial_compression_ratio", "temporal_compression_ratio", "downsample_match_channel",
@@ -156,7 +159,8 @@ def check_dit_fields(cfg: dict, component: str = "transformer") -> None:
     axes, head = list(cfg.get("rope_axes_dim", (16, 56, 56))), cfg.get("attention_head_dim", 128)
     if len(axes) != 3 or sum(axes) != head or any(a % 2 for a in axes):
         raise CardError(f"{component}/config.json has rope_axes_dim={axes}: three even parts summing to "
-                        f"attention_head_dim={head} are implemented", field=f"components.{component}.config.rope_axes_dim")
+                        f"attention_head_dim={head} are implemented",
+                        field=f"components.{component}.config.rope_axes_dim")
 
 
 def check_vae_fields(vcfg: dict, tcfg: dict | None = None, expected: dict | None = None) -> None:

@@ -23,11 +23,13 @@ from typing import Any
 
 import torch
 
+from fastvideo3.models.hunyuan15.layout import TASK_T2V
+
 #: the diffusers test's tiny transformer (text-to-video)
 TINY_TRANSFORMER: dict[str, Any] = dict(
     in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=2, num_refiner_layers=1,
     mlp_ratio=2.0, patch_size=1, patch_size_t=1, qk_norm="rms_norm", text_embed_dim=16, text_embed_2_dim=32,
-    image_embed_dim=12, rope_theta=256.0, rope_axes_dim=[2, 2, 4], target_size=16, task_type="t2v",
+    image_embed_dim=12, rope_theta=256.0, rope_axes_dim=[2, 2, 4], target_size=16, task_type=TASK_T2V,
     use_meanflow=False,
 )
 #: 4 latent channels, 2x temporal, 4x spatial
@@ -91,7 +93,8 @@ def build_hunyuan15_dir(path: str | Path, *, seed: int = 0, flow_shift: float = 
         tok2 = ByT5Tokenizer()
         byt5 = T5EncoderModel(T5Config(**TINY_BYT5, vocab_size=len(tok2)))
     pipe = HunyuanVideo15Pipeline(
-        transformer=transformer.eval().to(dtype), vae=vae.eval(), scheduler=FlowMatchEulerDiscreteScheduler(shift=flow_shift),
+        transformer=transformer.eval().to(dtype), vae=vae.eval(),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=flow_shift),
         text_encoder=qwen.eval().to(dtype), tokenizer=tok, text_encoder_2=byt5.eval().to(dtype), tokenizer_2=tok2,
         guider=ClassifierFreeGuidance(guidance_scale=guidance_scale),
     )
