@@ -250,14 +250,14 @@ class DenoiserExecutor(_Base):
         if not isinstance(adapter_id, str) or not 1 <= len(adapter_id) <= 128 or not set(adapter_id) <= ID_CHARS:
             raise InvalidRequest("must be 1-128 characters of [A-Za-z0-9-_.:]", field="adapter_id",
                                  limit="1..128 chars")
-        if not self.adapters.shapes:  # the card's DiT adapts no layers
-            raise FailedPrecondition(f"card {self.card.model_id}'s DiT takes no LoRA adapters", field="adapter_id")
         if type(self._forward).__name__ == "Fp8FastWanDiT":
             raise FailedPrecondition("the FP8 fast path takes no LoRA adapters", field="adapter_id")
         if len(getattr(self, "experts", ())) > 1:  # the delta hooks sit on one expert's layers
             raise FailedPrecondition("a two-expert pool takes no LoRA adapters yet", field="adapter_id")
         if getattr(self, "mesh", None) is not None:  # every rank would need it, loaded in step
             raise FailedPrecondition("a multi-rank (parallel) replica takes no LoRA adapters yet", field="adapter_id")
+        if getattr(self, "adapters", None) is not None and not self.adapters.shapes:  # the DiT adapts no layers
+            raise FailedPrecondition(f"card {self.card.model_id}'s DiT takes no LoRA adapters", field="adapter_id")
         if tensors is not None:
             return parse_lora(tensors, self.dit.cfg, adapter_id, self.adapters.max_rank)
         if not path:

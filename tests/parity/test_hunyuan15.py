@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from fastvideo3.card import resolve_card
+from fastvideo3.errors import FailedPrecondition
 from fastvideo3.parity import rel_error
 from fastvideo3.runtime.engine import Engine
 
@@ -120,6 +121,8 @@ def test_interleave_gate_and_step_batching(hy_dir):
         engine.run()
         batched = [engine.result(r).latents for r in runs]
         assert engine.denoiser.counters["max_batch_rows"] == 2 * len(REQS)  # one forward served both
+        with pytest.raises(FailedPrecondition, match="no LoRA adapters"):  # its DiT adapts no layers
+            engine.denoiser.load_adapter("style", tensors={})
     for a, b in zip(batched, serial):
         assert rel_error(a, b) <= card.parity.c1_latents_rel
     assert not torch.equal(serial[0], serial[1])
