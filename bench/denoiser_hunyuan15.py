@@ -1,6 +1,8 @@
 """HunyuanVideo-1.5's DiT forward against diffusers' (a family row of bench/denoiser_models.py).
 
-    python bench/denoiser.py --models hunyuanvideo-1.5 --out bench/results/denoiser_hunyuan15_h200.json
+    python bench/denoiser.py --models hunyuanvideo-1.5 --quick --out bench/results/denoiser_models_hunyuan15_h200.json
+    MODELS=hunyuanvideo-1.5 MODELS_JSON=denoiser_models_hunyuan15_h200.json MODELS_TIMEOUT_S=540 \
+        bash bench/gpu_call.sh models          # one H200 call, carrying .wheels .wheels_fa3 .wheels_extra
 
 The real-size DiT (the 480p card's config: 54 dual-stream blocks, 2048 wide, 8.3B parameters) with
 random weights drawn once on the device in bf16 and shared by both sides (our module loads
@@ -26,7 +28,7 @@ from fastvideo3.models.hunyuan15.flops import dit_forward_cost
 from fastvideo3.runtime.pricing import dit_config
 from fastvideo3.models.wan.flops import StepShape
 
-CARD = "hunyuanvideo-1.5-480p-t2v"
+FAMILY, CARD = "hunyuanvideo-1.5", "hunyuanvideo-1.5-480p-t2v"
 SHAPES = {"480p": (121, 480, 848), "720p": (121, 720, 1280)}
 TINY_SHAPES = {"480p": (5, 32, 48), "720p": (5, 48, 80)}
 #: valid tokens of the benched prompt (of the packed 1000 Qwen and 256 ByT5 rows)
@@ -86,12 +88,16 @@ def bench_family(args, clock, device: str, dtype: torch.dtype, warm: int, iters:
                                  "attention": fast.backend, "params": sum(p.numel() for p in ref.parameters())}
     save()
     faster = {}
+    skip = {r.strip() for r in (getattr(args, "skip_rows", "") or "").split(",") if r.strip()}
     for label, shape in (TINY_SHAPES if args.tiny else SHAPES).items():
+        if f"{FAMILY}:{label}" in skip:
+            result.setdefault("skipped_rows", []).append(f"{FAMILY}:{label}")
+            continue
         frames, h, w = shape
         stride = (2, 4, 4) if args.tiny else (4, 16, 16)
         work = dit_forward_cost(dit_config(card) if not args.tiny else _tiny_flops_config(),
                                 StepShape.from_video(frames, h, w, stride=stride)).flops
-        row = {"family": "hunyuanvideo-1.5", "expert": "transformer", "shape": label, "frames": frames, "height": h,
+        row = {"family": FAMILY, "expert": "transformer", "shape": label, "frames": frames, "height": h,
                "width": w, "tflop_per_forward": round(work / 1e12, 4), "valid_text_tokens": [VALID, VALID_2]}
         t1 = time.perf_counter()
         try:
