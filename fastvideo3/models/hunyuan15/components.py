@@ -75,6 +75,7 @@ class TextEncoder:
         layout = check_directory(card)
         cfg = HunyuanDiTConfig.from_dict(card.components["transformer"].config)
         self.text_len, self.text_len_2, self.width = cfg.text_len, cfg.text_len_2, cfg.text_dim
+        self.max_len = cfg.packed_text_len  # rows of the packed conditioning (the feature cache's key)
         self.device, self.dtype = device, dtype
         folders = {c: _root(card, c) for c in ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2")}
         mi = layout.model_index
