@@ -22,7 +22,7 @@ def tiny_wan_dir(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def tiny_hunyuan15_dir(tmp_path_factory: pytest.TempPathFactory):
     """A random tiny HunyuanVideo-1.5 T2V directory written by diffusers (seed 0), built once per session."""
-    from fastvideo3.models.hunyuan15.synthetic import build_hunyuan15_dir
+    from fastvideo3.testing.synthetic_hunyuan15 import build_hunyuan15_dir
 
     return build_hunyuan15_dir(tmp_path_factory.mktemp("hy15") / "tiny-hy15", seed=0, flow_shift=7.0,
                                guidance_scale=6.0)

@@ -1,5 +1,6 @@
 """Test-only builders: random-weight checkpoints in the diffusers layout (Wan2.1 T2V and the layouts
-next to it), written offline by diffusers' and transformers' own classes.
+next to it; HunyuanVideo-1.5 T2V: synthetic_hunyuan15.py), written offline by diffusers' and
+transformers' own classes.
 
 Tests and benchmarks import this package; serving code (the rest of ``fastvideo3``, ``services``,
 ``fleet``) never does (tests/unit/test_testing_imports.py checks it). The built-in tiny cards need

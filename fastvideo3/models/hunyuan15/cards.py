@@ -4,7 +4,7 @@ The published text-to-video checkpoints in the diffusers layout (``HunyuanVideo1
 ``hunyuanvideo-1.5-480p-t2v`` and ``hunyuanvideo-1.5-720p-t2v``, the same 8.3B DiT trained for
 two resolutions (they differ in ``target_size`` and the scheduler's shift). ``hunyuanvideo-1.5-tiny``
 describes the architecture at the size of diffusers' own pipeline tests (the parity tests build
-such a directory with :func:`~fastvideo3.models.hunyuan15.synthetic.build_hunyuan15_dir`). Each
+such a directory with :func:`~fastvideo3.testing.synthetic_hunyuan15.build_hunyuan15_dir`). Each
 card is bound to a directory with ``--model DIR`` (or
 :func:`~fastvideo3.card.registry.bind_checkpoint`); a directory's own scheduler shift and guidance
 scale become the card's defaults.
