@@ -70,11 +70,12 @@ def test_c0_text_encoders_and_vae_match_diffusers(hy_dir, pipe):
             assert rel_error(q[i], want[0][0]) <= card.parity.c0_text_rel
             assert rel_error(b5[i], want[2][0]) <= card.parity.c0_text_rel if m2[i].any() else not b5[i].any()
         assert m2[0].any() and not m2[1].any()  # the quoted glyph text reaches ByT5; no quote, no tokens
-        z = torch.randn(1, 4, 3, 4, 8, generator=torch.Generator().manual_seed(1))
-        frames = VideoDecoder(card).decode(z)
-        ref = pipe.video_processor.postprocess_video(
-            pipe.vae.decode(z / pipe.vae.config.scaling_factor, return_dict=False)[0], output_type="np")
-    assert frames.shape == ref.shape == (1, 5, 16, 32, 3)
+        z = torch.randn(2, 4, 3, 4, 8, generator=torch.Generator().manual_seed(1))
+        frames = VideoDecoder(card).decode(z)  # a batch of two: each latent decoded as diffusers does one
+        ref = np.concatenate([pipe.video_processor.postprocess_video(
+            pipe.vae.decode(z[i : i + 1] / pipe.vae.config.scaling_factor, return_dict=False)[0], output_type="np")
+            for i in range(2)])
+    assert frames.shape == ref.shape == (2, 5, 16, 32, 3)
     assert float(np.abs(frames.numpy() - ref).max()) <= card.parity.c0_vae_abs
 
 

@@ -183,8 +183,10 @@ class VideoDecoder:
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         z = latents.to(self.device, self.dtype) / self.scaling_factor
-        video = self.model.decode(z, return_dict=False)[0]  # [B, 3, F, H, W] in [-1, 1]
-        return (video / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 4, 1).float().cpu()
+        # one latent per VAE call: diffusers' AutoencoderKLHunyuanVideo15 (0.42) builds its mid-block
+        # attention mask for one sample, and a batch of several fails to broadcast against it
+        video = torch.cat([self.model.decode(z[i : i + 1], return_dict=False)[0] for i in range(z.shape[0])])
+        return (video / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 4, 1).float().cpu()  # video: [B, 3, F, H, W]
 
 
 def precision_dtype(precision: str) -> torch.dtype:
