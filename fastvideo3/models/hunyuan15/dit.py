@@ -88,6 +88,11 @@ class HunyuanDiTConfig:
     def num_blocks(self) -> int:
         return self.num_layers
 
+    @property
+    def image_to_video(self) -> bool:
+        """Whether rows carry image conditioning (the pools ask): this DiT serves text-to-video only."""
+        return False
+
 
 def pack_text(embeds: torch.Tensor, mask: torch.Tensor, embeds_2: torch.Tensor, mask_2: torch.Tensor,
               width: int) -> torch.Tensor:
