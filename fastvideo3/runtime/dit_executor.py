@@ -36,6 +36,10 @@ from fastvideo3.vocab import Role
 
 log = logging.getLogger("fastvideo3.denoiser")
 
+#: the warm phase's modes (``--graph-buckets``): capture nothing, or the card's buckets
+GRAPH_OFF, GRAPH_CARD = "off", "card"
+GRAPH_MODES = (GRAPH_OFF, GRAPH_CARD)
+
 
 @dataclass(frozen=True)
 class ForwardPath:
@@ -126,7 +130,7 @@ class DenoiserExecutor(_Base):
         #: the warm phase's record of each captured bucket (Describe's "graph_buckets")
         self.graph_buckets: list[dict] = []
         #: what the warm phase did: "off" (not asked), "card" (captured the card's buckets), or why not
-        self.graph_capture = "off"
+        self.graph_capture = GRAPH_OFF
         self.runtime = self._build_runtime(card_buckets(card))
         self.batching = batching
         self.regions: dict[str, Region] = {}
@@ -329,8 +333,23 @@ class DenoiserExecutor(_Base):
             for b in buckets:
                 if b.key not in self._prepared:
                     self._capture(b)
-            self.graph_capture = "card"
+            self.graph_capture = GRAPH_CARD
         return [dict(g) for g in self.graph_buckets]
+
+    def warm_graphs(self, mode: str = GRAPH_CARD) -> list[dict]:
+        """The pool's warm phase: ``card`` captures the card's buckets when the DiT runs on CUDA
+        (on a CPU a step is cheap next to a capture, and eager recordings would only change which
+        rows share a GEMM); ``off`` captures nothing. Returns Describe's ``graph_buckets``."""
+        if mode not in GRAPH_MODES:
+            raise InvalidRequest(f"unknown graph bucket mode {mode!r}", field="graph_buckets",
+                                 limit=", ".join(GRAPH_MODES))
+        if mode == GRAPH_OFF:
+            self.graph_capture = GRAPH_OFF
+            return []
+        if not self.device.startswith("cuda"):
+            self.graph_capture = "none: graphs are captured on CUDA only"
+            return []
+        return self.capture_graphs()
 
     def _capture(self, bucket) -> None:
         cuda = self.device.startswith("cuda")

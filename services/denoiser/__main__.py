@@ -17,10 +17,15 @@ def build(cfg, card, transport):
     return ex
 
 
+def warm(cfg, executor):
+    """The warm phase (before the pool serves): the card's CUDA-graph buckets, unless ``--graph-buckets off``."""
+    executor.warm_graphs(cfg.graph_buckets)
+
+
 if __name__ == "__main__":
     from services.denoiser.parallel import split_args
     par, rest = split_args(sys.argv[1:])
     if par is None:  # one rank: the ordinary pool process
-        sys.exit(run_pool(Role.DENOISER, build, rest))
+        sys.exit(run_pool(Role.DENOISER, build, rest, warm=warm))
     from services.denoiser.parallel import exit_now, run_parallel
     exit_now(run_parallel(par, rest))
