@@ -246,3 +246,20 @@ def test_a_card_file_with_bad_buckets_is_refused(tmp_path):
     data["graph_buckets"] = {"rows": [1, 2], "shapes": [SHAPE]}
     path.write_text(json.dumps(data))
     assert load_card_file(path).graph_buckets.count == 2
+
+
+# ------------------------------------------------------------------------------------------- bench
+def test_the_bench_card_is_seeded_with_the_buckets_asked_for(monkeypatch):
+    """bench/graph_buckets.py needs CUDA to run; its card (seeded real-size DiT, bucket override) does not."""
+    import argparse
+    from pathlib import Path
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
+    import graph_buckets
+    args = argparse.Namespace(card="wan2.1-t2v-1.3b", checkpoint_root=None, shapes="17x256x256", rows="1,4")
+    card = graph_buckets.bench_card(args)
+    assert card.components["transformer"].source == "seeded"
+    assert [b.key for b in card_buckets(card)] == ["r4.16x5x32x32.t512", "r1.16x5x32x32.t512"]
+    args.shapes = args.rows = None
+    assert card_buckets(graph_buckets.bench_card(args)) == card_buckets(builtin_cards()["wan2.1-t2v-1.3b"])
+    if not torch.cuda.is_available():
+        assert graph_buckets.main(["--out", "unused.json"]) == 2  # refuses to run without CUDA
