@@ -222,8 +222,10 @@ class DenoiserExecutor(_Base):
             # what ran is now other weights: the digest, and with it the runtime identity, says so
             self.weights_digest = f"{self.base_weights_digest}+lora:{adapter_id}@{adapter.version}*{float(scale):g}"
             self.runtime.release()
-            from fastvideo3.models.wan.runtime_export import default_buckets
-            self.runtime, self._prepared = self._build_runtime(default_buckets(self.card)), set()
+            from fastvideo3.models.wan.runtime_export import card_buckets
+            # graphs captured before hold no merged weights' identity: the warm phase captures anew
+            self.runtime, self._prepared, self.graph_buckets = self._build_runtime(card_buckets(self.card)), {}, []
+            self.graph_capture = GRAPH_OFF
         return {"id": adapter_id, "version": adapter.version, "scale": float(scale), "mode": "merged"}
 
     # -- the expert switch across pools ------------------------------------------------------
