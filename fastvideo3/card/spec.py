@@ -262,7 +262,7 @@ class GraphBucketSpec(_Spec):
         return len(self.rows) * len(self.shapes)
 
 
-def check_graph_shapes(spec: GraphBucketSpec, lim: "Limits") -> None:
+def check_graph_shapes(spec: GraphBucketSpec, lim: Limits) -> None:
     """Each bucket shape is one a request may ask for under the card's limits (raises ValueError
     naming ``shapes[i]``): frames 4k+1 in range, sizes multiples of ``size_multiple`` in range."""
     for i, s in enumerate(spec.shapes):

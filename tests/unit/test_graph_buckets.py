@@ -188,11 +188,13 @@ def test_a_batch_no_bucket_holds_runs_eagerly_and_says_so(graphs):
         ex.release(u.request_id)
 
 
-def test_the_warm_phase_captures_on_cuda_only_and_can_be_off():
+def test_the_warm_phase_captures_on_cuda_only_and_can_be_off(graphs):
     from services.common.pool import parse_args
     from services.denoiser.__main__ import warm
     card = _card()
     ex = _executor(card, "warm", capture=False)
+    # the runtime declares the card's buckets whether or not they are captured: one fingerprint
+    assert ex.identity.fingerprint == graphs[1].identity.fingerprint
     assert parse_args(Role.DENOISER, ["--port", "0"]).graph_buckets == "card"  # the default
     warm(parse_args(Role.DENOISER, ["--port", "0"]), ex)
     assert ex.describe()["graph_buckets"] == [] and "CUDA only" in ex.graph_capture  # a CPU pool: eager
