@@ -103,7 +103,7 @@ def step_units(ex, card, bucket, step: int, sigmas: list[float], embeds: dict) -
         rid = f"bench-{bucket.key}-{i}"
         if rid not in embeds:
             text = torch.randn(1, bucket.text_len, ex.dit.cfg.text_dim, device=ex.device, dtype=ex.dtype)
-            embeds[rid] = ex.transport.publish(rid, "prompt_embeds", text).to_dict()
+            embeds[rid] = ex.transport.publish(rid, "prompt_embeds", text)
         params = DiffusionStepParams(step=step, timestep=float(1000 * sigmas[step]), sigmas=sigmas, guidance=1.0,
                                      cfg_policy=NO_CFG, sampler=Sampler.EULER, solver_order=1, seed=i,
                                      latent_shape=list(bucket.latent_shape), final=False)

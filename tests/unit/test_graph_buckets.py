@@ -63,7 +63,7 @@ def _units(ex, card: ModelCard, seeds: list[int], batch_bucket: int | None = Non
                                      batch_bucket=batch_bucket)
         units.append(WorkUnit(unit_id=f"{rid}-0", request_id=rid, loop_id="diffusion_denoise",
                               kind=UnitKind.DIFFUSION_STEP, role=Role.DENOISER, card_id=card.model_id,
-                              shape_sig=f"s|{shape}", params=params, inputs={"prompt_embeds": ref.to_dict()}, step=0))
+                              shape_sig=f"s|{shape}", params=params, inputs={"prompt_embeds": ref}, step=0))
     return units
 
 
