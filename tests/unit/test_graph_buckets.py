@@ -94,7 +94,10 @@ def test_card_buckets_are_the_cards_declaration_in_latent_shapes():
     got = card_buckets(card)
     shape = latent_shape(card, FRAMES, SIZE, SIZE)
     assert [(b.rows, b.latent_shape, b.text_len) for b in got] == [(4, shape, 64), (2, shape, 64)]  # largest first
-    for name, c in builtin_cards().items():  # every Wan card declares buckets at its default shape
+    for name, c in builtin_cards().items():  # every Wan T2V card declares buckets at its default shape
+        if "image_encoder" in c.components:  # image-to-video steps run eagerly: none declared
+            assert c.graph_buckets.count == 0, name
+            continue
         lim = c.graph_buckets.shapes[0]
         assert (lim.frames, lim.height, lim.width) == (c.limits.default_frames, c.limits.default_height,
                                                        c.limits.default_width), name

@@ -313,6 +313,8 @@ def wan21_i2v(model_id: str, dit: dict, desc: str, *, flow_shift: float, default
     data["limits"] = Limits(max_frames=129, min_size=min_size, max_height=max_size, max_width=max_size,
                             size_multiple=16, default_frames=default_frames, default_height=default_height,
                             default_width=default_width, default_guidance=guidance).model_dump(mode="json")
+    # no graph buckets: an image-conditioned step runs eagerly (the runtime export's ports carry no image)
+    data["graph_buckets"] = GraphBucketSpec().model_dump(mode="json")
     return ModelCard.model_validate(data)
 
 
