@@ -72,7 +72,7 @@ def record_unit_failures(store: list) -> None:
     """Keep the traceback of every WorkUnit an in-process executor fails: the StepResult carries
     only the message, which is not enough to find a fault seen on one machine only."""
     import traceback
-    from fastvideo3.runtime import executors
+    from fastvideo3.runtime import dit_executor, executors
     fail = executors._fail
 
     def traced(unit, exc):
@@ -81,7 +81,7 @@ def record_unit_failures(store: list) -> None:
                           "traceback": traceback.format_exc()[-4000:]})
         return fail(unit, exc)
 
-    executors._fail = traced
+    executors._fail = dit_executor._fail = traced  # the denoiser's executor holds its own name for it
 
 
 def summary(latencies: list[float], wall: float, n: int, errors: list[str]) -> dict:

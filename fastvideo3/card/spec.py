@@ -215,6 +215,70 @@ class Limits(_Spec):
     fps: int = 16
 
 
+#: at most this many CUDA-graph buckets (rows x shapes) per card: each costs a capture at warm-up
+#: and its graph's memory for as long as the pool lives
+MAX_GRAPH_BUCKETS = 32
+#: the largest DiT forward (rows) a graph bucket may declare
+MAX_GRAPH_ROWS = 256
+
+
+class GraphShape(_Spec):
+    """One request shape a graph bucket covers (video frames, height, width: a request's own sizes)."""
+
+    frames: int
+    height: int
+    width: int
+
+
+class GraphBucketSpec(_Spec):
+    """The shape buckets the denoiser captures as CUDA graphs at warm-up: every ``rows`` x ``shapes``
+    pair is one bucket. ``rows`` counts DiT rows per forward (requests x CFG branches in one
+    forward: a request with batched CFG is 2 rows). A batch runs in the smallest bucket of its shape
+    whose rows fit it, padded up to them; a batch no bucket fits runs eagerly. Empty: no graphs."""
+
+    rows: list[int] = Field(default_factory=list)
+    shapes: list[GraphShape] = Field(default_factory=list)
+
+    @field_validator("rows")
+    @classmethod
+    def _rows(cls, v: list[int]) -> list[int]:
+        for i, r in enumerate(v):
+            if not 1 <= r <= MAX_GRAPH_ROWS:
+                raise ValueError(f"rows[{i}] is {r}; rows must be in [1, {MAX_GRAPH_ROWS}]")
+        if len(set(v)) != len(v):
+            raise ValueError(f"rows {v} repeat a value")
+        return sorted(v)
+
+    @model_validator(mode="after")
+    def _count(self) -> "GraphBucketSpec":
+        if bool(self.rows) != bool(self.shapes):
+            raise ValueError("rows and shapes must both be given (or both left empty)")
+        keys = [(s.frames, s.height, s.width) for s in self.shapes]
+        if len(set(keys)) != len(keys):
+            raise ValueError("shapes repeat a shape")
+        if len(self.rows) * len(self.shapes) > MAX_GRAPH_BUCKETS:
+            raise ValueError(f"{len(self.rows)} rows x {len(self.shapes)} shapes = "
+                             f"{len(self.rows) * len(self.shapes)} buckets; at most {MAX_GRAPH_BUCKETS}")
+        return self
+
+    @property
+    def count(self) -> int:
+        return len(self.rows) * len(self.shapes)
+
+
+def check_graph_shapes(spec: GraphBucketSpec, lim: Limits) -> None:
+    """Each bucket shape is one a request may ask for under the card's limits (raises ValueError
+    naming ``shapes[i]``): frames 4k+1 in range, sizes multiples of ``size_multiple`` in range."""
+    for i, s in enumerate(spec.shapes):
+        where = f"shapes[{i}] ({s.frames}x{s.height}x{s.width} frames x height x width)"
+        if (s.frames - 1) % 4 or not lim.min_frames <= s.frames <= lim.max_frames:
+            raise ValueError(f"{where}: frames must be 4k+1 in [{lim.min_frames}, {lim.max_frames}]")
+        for name, v, hi in (("height", s.height, lim.max_height), ("width", s.width, lim.max_width)):
+            if v % lim.size_multiple or not lim.min_size <= v <= hi:
+                raise ValueError(f"{where}: {name} must be a multiple of {lim.size_multiple} in "
+                                 f"[{lim.min_size}, {hi}]")
+
+
 class CapabilityMatrix(_Spec):
     tasks: list[TaskName] = Field(default_factory=lambda: [Task.TEXT_TO_VIDEO, Task.VAE_DECODE])
     negative_prompt: bool = True
@@ -258,6 +322,16 @@ class ModelCard(_Spec):
     extensions: ExtensionContract = Field(default_factory=ExtensionContract)
     #: text encoder sequence length (Wan: 512)
     max_text_tokens: int = Field(512, ge=1, le=4096)
+    #: CUDA-graph shape buckets the denoiser captures at warm-up (empty: none)
+    graph_buckets: GraphBucketSpec = Field(default_factory=GraphBucketSpec)
+
+    @field_validator("graph_buckets")
+    @classmethod
+    def _graph_shapes(cls, v: GraphBucketSpec, info) -> GraphBucketSpec:
+        lim = info.data.get("limits")
+        if lim is not None:  # a bad limits field is reported on its own
+            check_graph_shapes(v, lim)
+        return v
 
     @field_validator("family")
     @classmethod

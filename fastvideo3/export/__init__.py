@@ -68,9 +68,7 @@ from fastvideo3.export.runtime import (
     RuntimeBuilder,
     RuntimeExport,
     Stage,
-    override_verbs,
     validate_stages,
-    wrap,
 )
 
 __all__ = [
@@ -101,12 +99,10 @@ __all__ = [
     "detect_device_arch",
     "fingerprint_hex",
     "fnv1a_64",
-    "override_verbs",
     "pack_regions",
     "restore",
     "snapshot",
     "validate_layout",
     "validate_ports",
     "validate_stages",
-    "wrap",
 ]

@@ -7,10 +7,9 @@ The contract, identical on both backends:
   outside the capture) and then captures one ``torch.cuda.CUDAGraph`` for the bucket. Without
   CUDA (or with CPU inputs) it records an eager fallback: ``fn`` is run once to produce the
   static outputs and is re-run on every replay.
-* ``step(bucket, inputs)`` copies new values into the bucket's static input tensors
-  (``copy_``, never rebinding) and replays. ``replay(bucket)`` replays without copying, for
-  callers that wrote the static inputs directly (SWAP ports).
-* A bucket that was never prepared is a :class:`BucketNotPrepared` error inside ``step`` --
+* ``replay(bucket)`` runs the bucket on whatever its static input tensors hold: callers write
+  new values into them (``copy_``, never rebinding: a SWAP port's window is such a tensor).
+* A bucket that was never prepared is a :class:`BucketNotPrepared` error in ``replay`` --
   capture never happens lazily on the hot path.
 * Outputs live in static tensors owned by the runner: every replay of a bucket returns the same
   tensor objects with new contents. Copy them if they must outlive the next replay.
@@ -199,32 +198,6 @@ class GraphRunner:
         finally:
             self._stepping = False
         return bucket.static_outputs
-
-    def step(self, bucket_key: Hashable, inputs: Mapping[str, torch.Tensor] | None = None) -> Any:
-        """Copy ``inputs`` into the bucket's static inputs, then replay.
-
-        Every input is validated (known name, same dtype and shape) before the first copy, so a
-        rejected step leaves the static inputs untouched.
-        """
-        bucket = self._get(bucket_key)
-        inputs = dict(inputs or {})
-        for k, v in inputs.items():
-            dst = bucket.static_inputs.get(k)
-            if dst is None:
-                raise BufferMismatch(
-                    f"{self.name}: unknown input {k!r}", field=f"inputs.{k}",
-                    limit=", ".join(bucket.static_inputs),
-                )
-            if not isinstance(v, torch.Tensor) or v.shape != dst.shape or v.dtype != dst.dtype:
-                got = f"{v.dtype}{tuple(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
-                raise BufferMismatch(
-                    f"{self.name}: input {k!r} is {got}, bucket {bucket_key!r} expects "
-                    f"{dst.dtype}{tuple(dst.shape)}",
-                    field=f"inputs.{k}",
-                )
-        for k, v in inputs.items():
-            bucket.static_inputs[k].copy_(v)
-        return self.replay(bucket_key)
 
     def release(self) -> None:
         """Drop every bucket (graphs, static inputs and outputs) and the shared pool."""

@@ -1,8 +1,7 @@
 """The producer of the C ABI: fills ``fv3_runtime_export_v1`` / ``fv3_model_runtime_v1``.
 
-:class:`NativeModelRuntime` takes a :class:`~fastvideo3.export.ModelRuntime` (from any of the
-three construction paths) and lays it out as the plain-data structs of
-``include/fastvideo3/runtime.h`` (mirrored in :mod:`fastvideo3.export.cabi`):
+:class:`NativeModelRuntime` takes a :class:`~fastvideo3.export.ModelRuntime` and lays it out as
+the plain-data structs of ``include/fastvideo3/runtime.h`` (mirrored in :mod:`fastvideo3.export.cabi`):
 
 * identity is the runtime's canonical string and fingerprint is its
   :attr:`~fastvideo3.export.RuntimeIdentity.fingerprint` -- the one FNV-1a implementation; this
@@ -40,7 +39,7 @@ from fastvideo3.export.errors import (
 from fastvideo3.export.graphs import GraphRunner
 from fastvideo3.export.ports import Direction, UpdateClass, Verbs
 from fastvideo3.export.regions import arena_size, dtype_of
-from fastvideo3.export.runtime import ModelRuntime, _Lifetime, override_verbs
+from fastvideo3.export.runtime import ModelRuntime, _Lifetime
 
 #: the export buffer that holds the state regions (their offsets are into it)
 STATE_BUFFER = "state"
@@ -383,16 +382,6 @@ class NativeModelRuntime:
     def _prepare(self, bucket: str) -> None:
         self.runtime.prepare(bucket or None)
         self.refresh_graphs()
-
-    # -- the third construction path, natively ----------------------------------------------
-    def override_verbs(self, verbs: Verbs, **kwargs: Any) -> "NativeModelRuntime":
-        """A native face for ``override_verbs(self.runtime, verbs)`` (same identity, new verbs).
-        A refused override retains nothing."""
-        new = override_verbs(self.runtime, verbs)
-        try:
-            return NativeModelRuntime(new, **kwargs)
-        finally:
-            new.release()  # the native face holds its own reference (or none, if it was refused)
 
     def __repr__(self) -> str:
         return f"NativeModelRuntime(refcount={self.refcount}, ptr=0x{ctypes.addressof(self._model):x})"

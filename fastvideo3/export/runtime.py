@@ -11,13 +11,10 @@ verbs -- ``set_input``, ``get_output``, ``prepare`` (warm phase: capture or warm
 bucket) and ``step`` (hot phase: fire the stages in declared order). It is driven by one host
 thread; ``retain``/``release`` may be called from any thread.
 
-Three construction paths share one validation (fail closed, before anything is retained):
-
-* :class:`RuntimeBuilder` -- ``finish()`` assembles export, ports and stages under ONE identity:
-  changing the port schema or stage DAG changes the fingerprint. ``finish_export()`` builds a
-  bare export.
-* :func:`wrap` -- ports and verbs around an existing export; the identity is the export's.
-* :func:`override_verbs` -- same declaration as an existing runtime, new verbs.
+One construction path, validated fail-closed before anything is built: :class:`RuntimeBuilder`,
+whose ``finish()`` assembles export, ports and stages under ONE identity (changing the port
+schema or stage DAG changes the fingerprint). The model runtime adopts the export's creator
+reference, so a consumer retains and releases only the runtime.
 
 Lifetime: every constructor hands its caller one reference. ``retain()`` adds one, ``release()``
 drops one; at zero an export calls its owner callback exactly once and drops its graphs and
@@ -234,8 +231,7 @@ class RuntimeExport:
 
 
 class ModelRuntime:
-    """The tickable face of one export. Construct it with :class:`RuntimeBuilder`, :func:`wrap`
-    or :func:`override_verbs`, never directly."""
+    """The tickable face of one export. Construct it with :class:`RuntimeBuilder`, never directly."""
 
     def __init__(
         self,
@@ -530,23 +526,6 @@ class RuntimeBuilder:
     def _export_identity(self) -> RuntimeIdentity:
         return self._base.with_layout(graph_names=self._graphs, regions=self._regions)
 
-    def finish_export(self) -> RuntimeExport:
-        """A bare export: graphs, buffers and regions only. Declared ports or stages are refused
-        rather than dropped; use ``finish()`` (or ``wrap`` the bare export) for those."""
-        self._open()
-        if self._ports or self._stages:
-            raise PortDeclarationError(
-                "finish_export() builds a bare export; ports and stages need finish()",
-                field="ports" if self._ports else "stages",
-            )
-        identity = self._export_identity()
-        export = RuntimeExport(
-            identity=identity, graphs=self._graphs, buffers=self._buffers,
-            manifest=self._manifest, owner=self._owner, streams=self._streams,
-        )
-        self._finished = True
-        return export
-
     def finish(self) -> ModelRuntime:
         """Export + ports + stages under one identity. Validation runs before anything is built."""
         self._open()
@@ -563,35 +542,3 @@ class RuntimeBuilder:
             export=export, identity=identity, ports=ports, stages=stages, verbs=self._verbs,
             release_base=export.release,
         )
-
-
-def wrap(
-    export: RuntimeExport, ports: Iterable[PortSpec], verbs: Verbs, stages: Iterable[Stage] = ()
-) -> ModelRuntime:
-    """Ports, stages and verbs around an existing export; the identity is the export's.
-
-    Validation runs before the export is retained; a refused wrap leaves its refcount as it was.
-    """
-    identity = export.identity  # raises ExportReleased on a dead export
-    ports = validate_ports(ports, verbs, export.buffers)
-    stages = validate_stages(stages, export.graphs)
-    export.retain()
-    return ModelRuntime(
-        export=export, identity=identity, ports=ports, stages=stages, verbs=verbs,
-        release_base=export.release,
-    )
-
-
-def override_verbs(runtime: ModelRuntime, verbs: Verbs) -> ModelRuntime:
-    """The same ports, stages and identity as ``runtime``, with ``verbs`` replacing its verbs.
-
-    The new runtime retains ``runtime`` (after validation) and releases it at its own end.
-    """
-    ports = tuple(runtime.ports.values())  # raises ExportReleased on a dead runtime
-    export = runtime.export
-    validate_ports(ports, verbs, export.buffers)
-    runtime.retain()
-    return ModelRuntime(
-        export=export, identity=runtime.identity, ports=ports, stages=runtime.stages,
-        verbs=verbs, release_base=runtime.release,
-    )

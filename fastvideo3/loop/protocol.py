@@ -97,6 +97,9 @@ class StepResult:
     #: a small encoded artifact returned inline (e.g. the mp4 a decoder pool encoded itself);
     #: the scheduler streams it to the client and keeps it out of every LoopState.
     inline: bytes = b""
+    #: span attributes for the pool's execute span of this unit (e.g. which CUDA-graph bucket ran
+    #: it); read by the pool's telemetry, never sent over the wire
+    span_attrs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

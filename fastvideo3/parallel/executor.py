@@ -25,7 +25,8 @@ from fastvideo3.loop import cfg as cfg_policy
 from fastvideo3.loop.samplers import SamplerHistory, sampler_step
 from fastvideo3.parallel.dit import ShardedDiT, gather_latent, grid_of, shard_latent
 from fastvideo3.parallel.mesh import Mesh
-from fastvideo3.runtime.executors import DenoiserExecutor, Region, _fail
+from fastvideo3.runtime.dit_executor import DenoiserExecutor, Region
+from fastvideo3.runtime.executors import _fail
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.transport.ref import TensorRef
 

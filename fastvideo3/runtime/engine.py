@@ -49,7 +49,8 @@ class Engine:
         a request's output is bit-identical whatever shares its batches (fastvideo3.runtime.invariant).
         ``image_policy``: bounds on an image-to-video request's image, and whether an image URL may be
         fetched (fastvideo3.request.image.ImagePolicy; default: no URLs)."""
-        from fastvideo3.runtime.executors import DenoiserExecutor, EncoderExecutor
+        from fastvideo3.runtime.dit_executor import DenoiserExecutor
+        from fastvideo3.runtime.executors import EncoderExecutor
         from fastvideo3.runtime.vae_executor import DecoderExecutor
         from fastvideo3.transport import make_transport
 

@@ -39,6 +39,12 @@ A_BYTES = "fastvideo3.bytes"
 A_SRC = "fastvideo3.src"
 A_DST = "fastvideo3.dst"
 A_REPLICA = "fastvideo3.replica"
+#: the denoiser's CUDA-graph path of a unit's forward: the bucket key (``r4.16x5x32x32.t512``) or
+#: ``eager`` (then ``A_GRAPH_EAGER_REASON`` says why), and the padding rows the bucket added
+A_GRAPH_BUCKET = "fastvideo3.graph.bucket"
+A_GRAPH_PADDING_ROWS = "fastvideo3.graph.padding_rows"
+A_GRAPH_EAGER_REASON = "fastvideo3.graph.eager_reason"
+GRAPH_EAGER = "eager"
 
 # -- SLO phases ----------------------------------------------------------------------------
 #: unit kind -> the phase its scheduler-side unit span reports under

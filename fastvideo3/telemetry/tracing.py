@@ -398,6 +398,8 @@ class PoolBatch:
         self.batch.set(N.A_MEASURED_S, batch_s)
         for span, res, share in zip(self.spans, results, shares):
             span.set("fastvideo3.measured_batch_s", batch_s)
+            for key, value in (getattr(res, "span_attrs", None) or {}).items():  # what the executor says it ran
+                span.set(key, value)
             span.finish(measured_s=share, error=None if getattr(res, "ok", True) else (res.error or "failed"))
 
     def __enter__(self) -> "PoolBatch":

@@ -1,7 +1,8 @@
 """The flags every service declares, declared once: where it listens, which card it serves, how it
 drains, its telemetry, its lifetime, and its security (services/common/auth.py). The pool mains
 (services/common/pool.py) and the scheduler (services/scheduler/config.py) call
-:func:`add_service_args` and add their own flags after it.
+:func:`add_service_args` and add their own flags after it; the denoiser's warm-phase flag
+(``--graph-buckets``) is declared here as well.
 """
 from __future__ import annotations
 
@@ -27,3 +28,13 @@ def add_service_args(p: argparse.ArgumentParser, *, port_required: bool = False,
     p.add_argument("--exit-with-parent", action="store_true", help="stop when the launching process exits")
     p.add_argument("--log-level", default=log_level)
     add_security_args(p)
+
+
+#: ``--graph-buckets``: capture the card's CUDA-graph buckets at warm-up, or none
+GRAPH_BUCKET_MODES = ("off", "card")
+
+
+def add_graph_bucket_args(p: argparse.ArgumentParser) -> None:
+    """The denoiser's warm-phase flag (services/common/pool.py; fastvideo3/runtime/dit_executor.py)."""
+    p.add_argument("--graph-buckets", default="card", choices=GRAPH_BUCKET_MODES,
+                   help="card: capture the card's shape buckets as CUDA graphs at warm-up (on CUDA); off: none")

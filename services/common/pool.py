@@ -16,7 +16,7 @@ from typing import Any, Callable
 from fastvideo3.runtime.executor import Executor, is_resumable
 from fastvideo3.v1 import common_pb2, pool_pb2, pool_pb2_grpc
 from fastvideo3.vocab import KINDS_OF_ROLE, Role
-from services.common.args import add_service_args
+from services.common.args import add_graph_bucket_args, add_service_args
 from services.common.server import ServiceHost, flatten, setup_logging
 
 log = logging.getLogger("fastvideo3.pool")
@@ -69,6 +69,8 @@ class PoolConfig:
     lora_max_rank: int = 64
     merge_adapter: str | None = None
     merge_scale: float = 1.0
+    #: denoiser: capture the card's CUDA-graph buckets at warm-up ("card") or none ("off")
+    graph_buckets: str = "card"
 
     @property
     def public_host(self) -> str:
@@ -121,6 +123,7 @@ def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
         p.add_argument("--merge-scale", type=float, default=1.0, help="the merged adapter's scale")
         p.add_argument("--experts", default="", help="two-expert cards: the expert(s) this pool holds, comma "
                        "separated (default: all; the scheduler routes each step to a pool holding its expert)")
+        add_graph_bucket_args(p)
     if role == Role.DECODER:
         p.add_argument("--max-decode-batch", type=int, default=4, help="latents decoded in one VAE call (1-64)")
     p.add_argument("--fetch-timeout", type=float, default=30.0, dest="fetch_timeout_s",
@@ -377,10 +380,14 @@ def grpc_status(name: str):
 
 
 BuildFn = Callable[[PoolConfig, Any, Any], Any]
+#: the warm phase of a role's executor (``warm(cfg, executor)``): after loading, before serving
+WarmFn = Callable[[PoolConfig, Any], None]
 
 
-def run_pool(role: str, build: BuildFn, argv: list[str] | None = None) -> int:
-    """The process main of a role pool (see module docstring). Returns the exit status."""
+def run_pool(role: str, build: BuildFn, argv: list[str] | None = None, warm: WarmFn | None = None) -> int:
+    """The process main of a role pool (see module docstring). Returns the exit status. ``warm``
+    runs once the executor is built, while health is still NOT_SERVING (e.g. the denoiser's graph
+    capture); a failure there fails the load like any other."""
     cfg = parse_args(role, argv)
     setup_logging(cfg.log_level)
     security = cfg.security()
@@ -397,7 +404,7 @@ def run_pool(role: str, build: BuildFn, argv: list[str] | None = None) -> int:
         host.watch_parent()
     print(f"{role} pool {replica_id} listening on {cfg.host}:{port} (loading)", flush=True)
     try:
-        executor, transport, card = _load(cfg, build, replica_id, host, port)
+        executor, transport, card = _load(cfg, build, replica_id, host, port, warm)
     except Exception as e:  # noqa: BLE001 - a pool that cannot load says why and exits
         from fastvideo3.errors import FastVideoError
         msg = e.one_line() if isinstance(e, FastVideoError) else f"{type(e).__name__}: {e}"
@@ -443,7 +450,8 @@ def _transport_device(cfg: PoolConfig) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _load(cfg: PoolConfig, build: BuildFn, replica_id: str, host: ServiceHost, port: int):
+def _load(cfg: PoolConfig, build: BuildFn, replica_id: str, host: ServiceHost, port: int,
+          warm: WarmFn | None = None):
     from fastvideo3.card.registry import resolve_card
     from services.common.fake import FakeExecutor
     from services.common.transport_set import TransportSet, parse_backends
@@ -467,6 +475,10 @@ def _load(cfg: PoolConfig, build: BuildFn, replica_id: str, host: ServiceHost, p
             executor = FakeExecutor(cfg.role, card, transport, cfg.fake_step_seconds)
         else:
             executor = build(cfg, card, transport)
+            if warm is not None:
+                t0 = time.perf_counter()
+                warm(cfg, executor)
+                log.info("warm phase done in %.2f s", time.perf_counter() - t0)
         if hasattr(executor, "fetch_deadline_s"):
             executor.fetch_deadline_s = cfg.fetch_timeout_s
         if cfg.inject_fault:

@@ -7,7 +7,7 @@ from services.common.pool import run_pool
 
 
 def build(cfg, card, transport):
-    from fastvideo3.runtime.executors import DenoiserExecutor
+    from fastvideo3.runtime.dit_executor import DenoiserExecutor
     experts = [e for e in cfg.experts.split(",") if e] or None
     ex = DenoiserExecutor(card, transport, cfg.device, cfg.precision, batching=not cfg.no_batching, experts=experts,
                           lora_slots=cfg.lora_slots, lora_max_rank=cfg.lora_max_rank)
@@ -17,10 +17,15 @@ def build(cfg, card, transport):
     return ex
 
 
+def warm(cfg, executor):
+    """The warm phase (before the pool serves): the card's CUDA-graph buckets, unless ``--graph-buckets off``."""
+    executor.warm_graphs(cfg.graph_buckets)
+
+
 if __name__ == "__main__":
     from services.denoiser.parallel import split_args
     par, rest = split_args(sys.argv[1:])
     if par is None:  # one rank: the ordinary pool process
-        sys.exit(run_pool(Role.DENOISER, build, rest))
+        sys.exit(run_pool(Role.DENOISER, build, rest, warm=warm))
     from services.denoiser.parallel import exit_now, run_parallel
     exit_now(run_parallel(par, rest))

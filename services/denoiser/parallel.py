@@ -158,7 +158,8 @@ def run_parallel(par: ParallelArgs, argv: list[str]) -> int:
     from services.common.pool import run_pool
     replica = _Replica(par)
     try:
-        code = run_pool(Role.DENOISER, replica.build, argv)
+        # a multi-rank forward keeps no graphs: its Describe says so (graph_capture)
+        code = run_pool(Role.DENOISER, replica.build, argv, warm=lambda cfg, ex: ex.warm_graphs(cfg.graph_buckets))
     finally:
         replica.shutdown()
     return 1 if replica.broken.is_set() else code

@@ -154,7 +154,7 @@ def test_interleave_gate_and_no_reload_at_the_switch(moe_dir, monkeypatch):
 
         def no_load(*a, **k):
             raise AssertionError("a weight load after start")
-        monkeypatch.setattr("fastvideo3.runtime.executors.load_dit", no_load)
+        monkeypatch.setattr("fastvideo3.runtime.dit_executor.load_dit", no_load)  # where the denoiser binds it
         monkeypatch.setattr("fastvideo3.models.wan.components.load_dit", no_load)
         for _ in range(2):  # twice: every request crosses the switch without a reload
             runs = [engine.submit(p, seed=s, **OPTS) for p, s in REQS]

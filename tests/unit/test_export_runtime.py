@@ -21,11 +21,9 @@ from fastvideo3.export import (
     UpdateClass,
     VerbUnavailable,
     Verbs,
-    override_verbs,
     pack_regions,
     restore,
     snapshot,
-    wrap,
 )
 
 IN, OUT = Direction.IN, Direction.OUT
@@ -91,47 +89,30 @@ def test_staged_output_without_get_output_is_refused_then_retry_succeeds():
 
 
 @pytest.mark.timeout(60)
-def test_wrap_and_override_validate_before_retaining():
-    export = _builder().finish_export()
-    assert export.refcount == 1
-    with pytest.raises(PortDeclarationError) as info:
-        wrap(export, [PROMPT], Verbs())
-    assert info.value.field == "ports.prompt"
-    assert export.refcount == 1  # a refused wrap retains nothing
-    rt = wrap(export, [PROMPT], Verbs(set_input=lambda p, v: None))
-    assert export.refcount == 2
-    with pytest.raises(PortDeclarationError):
-        override_verbs(rt, Verbs(step=lambda: None))  # drops set_input for a STAGED input
-    assert rt.refcount == 1 and export.refcount == 2
-
-
-@pytest.mark.timeout(60)
 def test_port_declaration_checks():
     with pytest.raises(PortDeclarationError):
         PortSpec("x", IN, "float32", update=SWAP, buffer="latent")  # neither shape nor buckets
     with pytest.raises(PortDeclarationError):
         PortSpec("x", IN, "float32", shape=(4,), update=SWAP)  # SWAP without a buffer
-    with pytest.raises(PortDeclarationError):
-        _builder().add_port(LATENT_IN).finish_export()  # a bare export never drops ports
-    export = _builder().finish_export()
+    owner = Owner()
     for bad in (
         PortSpec("x", IN, "float32", shape=(65,), update=SWAP, buffer="latent"),  # too big
         PortSpec("x", IN, "float16", shape=(4,), update=SWAP, buffer="latent"),  # dtype
         PortSpec("x", IN, "float32", shape=(4,), update=SWAP, buffer="nope"),  # unknown buffer
     ):
         with pytest.raises(PortDeclarationError) as info:
-            wrap(export, [bad], Verbs())
+            _builder(owner).add_port(bad).finish()
         assert info.value.field == "ports.x"
     with pytest.raises(PortDeclarationError):
-        wrap(export, [LATENT_IN, LATENT_IN], Verbs())  # duplicate names
+        _builder(owner).add_port(LATENT_IN).add_port(LATENT_IN).finish()  # duplicate names
     with pytest.raises(PortDeclarationError):
-        wrap(export, [], Verbs(), stages=[Stage("denoise", after=("later",))])
+        _builder(owner).add_stage("denoise", after=("later",)).finish()
     with pytest.raises(PortDeclarationError):
-        wrap(export, [], Verbs(), stages=[Stage("missing_graph")])
-    assert export.refcount == 1
+        _builder(owner).add_stage("missing_graph").finish()
+    assert owner.calls == 0  # every refusal came before anything was built
 
 
-# -- identity across the three construction paths --------------------------------------------
+# -- identity -----------------------------------------------------------------------------------
 @pytest.mark.timeout(60)
 def test_port_schema_is_part_of_integrated_identity():
     def build(*ports, stages=("denoise",)):
@@ -151,14 +132,6 @@ def test_port_schema_is_part_of_integrated_identity():
     assert build(PROMPT).fingerprint != base.fingerprint
     assert build(PROMPT, LATENT_IN, stages=()).fingerprint != base.fingerprint
     assert base.export.fingerprint == base.fingerprint
-
-    bare = _builder().finish_export()
-    assert bare.fingerprint != base.fingerprint  # ports and stages are not in a bare export
-    wrapped = wrap(bare, [PROMPT, LATENT_IN], Verbs(set_input=lambda p, v: None))
-    assert wrapped.identity == bare.identity  # inherited
-    overridden = override_verbs(wrapped, Verbs(set_input=lambda p, v: None))
-    assert overridden.fingerprint == bare.fingerprint
-    assert overridden.ports == wrapped.ports and overridden.stages == wrapped.stages
 
 
 # -- verbs -----------------------------------------------------------------------------------
@@ -268,17 +241,18 @@ def test_graph_runner_drives_a_model_runtime():
 @pytest.mark.timeout(60)
 def test_export_refcount_and_use_after_release():
     owner = Owner()
-    export = _builder(owner).set_manifest({"k": 1}).finish_export()
+    rt = _builder(owner).set_manifest({"k": 1}).finish()
+    export = rt.export
     export.retain()
     export.retain()
-    assert export.refcount == 3
+    assert export.refcount == 3  # the runtime's (adopted from the builder) and two consumers'
     assert export.release() is False and export.release() is False
     assert owner.calls == 0 and export.graphs["denoise"] is not None
-    assert export.release() is True
-    assert owner.calls == 1 and export.released
+    rt.release()  # the runtime drops the last reference on its export
+    assert owner.calls == 1 and export.released and rt.released
     for use in (lambda: export.identity, lambda: export.fingerprint, lambda: export.graphs,
                 lambda: export.buffers, lambda: export.regions, lambda: export.manifest,
-                export.retain, export.release):
+                export.retain, export.release, rt.retain, lambda: rt.prepare()):
         with pytest.raises(ExportReleased) as info:
             use()
         assert isinstance(info.value, FailedPrecondition)
@@ -286,23 +260,19 @@ def test_export_refcount_and_use_after_release():
 
 
 @pytest.mark.timeout(60)
-def test_runtime_chain_lifetime_on_all_paths():
+def test_runtime_and_export_lifetime():
     owner = Owner()
-    export = _builder(owner).finish_export()
-    rt = wrap(export, [LATENT_IN], Verbs())
-    export.release()  # the producer lets go; the runtime keeps the export alive
-    assert owner.calls == 0 and export.refcount == 1
+    rt = _builder(owner).add_port(LATENT_IN).finish()
+    export = rt.export
+    export.retain()  # a consumer holding the export beyond the runtime
     rt.set_input("latent_in", torch.ones(64))
-    over = override_verbs(rt, Verbs(step=lambda: None))
-    rt.release()  # the override still holds rt, which holds the export
-    assert owner.calls == 0 and rt.refcount == 1
-    over.step()
-    over.release()
-    assert owner.calls == 1 and export.released and rt.released
+    rt.release()
+    assert owner.calls == 0 and rt.released and export.refcount == 1
+    assert torch.equal(export.buffers["latent"], torch.ones(64))  # still valid while held
     with pytest.raises(ExportReleased):
         rt.set_input("latent_in", torch.ones(64))
-    with pytest.raises(ExportReleased):
-        over.step()
+    export.release()
+    assert owner.calls == 1 and export.released
 
     integrated_owner = Owner()
     integrated = _builder(integrated_owner).finish()
@@ -317,7 +287,7 @@ def test_runtime_chain_lifetime_on_all_paths():
 @pytest.mark.timeout(60)
 def test_release_from_many_threads_calls_owner_once():
     owner = Owner()
-    export = _builder(owner).finish_export()
+    export = _builder(owner).finish().export  # the runtime's reference is among the 64 dropped
     for _ in range(63):
         export.retain()
     start = threading.Barrier(8)

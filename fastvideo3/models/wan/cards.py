@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from fastvideo3.card.registry import fp8_variant
 from fastvideo3.card.spec import (
-    CheckpointManifest, ComponentSpec, ExpertsSpec, ExtensionContract, Limits, LoopSpec, ModelCard,
-    ParallelismContract, PrecisionContract, RecipeSpec, SamplerSpec,
+    CheckpointManifest, ComponentSpec, ExpertsSpec, ExtensionContract, GraphBucketSpec, GraphShape, Limits, LoopSpec,
+    ModelCard, ParallelismContract, PrecisionContract, RecipeSpec, SamplerSpec,
 )
 from fastvideo3.models.wan.layout import WAN22_VAE
 from fastvideo3.vocab import LoopId, Sampler, Task
@@ -76,6 +76,21 @@ WAN_1_3B_DIT = dict(
 )
 WAN_14B_DIT = dict(WAN_1_3B_DIT, num_attention_heads=40, ffn_dim=13824, num_layers=40)
 
+#: CUDA-graph buckets (rows per DiT forward; batched CFG is 2 rows a request) at each card's default
+#: shape: the tiny cards batch many requests; a real card's default video is large, so a few rows
+#: cover one or two requests with CFG (the serving workload's smaller shapes run eagerly unless a
+#: card file declares them)
+TINY_GRAPH_ROWS = [1, 2, 4, 8, 16, 32]
+WAN_1_3B_GRAPH_ROWS = [1, 2, 4]
+WAN_LARGE_GRAPH_ROWS = [1, 2]
+
+
+def graph_buckets(rows: list[int], limits: Limits) -> GraphBucketSpec:
+    """``rows`` at the card's default request shape."""
+    shape = GraphShape(frames=limits.default_frames, height=limits.default_height, width=limits.default_width)
+    return GraphBucketSpec(rows=rows, shapes=[shape])
+
+
 _T2V_TASKS = {Task.TEXT_TO_VIDEO: ["text_encoder", "transformer", "vae"], Task.VAE_DECODE: ["vae"]}
 
 
@@ -95,6 +110,9 @@ def _loops(default_steps: int, flow_shift: float) -> dict[str, LoopSpec]:
 def _tiny(model_id: str, description: str, components: dict[str, ComponentSpec], loops: dict[str, LoopSpec],
           recipe: RecipeSpec, guidance: float, precision: PrecisionContract | None = None,
           extensions: ExtensionContract | None = None) -> ModelCard:
+    # sizes are multiples of 32: the VAE's 8x times the DiT's 4x4 latent patch
+    limits = Limits(max_frames=65, min_size=32, max_height=512, max_width=512, size_multiple=32,
+                    default_frames=33, default_height=128, default_width=128, default_guidance=guidance)
     return ModelCard(
         model_id=model_id,
         description=description,
@@ -106,11 +124,10 @@ def _tiny(model_id: str, description: str, components: dict[str, ComponentSpec],
         checkpoint=CheckpointManifest(root=None, seed=0, required_for=_T2V_TASKS, digests={
             c.subfolder: SHIPPED_DIGESTS[c.subfolder] for c in components.values()
             if c.source == "shipped" and c.subfolder in SHIPPED_DIGESTS}),
-        # sizes are multiples of 32: the VAE's 8x times the DiT's 4x4 latent patch
-        limits=Limits(max_frames=65, min_size=32, max_height=512, max_width=512, size_multiple=32,
-                      default_frames=33, default_height=128, default_width=128, default_guidance=guidance),
+        limits=limits,
         extensions=extensions or ExtensionContract(),
         max_text_tokens=64,
+        graph_buckets=graph_buckets(TINY_GRAPH_ROWS, limits),
     )
 
 
@@ -184,11 +201,12 @@ def wan_tiny_seeded() -> ModelCard:
     )
 
 
-def _wan_real(model_id: str, dit: dict, desc: str) -> ModelCard:
+def _wan_real(model_id: str, dit: dict, desc: str, graph_rows: list[int] = WAN_LARGE_GRAPH_ROWS) -> ModelCard:
     def comp(cid: str, kind: str, sub: str, config: dict | None = None, key_map: str | None = None):
         return ComponentSpec(component_id=cid, kind=kind, source="diffusers_dir", subfolder=sub,
                              config=config or {}, precision="bf16", key_map=key_map)
 
+    limits = Limits(max_frames=129, max_height=1280, max_width=1280)
     return ModelCard(
         model_id=model_id,
         description=desc,
@@ -208,9 +226,10 @@ def _wan_real(model_id: str, dit: dict, desc: str) -> ModelCard:
             required_for={Task.TEXT_TO_VIDEO: ["tokenizer", "text_encoder", "transformer", "vae", "scheduler"],
                           Task.VAE_DECODE: ["vae"]},
         ),
-        limits=Limits(max_frames=129, max_height=1280, max_width=1280),
+        limits=limits,
         parallelism=_WAN_PARALLELISM,
         max_text_tokens=512,
+        graph_buckets=graph_buckets(graph_rows, limits),
     )
 
 
@@ -249,9 +268,10 @@ def wan22_ti2v(model_id: str, dit: dict, desc: str, *, flow_shift: float = 5.0, 
     data["loops"][LoopId.DIFFUSION_DENOISE] = _denoise(default_steps, flow_shift).model_dump(mode="json")
     data["recipe"]["data_contract"] = "Wan2.2 pretraining (upstream)"
     # sizes: multiples of 32 (the VAE's 16x times the DiT's 2x2 patch); 1280x704 is the published 720p
-    data["limits"] = Limits(max_frames=129, min_size=32, max_height=1280, max_width=1280, size_multiple=32,
-                            default_frames=121, default_height=704, default_width=1280, default_guidance=guidance,
-                            fps=24).model_dump(mode="json")
+    limits = Limits(max_frames=129, min_size=32, max_height=1280, max_width=1280, size_multiple=32,
+                    default_frames=121, default_height=704, default_width=1280, default_guidance=guidance, fps=24)
+    data["limits"] = limits.model_dump(mode="json")
+    data["graph_buckets"] = graph_buckets(WAN_LARGE_GRAPH_ROWS, limits).model_dump(mode="json")
     return ModelCard.model_validate(data)
 
 
@@ -293,6 +313,8 @@ def wan21_i2v(model_id: str, dit: dict, desc: str, *, flow_shift: float, default
     data["limits"] = Limits(max_frames=129, min_size=min_size, max_height=max_size, max_width=max_size,
                             size_multiple=16, default_frames=default_frames, default_height=default_height,
                             default_width=default_width, default_guidance=guidance).model_dump(mode="json")
+    # no graph buckets: an image-conditioned step runs eagerly (the runtime export's ports carry no image)
+    data["graph_buckets"] = GraphBucketSpec().model_dump(mode="json")
     return ModelCard.model_validate(data)
 
 
@@ -311,7 +333,8 @@ def i2v_cards() -> list[ModelCard]:
 
 def builtin_cards() -> dict[str, ModelCard]:
     """The Wan family's built-in cards by model id."""
-    w13 = _wan_real("wan2.1-t2v-1.3b", WAN_1_3B_DIT, "Wan2.1 text-to-video 1.3B (diffusers-format directory)")
+    w13 = _wan_real("wan2.1-t2v-1.3b", WAN_1_3B_DIT, "Wan2.1 text-to-video 1.3B (diffusers-format directory)",
+                    graph_rows=WAN_1_3B_GRAPH_ROWS)
     w14 = _wan_real("wan2.1-t2v-14b", WAN_14B_DIT, "Wan2.1 text-to-video 14B (diffusers-format directory)")
     tiny = wan_tiny()
     w22 = wan22_moe("wan2.2-t2v-a14b", WAN_14B_DIT, "Wan2.2 text-to-video A14B: two 14B experts split by noise "

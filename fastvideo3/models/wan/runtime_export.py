@@ -5,13 +5,16 @@
 library versions, device arch, graph names, the state-region layout, the port schema and the
 stage DAG. Its pieces:
 
-* **buckets** -- ``(rows, (C, F, H, W), text_len)``; all buckets share one latent shape and text
-  length and differ in rows (samples x CFG branches in one forward). Key: ``r2.16x21x60x104.t512``.
+* **buckets** -- ``(rows, (C, F, H, W), text_len)``; all buckets share one text length and differ
+  in rows (samples x CFG branches in one forward) and, when a card declares several shapes, in
+  latent shape. Key: ``r2.16x21x60x104.t512`` (rows, then the bucket's signature).
 * **buffers** -- ``latents``, ``timestep``, ``text``, ``noise_pred``, ``dt`` sized for the
-  largest bucket, and ``state``: the arena of the state regions.
+  largest bucket, and ``state``: the arena of the state regions. With one latent shape the latent
+  buffers are ``(rows, C, F, H, W)``; with several they are flat, each bucket a leading window.
 * **state regions** (in this order) -- ``latent`` (fp32, the resident latent rows),
   ``history.model_output`` (fp32, the previous model output) and ``history.has_previous``
-  (fp32 0/1 per row): the sampler history of the built-in second-order update.
+  (fp32 0/1 per row): the sampler history of the built-in second-order update (flat, like the
+  latent buffers, when the buckets have several shapes).
 * **ports** (SWAP, bucketed) -- inputs ``latents``, ``timestep``, ``text``, ``dt``; output
   ``noise_pred``.
 * **stages** -- ``load`` (state latent -> ``latents``), ``dit`` (the forward into ``noise_pred``),
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -55,9 +58,26 @@ class DitBucket:
     def key(self) -> str:
         return bucket_key(self.rows, self.latent_shape, self.text_len)
 
+    @property
+    def signature(self) -> str:
+        """The bucket's shape without its rows: ``16x21x60x104.t512`` (the key is ``r<rows>.`` + it)."""
+        return shape_signature(self.latent_shape, self.text_len)
+
+
+def shape_signature(latent_shape: Sequence[int], text_len: int) -> str:
+    return "x".join(str(int(d)) for d in latent_shape) + f".t{text_len}"
+
 
 def bucket_key(rows: int, latent_shape: Sequence[int], text_len: int) -> str:
-    return f"r{rows}." + "x".join(str(int(d)) for d in latent_shape) + f".t{text_len}"
+    return f"r{rows}." + shape_signature(latent_shape, text_len)
+
+
+def choose_bucket(buckets: Iterable[DitBucket], rows: int, latent_shape: Sequence[int],
+                  text_len: int) -> DitBucket | None:
+    """The smallest bucket of this signature whose rows hold ``rows`` (None: none does)."""
+    sig = shape_signature(latent_shape, text_len)
+    fits = [b for b in buckets if b.signature == sig and b.rows >= rows]
+    return min(fits, key=lambda b: b.rows) if fits else None
 
 
 class _StreamRunner(GraphRunner):
@@ -90,11 +110,10 @@ def _check_buckets(buckets: Sequence[DitBucket]) -> tuple[DitBucket, ...]:
         raise InvalidRequest("at least one shape bucket is needed", field="buckets")
     first = buckets[0]
     for b in buckets:
-        if b.rows < 1 or len(b.latent_shape) != 4 or b.text_len < 1:
+        if b.rows < 1 or len(b.latent_shape) != 4 or min(b.latent_shape) < 1 or b.text_len < 1:
             raise InvalidRequest(f"bad bucket {b}", field="buckets")
-        if (b.latent_shape, b.text_len) != (first.latent_shape, first.text_len):
-            raise InvalidRequest("buckets must share one latent shape and text length", field="buckets",
-                                 limit=first.key)
+        if b.text_len != first.text_len:
+            raise InvalidRequest("buckets must share one text length", field="buckets", limit=first.key)
     if len({b.key for b in buckets}) != len(buckets):
         raise InvalidRequest("duplicate bucket", field="buckets")
     return buckets
@@ -115,14 +134,16 @@ def build_dit_runtime(
     buckets = _check_buckets(buckets)
     device = torch.device(device)
     rows = max(b.rows for b in buckets)
-    c, f, h, w = buckets[0].latent_shape
     text_len = buckets[0].text_len
     stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
 
     def alloc(shape, dt):
         return torch.empty(shape, dtype=dt, device=device)
 
-    lat_shape = (rows, c, f, h, w)
+    if len({b.latent_shape for b in buckets}) == 1:
+        lat_shape: tuple[int, ...] = (rows, *buckets[0].latent_shape)
+    else:  # several shapes: flat buffers, each bucket a leading window of them
+        lat_shape = (max(b.rows * math.prod(b.latent_shape) for b in buckets),)
     buffers = {
         "latents": alloc(lat_shape, dtype), "timestep": alloc((rows,), torch.float32),
         "text": alloc((rows, text_len, text_dim), dtype), OUT_PORT: alloc(lat_shape, dtype),
@@ -136,20 +157,24 @@ def build_dit_runtime(
     runners = {name: _StreamRunner(f"denoiser.{name}", stream) for name, _ in STAGES}
     by_key = {b.key: b for b in buckets}
 
-    def window(name: str, b: DitBucket) -> torch.Tensor:
-        t = buffers[name]
-        return t.view(-1)[: math.prod((b.rows, *t.shape[1:]))].view(b.rows, *t.shape[1:])
+    def window(t: torch.Tensor, b: DitBucket, per_row: Sequence[int]) -> torch.Tensor:
+        return t.view(-1)[: b.rows * math.prod(per_row)].view(b.rows, *per_row)
+
+    def row_shape(name: str, b: DitBucket) -> tuple[int, ...]:
+        return tuple(b.latent_shape) if name in ("latents", OUT_PORT) else tuple(buffers[name].shape[1:])
 
     def prepare(key: str | None) -> None:
         b = by_key[key]
-        lat, out = window("latents", b), window(OUT_PORT, b)
-        sl, prev = state["latent"][: b.rows], state["history.model_output"][: b.rows]
+        lat, out = window(buffers["latents"], b, b.latent_shape), window(buffers[OUT_PORT], b, b.latent_shape)
+        sl = window(state["latent"], b, b.latent_shape)
+        prev = window(state["history.model_output"], b, b.latent_shape)
         has = state["history.has_previous"][: b.rows]
+        t_rows, txt, dt = (window(buffers[n], b, row_shape(n, b)) for n in ("timestep", "text", "dt"))
         runners["load"].prepare(key, _load, {"state_latent": sl, "latents": lat})
         runners["dit"].prepare(key, lambda **s: _dit(forward, **s), {
-            "latents": lat, "timestep": window("timestep", b), "text": window("text", b), "out": out})
+            "latents": lat, "timestep": t_rows, "text": txt, "out": out})
         runners["update"].prepare(key, _update, {
-            "state_latent": sl, "noise_pred": out, "dt": window("dt", b), "prev": prev, "has_prev": has})
+            "state_latent": sl, "noise_pred": out, "dt": dt, "prev": prev, "has_prev": has})
         buffers[STATE_BUFFER].zero_()  # warm-up ran the update: start from empty state
 
     builder = RuntimeBuilder(weights_digest=weights_digest or "none", precision=precision,
@@ -162,9 +187,9 @@ def build_dit_runtime(
         builder.add_stage(name, after)
     if stream is not None:
         builder.add_stream(Role.DENOISER, stream)
-    shapes = {"latents": lambda b: (b.rows, c, f, h, w), "timestep": lambda b: (b.rows,),
+    shapes = {"latents": lambda b: (b.rows, *b.latent_shape), "timestep": lambda b: (b.rows,),
               "text": lambda b: (b.rows, text_len, text_dim), "dt": lambda b: (b.rows,),
-              OUT_PORT: lambda b: (b.rows, c, f, h, w)}
+              OUT_PORT: lambda b: (b.rows, *b.latent_shape)}
     for name, shape in shapes.items():
         builder.add_port(PortSpec(
             name=name, direction="out" if name == OUT_PORT else "in", dtype=buffers[name].dtype,
@@ -204,3 +229,16 @@ def default_buckets(card, text_dim: int | None = None) -> tuple[DitBucket, ...]:
     lim = card.limits
     shape = family_of(card).latent_shape(card, lim.default_frames, lim.default_height, lim.default_width)
     return tuple(DitBucket(r, shape, card.max_text_tokens) for r in (1, 2))
+
+
+def card_buckets(card) -> tuple[DitBucket, ...]:
+    """The buckets the card declares (``graph_buckets``: rows x request shapes, as latent shapes),
+    largest rows first (so the first capture of a shape sizes the graph pool and smaller ones
+    reuse it); the default buckets when it declares none."""
+    from fastvideo3.models.wan.components import latent_shape
+    spec = card.graph_buckets
+    if not spec.count:
+        return default_buckets(card)
+    shapes = [latent_shape(card, s.frames, s.height, s.width) for s in spec.shapes]
+    out = [DitBucket(r, tuple(shape), card.max_text_tokens) for shape in shapes for r in sorted(spec.rows, reverse=True)]
+    return tuple(dict.fromkeys(out))  # two request shapes may share a latent shape
