@@ -138,7 +138,10 @@ class Fp8FastWanDiT(FastWanDiT):
         return self._linear(ctx, self.kv)
 
     @torch.no_grad()
-    def forward(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, tap: Tap = None):
+    def forward(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, tap: Tap = None,
+                image: torch.Tensor | None = None):
+        if image is not None:  # the FP8 cards are text-to-video: no image cross-attention to quantize
+            raise ValueError("the FP8 fast path has no image conditioning")
         dit, cfg, impl = self.base, self.cfg, self.kernels
         b, c, f, h, w = latents.shape
         pt, ph, pw = cfg.patch_size
