@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 from fastvideo3.errors import ErrorInfo, FastVideoError, Unavailable
 from fastvideo3.loop.context import RequestContext
+from fastvideo3.runtime.executor import Monitored, Resumable, fingerprint_of, is_healthy
 from fastvideo3.runtime.resume import RunRecord, rebuild_run, record_of, request_meta
 from fastvideo3.vocab import EventKind, LoopId, OutputFormat, Role, RunStatus
 
@@ -47,7 +48,7 @@ SNAPSHOT_ROLES = {DENOISE: Role.DENOISER}  # loops whose pool keeps resident sta
 
 
 def _healthy(ex: Any) -> bool:
-    return getattr(ex, "healthy", True) is not False
+    return is_healthy(ex)
 
 
 class Checkpointer:
@@ -174,7 +175,7 @@ class Checkpointer:
     def _snapshot(self, run, role: str) -> tuple[bytes, str]:
         idx = run.placement.get(role)
         replicas = self.executors.get(role) or []
-        if idx is None or idx >= len(replicas) or not hasattr(replicas[idx], "snapshot"):
+        if idx is None or idx >= len(replicas) or not isinstance(replicas[idx], Resumable):
             return b"", ""
         ex = replicas[idx]
         try:
@@ -185,7 +186,7 @@ class Checkpointer:
             return b"", ""
         self.counters["snapshots"] += 1
         self.counters["snapshot_bytes"] += len(blob)
-        return blob, str(getattr(ex, "fingerprint", "") or "")
+        return blob, fingerprint_of(ex)
 
     def _write(self, record: RunRecord) -> None:
         if self._store_down():
@@ -214,7 +215,7 @@ class Checkpointer:
         rid, role = run.request_id, self.sched.pool_key(unit)
         replicas = self.executors.get(role) or []
         failed = run.placement.get(role)
-        if lost_pool and failed is not None and failed < len(replicas) and hasattr(replicas[failed], "healthy"):
+        if lost_pool and failed is not None and failed < len(replicas) and isinstance(replicas[failed], Monitored):
             replicas[failed].healthy = False  # the health monitor turns it back on once it serves
         if self.recoveries.get(rid, 0) >= self.max_recoveries:
             self.counters["recovery_failed"] += 1
@@ -226,12 +227,12 @@ class Checkpointer:
                 and replicas:
             # nothing of the request lives on this role's replicas: wait for one to come back
             # (a restarted decoder re-decodes the final latents, still held by the denoiser)
-            self.sched.park(run, role, self.replica_wait_s, self.sched._lost(run, unit, err))
+            self.sched.park(run, role, self.replica_wait_s, self.sched.lost(run, unit, err))
             self.recoveries[rid] = self.recoveries.get(rid, 0) + 1
             self.counters["parked"] += 1
             log.warning("request %s waits up to %.0fs for a %s replica (%s)", rid, self.replica_wait_s, role,
                         err.message)
-            self.sched._emit(run, EventKind.RESUMED, {"role": role, "replica": -1, "step": run.progress()[0],
+            self.sched.emit(run, EventKind.RESUMED, {"role": role, "replica": -1, "step": run.progress()[0],
                                               "reason": err.message, "waiting": True})
             return True
         if not order:
@@ -257,7 +258,7 @@ class Checkpointer:
         self.counters["recovered"] += 1
         log.warning("request %s resumes on %s replica %d from step %d (%s)", rid, role, target, from_step,
                     err.message)
-        self.sched._emit(run, EventKind.RESUMED, {"role": role, "replica": target, "step": from_step,
+        self.sched.emit(run, EventKind.RESUMED, {"role": role, "replica": target, "step": from_step,
                                           "reason": err.message})
         return True
 
@@ -308,7 +309,7 @@ class Checkpointer:
         self.counters["inputs_remade"] += 1
         log.warning("request %s lost its %s (%s): made again, denoising from step %d", rid, what, err.message,
                     from_step)
-        self.sched._emit(run, EventKind.RESUMED,
+        self.sched.emit(run, EventKind.RESUMED,
                          {"role": unit.role, "step": from_step, "reason": err.message, "remade": what})
         return True
 
@@ -338,7 +339,7 @@ class Checkpointer:
     def _restore_somewhere(self, rid: str, rec: RunRecord, replicas: list, order: list[int]) -> int | None:
         for i in order:
             ex = replicas[i]
-            if not hasattr(ex, "restore"):
+            if not isinstance(ex, Resumable):
                 continue
             try:
                 ex.restore(rid, rec.snapshot)

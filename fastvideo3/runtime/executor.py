@@ -2,12 +2,21 @@
 and a role-pool service (called by its gRPC servicer); the scheduler holds a list of them per role
 (local executors, or services/scheduler/remote.py's stubs of remote replicas).
 
-An executor may also be :class:`Resumable` (its pool keeps per-request state it can snapshot and
-restore: the denoiser) and may report :attr:`healthy` (a remote replica the scheduler watches).
-:func:`is_resumable` and :func:`is_healthy` are how callers ask."""
+:class:`Executor` is the contract every one keeps. The optional parts are protocols of their
+own, asked with ``isinstance`` (all are ``runtime_checkable``), never by probing names:
+
+* :class:`Resumable`: its pool keeps per-request state it can snapshot and restore (the denoiser);
+* :class:`Monitored`: it reports ``healthy`` (a remote replica the scheduler watches); one that
+  does not is taken as healthy;
+* :class:`Fingerprinted`: it knows the runtime fingerprint its snapshots are bound to;
+* :class:`CarriesReleases`: its Execute call can carry ids of ended requests to free first;
+* :class:`Identified`: it has a model-runtime identity (what a pool's fingerprint is made of);
+* :class:`TakesAdapters`: it loads and unloads LoRA adapters while serving;
+* :class:`PullsInputs`: it pulls its inputs from other pools, under ``fetch_deadline_s``.
+"""
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.runtime.workunit import WorkUnit
@@ -39,13 +48,63 @@ class Resumable(Protocol):
         """Make the request's regions resident again from ``blob``; the step it was taken at."""
 
 
+@runtime_checkable
+class Monitored(Protocol):
+    """An executor whose replica can be lost: ``healthy`` follows its health checks (and is set
+    False by the scheduler when a dispatch to it failed)."""
+
+    healthy: bool
+
+
+@runtime_checkable
+class Fingerprinted(Protocol):
+    """An executor that knows its replica's runtime fingerprint (from Describe)."""
+
+    fingerprint: str
+
+
+@runtime_checkable
+class CarriesReleases(Protocol):
+    """An executor whose Execute can carry the ids of ended requests: the replica frees them
+    on receipt, before it runs the batch (no Release call of its own)."""
+
+    def execute_after_release(self, finished_request_ids: list[str], batch: list[WorkUnit]) -> list[StepResult]:
+        """Free ``finished_request_ids`` (idempotent), then run ``batch`` as :meth:`Executor.execute`."""
+
+
+@runtime_checkable
+class Identified(Protocol):
+    """An executor with a model-runtime identity (fastvideo3.runtime.resident.pool_identity)."""
+
+    @property
+    def identity(self) -> Any: ...
+
+
+@runtime_checkable
+class TakesAdapters(Protocol):
+    def load_adapter(self, adapter_id: str, path: str | None = None, tensors: dict | None = None) -> dict: ...
+
+    def unload_adapter(self, adapter_id: str, wait_s: float = 0.0) -> list[str]: ...
+
+
+@runtime_checkable
+class PullsInputs(Protocol):
+    fetch_deadline_s: float
+
+
 def is_resumable(executor: object) -> bool:
     return isinstance(executor, Resumable)
 
 
 def is_healthy(executor: object) -> bool:
-    """False only for an executor that says it is not (``healthy = False``); local ones do not say."""
-    return getattr(executor, "healthy", True) is not False
+    """False only for an executor that says it is not; one that is not :class:`Monitored` is."""
+    return not isinstance(executor, Monitored) or executor.healthy is not False
 
 
-__all__ = ["Executor", "Resumable", "is_healthy", "is_resumable"]
+def fingerprint_of(executor: object) -> str:
+    """The runtime fingerprint a snapshot from ``executor`` is bound to ("" when it does not say)."""
+    return str(executor.fingerprint or "") if isinstance(executor, Fingerprinted) else ""
+
+
+__all__ = ["CarriesReleases", "Executor", "Fingerprinted", "Identified", "Monitored", "PullsInputs", "Resumable",
+           "TakesAdapters", "fingerprint_of", "is_healthy", "is_resumable"]

@@ -10,12 +10,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ExecuteRequest(_message.Message):
-    __slots__ = ("units", "batch_id")
+    __slots__ = ("units", "batch_id", "finished_request_ids")
     UNITS_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
     units: _containers.RepeatedCompositeFieldContainer[_work_pb2.WorkUnit]
     batch_id: str
-    def __init__(self, units: _Optional[_Iterable[_Union[_work_pb2.WorkUnit, _Mapping]]] = ..., batch_id: _Optional[str] = ...) -> None: ...
+    finished_request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, units: _Optional[_Iterable[_Union[_work_pb2.WorkUnit, _Mapping]]] = ..., batch_id: _Optional[str] = ..., finished_request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ExecuteResponse(_message.Message):
     __slots__ = ("results", "batch_id", "replica_id", "batch_seconds")

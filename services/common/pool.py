@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from fastvideo3.runtime.executor import Executor, is_resumable
+from fastvideo3.runtime.executor import Executor, Identified, PullsInputs, TakesAdapters, is_resumable
 from fastvideo3.v1 import common_pb2, pool_pb2, pool_pb2_grpc
 from fastvideo3.vocab import KINDS_OF_ROLE, Role
 from services.common.args import add_graph_bucket_args, add_service_args
@@ -23,6 +23,8 @@ log = logging.getLogger("fastvideo3.pool")
 
 SERVICE = pool_pb2.DESCRIPTOR.services_by_name["RolePool"].full_name
 KINDS = {role: list(kinds) for role, kinds in KINDS_OF_ROLE.items()}
+#: most ended-request ids one Execute may carry (ExecuteRequest.finished_request_ids)
+MAX_FINISHED_IDS = 4096
 
 
 @dataclass(frozen=True)
@@ -173,10 +175,9 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
     def attach(self, executor, transport, card) -> None:
         self.executor, self.transport, self.card = executor, transport, card
         d = executor.describe()
-        identity = getattr(executor, "identity", None)  # the executor's model runtime, when it has one
-        if identity is not None:
+        if isinstance(executor, Identified):  # the executor's model runtime, when it has one
             from fastvideo3.runtime.resident import pool_fingerprint
-            self.fingerprint = pool_fingerprint(identity)
+            self.fingerprint = pool_fingerprint(executor.identity)
         else:
             self.fingerprint = fingerprint(d.get("weights_digest", ""), d.get("precision", ""), str(d.get("device", "")))
 
@@ -192,6 +193,11 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
                 if len(request.units) > self.cfg.max_batch_units:
                     raise InvalidRequest(f"batch of {len(request.units)} units", field="units",
                                          limit=f"at most {self.cfg.max_batch_units}")
+                if len(request.finished_request_ids) > MAX_FINISHED_IDS:
+                    raise InvalidRequest(f"{len(request.finished_request_ids)} finished request ids",
+                                         field="finished_request_ids", limit=f"at most {MAX_FINISHED_IDS}")
+                if any(not rid for rid in request.finished_request_ids):
+                    raise InvalidRequest("must not contain an empty id", field="finished_request_ids")
                 units = [convert.unit_from_wire(u) for u in request.units]
                 for u in units:
                     if u.role and u.role != self.cfg.role:
@@ -200,6 +206,9 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
                     if u.card_id != self.card.model_id:
                         raise FailedPrecondition(f"unit for card {u.card_id!r}", field="card_id",
                                                  limit=self.card.model_id)
+                for rid in request.finished_request_ids:  # ended requests: freed before this batch runs
+                    self.executor.release(rid)
+                    self.counters["carried_releases"] = self.counters.get("carried_releases", 0) + 1
                 now = time.time()
                 live = [u for u in units if not u.expired(now)]
                 out: dict[str, StepResult] = {}
@@ -320,7 +329,7 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
             abort(context, e)
 
     def _adapter_executor(self, context):
-        if self.executor is None or not hasattr(self.executor, "load_adapter"):
+        if not isinstance(self.executor, TakesAdapters):
             context.abort(grpc_status("UNIMPLEMENTED"), f"a {self.cfg.role} pool takes no adapters"
                           + (" (--fake)" if self.cfg.fake else ""))
         return self.executor
@@ -479,7 +488,7 @@ def _load(cfg: PoolConfig, build: BuildFn, replica_id: str, host: ServiceHost, p
                 t0 = time.perf_counter()
                 warm(cfg, executor)
                 log.info("warm phase done in %.2f s", time.perf_counter() - t0)
-        if hasattr(executor, "fetch_deadline_s"):
+        if isinstance(executor, PullsInputs):
             executor.fetch_deadline_s = cfg.fetch_timeout_s
         if cfg.inject_fault:
             from services.common import faults

@@ -200,10 +200,10 @@ def run_scheduler(argv: list[str] | None = None) -> int:
     _monitor(replicas, monitor_stop, cfg.health_interval_s, cfg.health_timeout_s)
     if cfg.metrics_port is not None:
         from fastvideo3.telemetry.metrics import start_metrics_server
-        metrics = runtime.sched.telemetry.metrics
+        metrics = runtime.telemetry.metrics
         metrics.watch_values(servicer.metrics, "scheduler")
-        metrics.watch_cost_model(runtime.sched.pricer.cost_model, servicer.card.model_id)
-        metrics.watch_admission(runtime.sched.admission, Role.DENOISER)
+        metrics.watch_cost_model(runtime.pricer.cost_model, servicer.card.model_id)
+        metrics.watch_admission(runtime.admission, Role.DENOISER)
         metrics.watch_scaling(servicer.scaling, cfg.engine_id, servicer.ledger)
         start_metrics_server(cfg.metrics_port, metrics.registry, addr=cfg.host)
     host.set_serving(True)
@@ -223,7 +223,7 @@ def run_scheduler(argv: list[str] | None = None) -> int:
         leadership.stop()
     monitor_stop.set()
     runtime.stop(cancel_active=not handed_over.is_set())
-    runtime.sched.telemetry.tracing.shutdown()  # flush the last spans: SIGTERM runs no exit hooks
+    runtime.telemetry.tracing.shutdown()  # flush the last spans: SIGTERM runs no exit hooks
     for reps in replicas.values():
         for rep in reps:
             rep.close()

@@ -62,6 +62,11 @@ class RemoteExecutor:
 
     # -- the Executor protocol ---------------------------------------------------------------
     def execute(self, batch: list[WorkUnit]) -> list[StepResult]:
+        return self.execute_after_release([], batch)
+
+    def execute_after_release(self, finished_request_ids: list[str], batch: list[WorkUnit]) -> list[StepResult]:
+        """Execute, with the ids of ended requests riding on the RPC: the replica frees them on
+        receipt (ExecuteRequest.finished_request_ids), before it runs the batch."""
         timeout = self.rpc_timeout_s
         deadlines = [u.deadline_unix for u in batch if u.deadline_unix]
         if deadlines:
@@ -69,7 +74,8 @@ class RemoteExecutor:
             if timeout <= 0:
                 raise DeadlineExceeded("request deadline passed before dispatch", field="deadline_s")
         req = pool_pb2.ExecuteRequest(units=[convert.unit_to_wire(u, self.output_transport) for u in batch],
-                                      batch_id=f"b{next(_batch_ids)}")
+                                      batch_id=f"b{next(_batch_ids)}",
+                                      finished_request_ids=list(finished_request_ids))
         t0 = time.perf_counter()
         self.counters["rpcs"] += 1
         self.counters["units"] += len(batch)

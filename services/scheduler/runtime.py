@@ -4,11 +4,13 @@
 * the tick thread runs :meth:`CoreScheduler.tick` whenever there is work: each tick plans one
   step for every running request, batches compatible units across requests, places them on
   replicas and folds the results back; it sleeps on an event when idle (woken by submit/cancel);
-* a request that reached a terminal state is released on every pool replica right after its
-  tick, and only then — after its end was written to the state store, or deferred — does its
-  stream get the ``finished`` event: a client that saw ``finished`` finds nothing of its request
-  left in any pool. Artifact bytes are dropped from
-  the retained record once copied into the stream;
+* a request that reached a terminal state is freed on the replicas that ran its units right
+  after its tick: a replica with a batch in flight gets the id on its next Execute (or by Release
+  after ``release_after_s`` without one), an idle replica — and every replica, for a cancelled
+  request — by a Release call, off the tick thread. Only then — after its end was written to
+  the state store, or deferred — does its stream get the ``finished`` event: a client that saw
+  ``finished`` finds nothing of its request left in any idle pool. Artifact bytes are dropped
+  from the retained record once copied into the stream;
 * ``cancel`` takes effect at the request's next step boundary;
 * old finished requests are forgotten beyond ``retain_finished``;
 * with a :class:`~fastvideo3.runtime.checkpointer.Checkpointer`, requests are registered in the
@@ -49,13 +51,23 @@ class Stream:
 class FleetRuntime:
     def __init__(self, executors: dict[str, list[Any]], *, batching: bool = True, max_batch: int = 16,
                  max_running: int = 64, max_queued: int = 256, retain_finished: int = 1000,
-                 pricer=None, admission=None, telemetry=None, checkpointer=None, batch_bucket: int | None = None):
+                 pricer=None, admission=None, telemetry=None, checkpointer=None, batch_bucket: int | None = None,
+                 pipeline_depth: int = 2, split_min_units: int = 8, release_after_s: float = 1.0):
+        """``pipeline_depth``: batches a denoiser replica holds at once (2: double-buffered dispatch,
+        see fastvideo3.runtime.dispatcher). ``split_min_units``: a denoise round this large for an
+        idle denoiser replica is cut in two halves that then alternate, so the replica always has
+        the next batch waiting (off with durable checkpoints, whose snapshots need the replica
+        between steps, and in batch-invariant mode, where every half is padded to the bucket)."""
         replicas = sum(len(v) for v in executors.values())
         cp = checkpointer
+        snapshots = cp is not None and cp.every > 0
+        split = 0 if (snapshots or batch_bucket or not batching) else split_min_units
         self.sched = CoreScheduler(executors, max_batch=max_batch if batching else 1, max_running=max_running,
                                    max_queued=max_queued, on_event=self._on_event, parallel_dispatch=True,
-                                   pipelined=True, wake=self._wake_up,
-                                   dispatch_workers=max(4, replicas), pricer=pricer, admission=admission,
+                                   pipelined=True, wake=self._wake_up, pipeline_depth=pipeline_depth,
+                                   split_min_units=split, release_after_s=release_after_s,
+                                   dispatch_workers=max(4, replicas * max(1, pipeline_depth) + 2),
+                                   pricer=pricer, admission=admission,
                                    telemetry=telemetry, checkpoint=cp.checkpoint if cp else None,
                                    admit_hook=cp.register if cp else None, recover=cp.recover if cp else None,
                                    checkpoint_step=cp.checkpoint_step if cp else None)
@@ -132,7 +144,7 @@ class FleetRuntime:
     def _retry(self, request, card, program, ctx) -> Stream:
         """Run a retained, retryably failed request again under its id (from its checkpoint)."""
         stream = Stream(request.request_id)
-        with self.sched._lock:
+        with self.sched.lock:
             run = self.checkpointer.revive(request, card, program, ctx)
             with self._lock:
                 self.streams[request.request_id] = stream
@@ -163,10 +175,9 @@ class FleetRuntime:
         run = ended_run(request_id, kept, self.card_of)
         if run is None:
             return None
-        with self.sched._lock:
-            if self.sched.get(request_id) is not None:  # raced with a submit
-                return self.sched.get(request_id)
-            self.sched.runs[request_id] = run
+        kept = self.sched.retain(run)
+        if kept is not run:  # raced with a submit
+            return kept
         with self._lock:
             self._finished.append(request_id)
             self._ended[request_id] = float(kept["info"].get("ended") or time.time())
@@ -197,7 +208,7 @@ class FleetRuntime:
             raise AlreadyExists("a request with this id has other parameters", field="request_id",
                                 request_id=run.request_id)
         stream = Stream(run.request_id)
-        with self.sched._lock:  # no event of the run is emitted while the stream is wired in
+        with self.sched.lock:  # no event of the run is emitted while the stream is wired in
             with self._lock:
                 old = self.streams.get(run.request_id)
                 if old is not None and not old.closed:
@@ -262,6 +273,7 @@ class FleetRuntime:
                 log.exception("scheduler tick failed")
                 worked = False
             self._after_tick()
+            self.sched.flush_releases()  # ended ids no Execute carried in time: by Release
             if self.checkpointer is not None and self.checkpointer.pending_ends:
                 self.checkpointer.flush()  # ends deferred by a state-store outage
             if not worked:
@@ -272,14 +284,18 @@ class FleetRuntime:
         with self._lock:
             done, self._to_release = self._to_release, []
         for rid, finished, stream in done:
-            self.sched.release(rid)  # every replica of every role frees the request
             run = self.sched.get(rid)
-            if self.checkpointer is not None and run is not None:
-                # artifact index + end (or delete) in the state store; then the client's finished
-                # (with a writer thread, off this thread: a slow store holds up no step)
-                self.checkpointer.finish(run, then=lambda r=run, f=finished, s=stream: self._deliver(r.request_id, r, f, s))
-            else:
-                self._deliver(rid, run, finished, stream)
+            # the replicas that ran it free it (off this thread); then artifact index + end (or
+            # delete) in the state store; then the client's finished (with a writer thread, the
+            # store writes are off the release threads too: a slow store holds up no step)
+            self.sched.release_ended(rid, then=lambda r=run, i=rid, f=finished, s=stream: self._freed(i, r, f, s))
+
+    def _freed(self, rid: str, run: RequestRun | None, finished: Event, stream: Stream | None) -> None:
+        """The ended request's replicas freed it: its end goes to the store, then to its client."""
+        if self.checkpointer is not None and run is not None:
+            self.checkpointer.finish(run, then=lambda: self._deliver(rid, run, finished, stream))
+        else:
+            self._deliver(rid, run, finished, stream)
 
     def _deliver(self, rid: str, run: RequestRun | None, finished: Event, stream: Stream | None) -> None:
         """A terminal request's ``finished`` to its client; the retained record loses its bytes."""
@@ -312,9 +328,11 @@ class FleetRuntime:
         if self._thread.is_alive():
             self._thread.join(timeout=timeout_s)
         end = time.monotonic() + timeout_s
-        while any(r.in_flight for r in self.sched.runs.values()) and time.monotonic() < end:
-            time.sleep(0.05)  # the dispatch threads apply their results and clear the flag
+        while self.sched.in_flight() and time.monotonic() < end:
+            time.sleep(0.05)  # the dispatch threads apply their results and free the replicas
         self._after_tick()  # requests that ended meanwhile: their ends reach the store and clients
+        self.sched.flush_releases_now()
+        self.sched.drain(max(0.0, end - time.monotonic()))
         if self.checkpointer is not None:
             self.checkpointer.flush(wait=True)  # every queued checkpoint and end written first
         left = [r.request_id for r in self.sched.active()]
@@ -336,6 +354,9 @@ class FleetRuntime:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=30.0)
+        self._after_tick()
+        self.sched.flush_releases_now()
+        self.sched.drain(timeout_s)
         if cancel_active:  # the cancelled ones are terminal now (or the tick thread was stuck)
             for run in list(self.sched.runs.values()):
                 self.sched.release(run.request_id)
@@ -344,8 +365,38 @@ class FleetRuntime:
             self.checkpointer.store.close()
         self.sched.close()
 
+    # -- what services read ---------------------------------------------------------------
+    @property
+    def pricer(self):
+        """The scheduler's Pricer (None: pricing off)."""
+        return self.sched.pricer
+
+    @property
+    def admission(self):
+        """The scheduler's AdmissionController (None: admission off)."""
+        return self.sched.admission
+
+    @property
+    def telemetry(self):
+        """The scheduler's SchedulerTelemetry (its tracing and metrics)."""
+        return self.sched.telemetry
+
+    def active(self) -> list[RequestRun]:
+        """Requests not yet terminal."""
+        return self.sched.active()
+
+    def in_flight_units(self, replica) -> int:
+        """Units of this scheduler running on ``replica`` now."""
+        return int(self.sched.inflight.get(id(replica), 0))
+
+    def recent_batch_sizes(self, n: int = 64) -> list[int]:
+        """Sizes of the last ``n`` denoise batches."""
+        return list(self.sched.batch_sizes)[-n:]
+
     def counters(self) -> dict[str, float]:
         c = dict(self.sched.counters)
+        c.update({f"dispatch.{k}": v for k, v in self.sched.dispatcher.counters.items()})
+        c["dispatch.pending_releases"] = self.sched.dispatcher.pending_releases()
         c["tick_errors"] = self.tick_errors
         c["streams_open"] = len(self.streams)
         c["queued_requests"] = sum(r.status == RunStatus.QUEUED for r in self.sched.runs.values())

@@ -131,7 +131,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     def _observe_arrival(self, resolved, program) -> dict[str, float]:
         """Feed the scaling signals; returns this request's predicted GPU-seconds per role."""
-        pricer = self.runtime.sched.pricer
+        pricer = self.runtime.pricer
         if pricer is None:
             return {}
         from fastvideo3.telemetry.scaling import request_role_seconds
@@ -151,7 +151,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         out = scheduler_pb2.LoadReport(owed_gpu_seconds=self.ledger.owed(), requests=len(self.ledger),
                                        replicas={role: sum(r.healthy for r in reps)
                                                  for role, reps in self.replicas.items()})
-        adm = self.runtime.sched.admission
+        adm = self.runtime.admission
         if adm is not None:
             c = adm.counters()
             out.admission = True
@@ -264,7 +264,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             abort(context, e)
 
     def _requests_naming(self, adapter_id: str) -> list[str]:
-        runs = self.runtime.sched.active()
+        runs = self.runtime.active()
         return [r.request_id for r in runs if any(a["id"] == adapter_id for a in r.request.adapters)]
 
     def _refresh_adapters(self) -> None:
@@ -325,7 +325,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         for (role, rep), fut in zip(every, answers):
             status = scheduler_pb2.PoolStatus(role=role, replica_id=rep.replica_id, address=rep.target,
                                               healthy=rep.healthy,
-                                              in_flight_units=int(self.runtime.sched.inflight.get(id(rep), 0)),
+                                              in_flight_units=self.runtime.in_flight_units(rep),
                                               health_changed_unix=rep.health_changed_unix,
                                               remote_counters={k: float(v) for k, v in rep.counters.items()},
                                               output_transport=rep.output_transport)
@@ -334,17 +334,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             except FastVideoError as e:
                 status.error = e.one_line()
             pools.append(status)
-        sched = self.runtime.sched
+        pricer, admission = self.runtime.pricer, self.runtime.admission
         diag = {"config": self.config, "scheduler": counters,
-                "recent_denoise_batch_sizes": list(sched.batch_sizes)[-64:]}
+                "recent_denoise_batch_sizes": self.runtime.recent_batch_sizes(64)}
         card = self.deployment_card
-        if sched.pricer is not None:  # publish the live, calibrated cost model
+        if pricer is not None:  # publish the live, calibrated cost model
             from services.scheduler.deployment import cost_model_spec
             card = scheduler_pb2.SchedulerDescription().card.__class__.FromString(card.SerializeToString())
-            card.cost_model.CopyFrom(cost_model_spec(sched.pricer.cost_model))
-            diag["cost_model_error"] = sched.pricer.cost_model.error_stats()
-        if sched.admission is not None:
-            diag["admission"] = sched.admission.counters()
+            card.cost_model.CopyFrom(cost_model_spec(pricer.cost_model))
+            diag["cost_model_error"] = pricer.cost_model.error_stats()
+        if admission is not None:
+            diag["admission"] = admission.counters()
         diag["scaling"] = self.scaling.values()
         return scheduler_pb2.SchedulerDescription(
             card=card, queued_requests=int(counters["queued_requests"]),

@@ -1,0 +1,621 @@
+"""The planner: which step of which request runs next, in which batch, on which replica.
+
+It is the pure half of the scheduler (vLLM v1's split): :meth:`Planner.schedule` returns the
+batches of one round and :meth:`Planner.update_from_output` folds a batch's results back. It
+owns the requests (:class:`RequestRun`), their loop drivers, admission, pricing and placement
+decisions and the request events; it starts no thread, waits on nothing and calls no
+executor (the replica table is read for its size and health only). Time comes from an
+injected clock. :mod:`fastvideo3.runtime.dispatcher` runs what it plans;
+:class:`~fastvideo3.runtime.scheduler.CoreScheduler` wires the two and holds the lock.
+
+One round: requests at a step boundary are cancelled, expired or admitted (FIFO, under
+``max_running``); every running request with no unit in flight plans its next step through its
+:class:`LoopDriver`; units are grouped by batch key across requests and placed (a request's
+units of one role stay on the replica that ran its first one: the pool keeps its resident
+state there; new requests go to the least-loaded replica) and cut at ``max_batch``. A request
+has at most one unit in flight, so its results apply in order. A batch for a replica with no
+free slot is held back and its units join that replica's next batch.
+
+Requests that ended are listed by :meth:`Planner.take_ended` with the replicas that ran their
+units: freeing what those replicas hold is the dispatcher's job.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from fastvideo3.card.spec import ModelCard
+from fastvideo3.errors import (
+    Cancelled, DeadlineExceeded, ErrorInfo, FastVideoError, Internal, InvalidRequest, ResourceExhausted, Unavailable,
+    loss_report,
+)
+from fastvideo3.loop import LOOPS, LoopDriver, RequestContext
+from fastvideo3.loop.protocol import StepResult
+from fastvideo3.request.schema import ResolvedRequest
+from fastvideo3.runtime.executor import Executor, is_healthy
+from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.vocab import EventKind, LoopId, PROGRAM_LOOPS, Program, Role, RunStatus, TERMINAL_STATUSES, UnitKind
+
+PROGRAM_T2V = PROGRAM_LOOPS[Program.T2V]
+TERMINAL = TERMINAL_STATUSES
+#: error codes after which the same request sent again (same id, same parameters) can succeed:
+#: something outside the request failed (a replica, the store, a transfer, the load)
+RETRYABLE_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "DATA_LOSS", "CANCELLED")
+
+
+@dataclass
+class Event:
+    request_id: str
+    seq: int
+    kind: str  # accepted | queued | progress | artifact | error | finished
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RequestRun:
+    request: ResolvedRequest
+    card: ModelCard
+    program: tuple[str, ...] = PROGRAM_T2V
+    status: str = RunStatus.QUEUED
+    loop_index: int = 0
+    driver: LoopDriver | None = None
+    ctx: RequestContext = field(default_factory=RequestContext)
+    error: ErrorInfo | None = None
+    created: float = field(default_factory=time.time)
+    started: float | None = None
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    cancel_requested: bool = False
+    admission_waiting: bool = False  # queued inside the AdmissionController
+    events: list[Event] = field(default_factory=list)
+    #: role -> index of the replica holding this request's resident state for that role
+    placement: dict[str, int] = field(default_factory=dict)
+    #: every (pool key, replica index) a unit of this request was sent to: what frees it at the end
+    touched: set[tuple[str, int]] = field(default_factory=set)
+    #: inline artifacts returned by pools (e.g. the encoded video), by loop id
+    artifacts: dict[str, bytes] = field(default_factory=dict)
+    #: rebuilt from a checkpoint by a restarted scheduler (no client stream until one re-attaches)
+    resumed: bool = False
+    #: a unit of this request is executing on a pool (it is not planned again, and cancel /
+    #: deadline act when it returns: at the step boundary)
+    in_flight: bool = False
+    #: a planned unit held back because its replica had no free slot (sent next round)
+    pending: Any = None
+    #: parked: its current loop waits for a healthy replica of this role (its last one was lost);
+    #: until ``parked_until`` (the planner's clock), then it fails with ``parked_error``
+    parked_role: str | None = None
+    parked_until: float = 0.0
+    parked_error: Any = None
+    #: (loop id, fn(run, fresh driver) -> driver): when that loop next starts, ``fn`` picks up where
+    #: it was (e.g. denoising continues from a snapshot after its lost inputs were encoded again)
+    continue_loop: Any = None
+    _seq: Any = field(default_factory=lambda: itertools.count())
+    done_event: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def deadline(self) -> float:
+        return self.created + self.request.deadline_s
+
+    @property
+    def loop_id(self) -> str | None:
+        return self.program[self.loop_index] if self.loop_index < len(self.program) else None
+
+    def progress(self) -> tuple[int, int]:
+        d = self.driver
+        if d is not None and self.loop_id == LoopId.DIFFUSION_DENOISE:
+            return d.state.step, d.state.num_steps  # type: ignore[attr-defined]
+        return (self.request.num_inference_steps if self.loop_index > 1 else 0), self.request.num_inference_steps
+
+
+@dataclass
+class Batch:
+    """Units of one batch key for one replica: what the dispatcher sends in one Execute."""
+
+    units: list[tuple[WorkUnit, RequestRun]]
+    pool: str  # the pool key (a role, or ``denoiser:<expert>``)
+    replica: int | None  # index into the pool's replicas; None: no pool serves the role
+    executor: Executor | None
+
+    @property
+    def work(self) -> list[WorkUnit]:
+        return [u for u, _ in self.units]
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A request that reached a terminal state, and the replicas that may hold something of it."""
+
+    request_id: str
+    status: str
+    replicas: tuple[tuple[str, int], ...]
+
+
+#: capacity(executor) -> batches it may take now (None: no limit); the dispatcher's answer
+Capacity = Callable[[Any], "int | None"]
+
+
+class Planner:
+    def __init__(self, executors: Mapping[str, list[Executor]], *, max_batch: int = 16, max_running: int = 64,
+                 max_queued: int = 256, on_event: Callable[[Event], None] | None = None,
+                 checkpoint: Callable[[RequestRun], None] | None = None,
+                 recover: Callable[[RequestRun, WorkUnit, StepResult], bool] | None = None,
+                 checkpoint_step: Callable[[RequestRun], int | None] | None = None,
+                 pricer: Any = None, admission: Any = None, telemetry: Any = None,
+                 load: Callable[[Any], int] | None = None, clock: Callable[[], float] = time.time):
+        """``executors``: the replica table, per pool key (read for size and health only).
+        ``load(executor)``: units in flight there (least-loaded placement; default none).
+        ``checkpoint`` is called after each applied result, ``recover`` may move a request whose
+        replica was lost (True: it continues), ``checkpoint_step`` says where a retry resumes.
+        ``pricer`` prices units and reservations, ``admission`` reserves a request's compute and
+        memory before it steps, ``telemetry`` records spans; all optional."""
+        self.executors = executors
+        self.max_batch = max_batch
+        self.max_running = max_running
+        self.max_queued = max_queued
+        self.on_event = on_event
+        self.checkpoint = checkpoint
+        self.recover = recover
+        self.checkpoint_step = checkpoint_step
+        self.pricer = pricer
+        self.admission = admission
+        if telemetry is None:
+            from fastvideo3.telemetry.hooks import SchedulerTelemetry
+            telemetry = SchedulerTelemetry()
+        self.telemetry = telemetry
+        self.load = load or (lambda ex: 0)
+        self.clock = clock
+        self.runs: "OrderedDict[str, RequestRun]" = OrderedDict()
+        self.counters: dict[str, float] = {
+            "ticks": 0, "units": 0, "batches": 0, "max_batch_units": 0, "multi_request_batches": 0,
+            "admitted": 0, "refused": 0, "succeeded": 0, "failed": 0, "cancelled": 0,
+        }
+        self.batch_sizes: deque[int] = deque(maxlen=4096)  # recent diffusion_step batch sizes
+        self.registering: set[str] = set()  # request ids being registered outside the planner
+        self.changed = False  # whether the last schedule() changed any request's state
+        self._ended: list[Ended] = []
+
+    # -- requests ----------------------------------------------------------------------
+    def reserve(self, request: ResolvedRequest) -> int:
+        """Take the request's id for a submit (refused if it runs or the queue is full); returns
+        its queue position. :meth:`add` or :meth:`unreserve` follows."""
+        rid = request.request_id
+        old = self.runs.get(rid)
+        if (old is not None and old.status not in TERMINAL) or rid in self.registering:
+            raise InvalidRequest("a request with this id is still running", field="request_id")
+        queued = sum(r.status == RunStatus.QUEUED for r in self.runs.values()) + len(self.registering)
+        if queued >= self.max_queued:
+            self.counters["refused"] += 1
+            self.telemetry.refused("queue", request.slo_class)
+            raise ResourceExhausted(f"queue is full ({queued} waiting)", field="queue",
+                                    limit=str(self.max_queued), retry_after_s=1.0)
+        self.registering.add(rid)
+        return queued
+
+    def unreserve(self, request_id: str, refused: bool = False) -> None:
+        self.registering.discard(request_id)
+        if refused:
+            self.counters["refused"] += 1
+
+    def add(self, run: RequestRun, queued: int, trace_parent: Any = None) -> RequestRun:
+        rid = run.request_id
+        self.registering.discard(rid)
+        self.runs.pop(rid, None)
+        self.runs[rid] = run
+        self.counters["admitted"] += 1
+        self.telemetry.submitted(rid, run.card.model_id, run.request.slo_class, parent=trace_parent,
+                                 created_s=run.created)
+        self.emit(run, EventKind.ACCEPTED, {"model": run.card.model_id})
+        self.emit(run, EventKind.QUEUED, {"position": queued})
+        return run
+
+    def cancel(self, request_id: str) -> bool:
+        """Mark the request cancelled: it gets no further unit, and the result of a unit in
+        flight is dropped when it returns (its step boundary)."""
+        run = self.runs.get(request_id)
+        if run is None or run.status in TERMINAL:
+            return False
+        run.cancel_requested = True
+        return True
+
+    def get(self, request_id: str) -> RequestRun | None:
+        return self.runs.get(request_id)
+
+    def active(self) -> list[RequestRun]:
+        return [r for r in self.runs.values() if r.status not in TERMINAL]
+
+    def forget(self, request_id: str) -> None:
+        run = self.runs.get(request_id)
+        if run is not None and run.status in TERMINAL:
+            del self.runs[request_id]
+
+    def adopt(self, run: RequestRun) -> None:
+        """Take over a run rebuilt from a checkpoint: queued ahead of everything, admitted again."""
+        old = self.runs.get(run.request_id)
+        if old is not None and old.status not in TERMINAL:
+            raise InvalidRequest("a request with this id is still running", field="request_id")
+        run.status = RunStatus.QUEUED
+        self.runs[run.request_id] = run
+        self.runs.move_to_end(run.request_id, last=False)
+        self.telemetry.submitted(run.request_id, run.card.model_id, run.request.slo_class, created_s=run.created)
+        self.emit(run, EventKind.ACCEPTED, {"model": run.card.model_id, "resumed": True})
+
+    def take_ended(self) -> list[Ended]:
+        """Requests that ended since the last call (their replicas' data is to be freed)."""
+        out, self._ended = self._ended, []
+        return out
+
+    # -- one round ---------------------------------------------------------------------
+    def schedule(self, capacity: Capacity | None = None, *, split_min_units: int = 0) -> list[Batch]:
+        """Plan one round; returns its batches (the runs in them are marked in flight).
+
+        ``capacity(executor)``: how many batches that replica takes now (None: any number); a
+        batch beyond it is held back. ``split_min_units``: a diffusion-step batch of at least
+        this many units for a replica with two or more free slots is cut in two halves sent
+        back to back (double buffering: one half runs while the other's inputs arrive; the
+        halves then alternate). 0: never cut below ``max_batch``."""
+        self.counters["ticks"] += 1
+        changed = self._boundaries()
+        units: list[tuple[WorkUnit, RequestRun]] = []
+        for run in list(self.runs.values()):
+            if run.status != RunStatus.RUNNING or run.in_flight:
+                continue
+            if run.parked_role is not None and not self._unpark(run):
+                changed |= run.status in TERMINAL
+                continue
+            if run.pending is not None:  # planned last round, its replica had no free slot
+                units.append((run.pending, run))
+                run.pending = None
+                continue
+            try:
+                plan = self._next_plan(run)
+            except FastVideoError as e:
+                self.terminate(run, RunStatus.FAILED, e)
+                changed = True
+                continue
+            if plan is None:
+                changed = True
+                continue
+            unit = WorkUnit.from_plan(plan, run.card.model_id, run.deadline)
+            if self.pricer is not None:
+                self.pricer.price_unit(unit, run.card, run.request)
+            self.telemetry.unit_planned(unit)
+            units.append((unit, run))
+        batches = self._batches(units, capacity, split_min_units)
+        self.changed = changed
+        return batches
+
+    def _batches(self, units, capacity: Capacity | None, split_min_units: int) -> list[Batch]:
+        groups: "OrderedDict[tuple, list[tuple[WorkUnit, RequestRun]]]" = OrderedDict()
+        where: dict[tuple, tuple[str, int | None, Any]] = {}
+        for (u, r), (pool, idx, ex) in zip(units, self._placements(units)):
+            key = (u.batch_key, pool, idx)
+            groups.setdefault(key, []).append((u, r))
+            where[key] = (pool, idx, ex)
+        free: dict[int, int | None] = {}
+        out: list[Batch] = []
+        for key, members in groups.items():
+            pool, idx, ex = where[key]
+            if ex is not None and id(ex) not in free:
+                free[id(ex)] = capacity(ex) if capacity is not None else None
+            slots = free.get(id(ex)) if ex is not None else None
+            size = self.max_batch
+            if (split_min_units and slots is not None and slots >= 2 and len(members) >= split_min_units
+                    and members[0][0].kind == UnitKind.DIFFUSION_STEP):
+                size = min(size, (len(members) + 1) // 2)
+            for i in range(0, len(members), size):
+                chunk = members[i : i + size]
+                if slots is not None and slots <= 0:
+                    for unit, run in chunk:
+                        run.pending = unit
+                    continue
+                if slots is not None:
+                    slots -= 1
+                for _, run in chunk:
+                    run.in_flight = True
+                    if idx is not None:
+                        run.touched.add((pool, idx))
+                out.append(Batch(chunk, pool, idx, ex))
+            if ex is not None:
+                free[id(ex)] = slots
+        return out
+
+    def _placements(self, units) -> list[tuple[str, int | None, Any]]:
+        """(pool key, replica index, executor) for each unit: the request's pinned replica of that
+        pool when it has one, else the least-loaded healthy one (units in flight plus units placed
+        in this round)."""
+        load: dict[tuple[str, int], int] = {}
+        chosen: list[tuple[str, int | None, Any]] = [("", None, None)] * len(units)
+        pending = []
+        for n, (u, r) in enumerate(units):
+            key = self.pool_key(u)
+            idx = r.placement.get(key)
+            if idx is not None and idx < len(self.executors.get(key) or []):
+                load[(key, idx)] = load.get((key, idx), 0) + 1
+                chosen[n] = (key, idx, self.executors[key][idx])
+            else:
+                chosen[n] = (key, None, None)
+                pending.append(n)
+        for n in pending:
+            u, r = units[n]
+            key = self.pool_key(u)
+            replicas = self.executors.get(key) or []
+            if not replicas:
+                continue  # no pool serves this role: the batch fails with UNAVAILABLE
+            healthy = [i for i in range(len(replicas)) if is_healthy(replicas[i])]
+            idx = min(healthy or range(len(replicas)),
+                      key=lambda i: (self.load(replicas[i]) + load.get((key, i), 0), i))
+            r.placement[key] = idx
+            load[(key, idx)] = load.get((key, idx), 0) + 1
+            chosen[n] = (key, idx, replicas[idx])
+        return chosen
+
+    def pool_key(self, unit: WorkUnit) -> str:
+        """The pools a unit runs on: its role's, or — where the deployment gives each denoising
+        expert its own pools (key ``denoiser:<expert>``) — the pools of the expert its step names."""
+        expert = unit.params.get("expert") if unit.role == Role.DENOISER else None
+        if expert is not None and f"{unit.role}:{expert}" in self.executors:
+            return f"{unit.role}:{expert}"
+        return unit.role
+
+    def update_from_output(self, batch: Batch, results: list[StepResult], elapsed: float, *,
+                           dispatched: bool = True) -> None:
+        """Fold a batch's results back (in unit order). ``dispatched``: the executor answered
+        (its measured time calibrates the pricer); False: the batch never ran. A run that was
+        cancelled or ended meanwhile drops its result."""
+        try:
+            if self.pricer is not None:
+                ids = [u.unit_id for u in batch.work]
+                if dispatched:
+                    self.pricer.observe_batch(ids, max((r.measured_seconds for r in results), default=0.0))
+                else:
+                    self.pricer.forget(ids)
+            self._record_batch(batch)
+            for (unit, run), res in zip(batch.units, results):
+                run.in_flight = False
+                self._apply(run, unit, res, elapsed)
+        finally:
+            for _, run in batch.units:
+                run.in_flight = False
+
+    # -- step boundaries ---------------------------------------------------------------
+    def _boundaries(self) -> bool:
+        changed = False
+        now = self.clock()
+        for run in list(self.runs.values()):
+            if run.status in TERMINAL or run.in_flight:  # in flight: acted on at its step boundary
+                continue
+            if run.cancel_requested:
+                self.terminate(run, RunStatus.CANCELLED, Cancelled("cancelled by the client", request_id=run.request_id))
+                changed = True
+            elif now > run.deadline:
+                self.terminate(run, RunStatus.FAILED,
+                               DeadlineExceeded(f"deadline of {run.request.deadline_s:.1f}s passed", field="deadline_s"))
+                changed = True
+        if self.admission is not None:
+            changed |= self._admission_events(self.admission.pump())
+        running = sum(r.status == RunStatus.RUNNING for r in self.runs.values())
+        for run in list(self.runs.values()):  # FIFO admission into the running set
+            if running >= self.max_running:
+                break
+            if run.status == RunStatus.QUEUED and not run.admission_waiting and self._admit(run):
+                running += 1
+                changed = True
+        self.telemetry.set_load(queued=sum(r.status == RunStatus.QUEUED for r in self.runs.values()), running=running)
+        return changed
+
+    def _admit(self, run: RequestRun) -> bool:
+        """Reserve the request's compute and memory; start it when everything fits."""
+        if self.admission is not None and self.admission.is_in_flight(run.request_id):
+            self._start(run)  # reserved while every running slot was taken
+            return True
+        if self.admission is not None:
+            from fastvideo3.runtime.admission import Admitted, Refused
+            res = self.pricer.reservation(run.card, run.request, run.program) if self.pricer else None
+            units = [res] if res is not None else []
+            try:
+                out = self.admission.try_admit(run.request_id, units, run.request.slo_class)
+            except FastVideoError as e:
+                self.terminate(run, RunStatus.FAILED, e)
+                return False
+            if isinstance(out, Refused):
+                self.terminate(run, RunStatus.FAILED, out.error)
+                return False
+            if not isinstance(out, Admitted):
+                run.admission_waiting = True
+                return False
+        self._start(run)
+        return True
+
+    def _start(self, run: RequestRun) -> None:
+        run.status, run.started, run.admission_waiting = RunStatus.RUNNING, self.clock(), False
+        self.telemetry.admission(run.request_id, "admitted", start_s=run.created)
+        self.telemetry.started(run.request_id, queued_since_s=run.created, started_s=run.started)
+
+    def _admission_events(self, events) -> bool:
+        from fastvideo3.runtime.admission import Admitted, Refused
+        changed = False
+        for ev in events:
+            run = self.runs.get(ev.request_id)
+            if run is None or run.status in TERMINAL:
+                if isinstance(ev, Admitted):  # admitted after it ended: give it back at once
+                    self.admission.release(ev.request_id)
+                continue
+            if isinstance(ev, Admitted):
+                if sum(r.status == RunStatus.RUNNING for r in self.runs.values()) >= self.max_running:
+                    run.admission_waiting = False  # reserved; it starts when a running slot frees
+                else:
+                    self._start(run)
+                changed = True
+            elif isinstance(ev, Refused):
+                self.terminate(run, RunStatus.FAILED, ev.error)
+                changed = True
+        return changed
+
+    def _next_plan(self, run: RequestRun):
+        while True:
+            if run.driver is None:
+                loop_id = run.loop_id
+                if loop_id is None:
+                    self._finish(run)
+                    return None
+                loop = LOOPS[loop_id]()
+                run.driver = LoopDriver(loop, loop.init(run.request, run.card, run.ctx))
+                if run.continue_loop is not None and run.continue_loop[0] == loop_id:
+                    fn, run.continue_loop = run.continue_loop[1], None
+                    run.driver = fn(run, run.driver)
+                run.phase_seconds.setdefault(loop_id, 0.0)
+                self.telemetry.loop_started(run.request_id, loop_id)
+            plan = run.driver.plan()
+            if plan is not None:
+                return plan
+            result = run.driver.result
+            run.ctx.add_loop_result(run.loop_id, result)
+            self.telemetry.loop_finished(run.request_id)
+            run.driver = None
+            run.loop_index += 1
+
+    # -- results -----------------------------------------------------------------------
+    def _record_batch(self, batch: Batch) -> None:
+        n = len(batch.units)
+        kind = batch.units[0][0].kind
+        multi = len({u.request_id for u, _ in batch.units}) > 1
+        c = self.counters
+        for prefix in ("", f"{kind}."):  # totals, and the same per WorkUnit kind
+            c[prefix + "batches"] = c.get(prefix + "batches", 0) + 1
+            c[prefix + "units"] = c.get(prefix + "units", 0) + n
+            c[prefix + "max_batch_units"] = max(c.get(prefix + "max_batch_units", 0), n)
+            c[prefix + "multi_request_batches"] = c.get(prefix + "multi_request_batches", 0) + multi
+        if kind == UnitKind.DIFFUSION_STEP:
+            self.batch_sizes.append(n)
+
+    def _apply(self, run: RequestRun, unit: WorkUnit, res: StepResult, elapsed: float) -> None:
+        if run.status in TERMINAL or run.driver is None:
+            return
+        loop_id = run.loop_id
+        run.phase_seconds[loop_id] = run.phase_seconds.get(loop_id, 0.0) + elapsed
+        if res.ok and res.inline:
+            run.artifacts[loop_id] = res.inline
+        if not res.ok and self.recover is not None and self.recover(run, unit, res):
+            return  # moved to another replica; it continues from its last snapshot
+        if not res.ok and res.error is not None and (res.error.details.get("dispatch_failed")
+                                                     or res.error.details.get("lost_region")):
+            self.terminate(run, RunStatus.FAILED, self.lost(run, unit, res.error))
+            return
+        try:
+            run.driver.apply(res)
+        except FastVideoError as e:
+            self.terminate(run, RunStatus.FAILED, e)
+            return
+        except Exception as e:  # noqa: BLE001
+            self.terminate(run, RunStatus.FAILED, Internal(f"{type(e).__name__}: {e}"))
+            return
+        step, total = run.progress()
+        phase = "denoise" if unit.kind == UnitKind.DIFFUSION_STEP else loop_id
+        self.emit(run, EventKind.PROGRESS, {"phase": phase, "step": step, "total": total})
+        if self.checkpoint is not None:
+            self.checkpoint(run)
+
+    def park(self, run: RequestRun, role: str, wait_s: float, error: FastVideoError) -> None:
+        """Hold ``run`` until a replica of ``role`` serves again (at most ``wait_s``, and never past
+        its deadline); its current loop then runs again there. Fails it with ``error`` after that."""
+        run.parked_role, run.parked_until, run.parked_error = role, self.clock() + wait_s, error
+        run.placement.pop(role, None)
+        run.driver = None  # the loop starts again (deterministic), on the replica that comes back
+
+    def _unpark(self, run: RequestRun) -> bool:
+        """True when a parked run may go on; fails it once its wait is over."""
+        replicas = self.executors.get(run.parked_role) or []
+        if any(is_healthy(r) for r in replicas):
+            run.parked_role, run.parked_error = None, None
+            return True
+        if self.clock() > run.parked_until:
+            err, run.parked_role, run.parked_error = run.parked_error, None, None
+            self.terminate(run, RunStatus.FAILED, err)
+        return False
+
+    def lost(self, run: RequestRun, unit: WorkUnit, err: ErrorInfo) -> Unavailable:
+        """The terminal error of a request whose replica was lost with none to take over: it names
+        the role, the replica, the step reached and whether a checkpoint exists, and says what to
+        do (the transport's own text is kept in ``details["cause"]``)."""
+        idx = run.placement.get(unit.role)
+        replicas = self.executors.get(unit.role) or []
+        ex = replicas[idx] if idx is not None and idx < len(replicas) else None
+        replica = str(getattr(ex, "replica_id", "") or getattr(ex, "target", "") or (idx if idx is not None else "?"))
+        step, total = run.progress()
+        ck = self.checkpoint_step(run) if self.checkpoint_step is not None else None
+        healthy = sum(is_healthy(r) for r in replicas)
+        where = "no healthy replica of the role is left" if not healthy else "no other replica could take it over"
+        saved = (f"a checkpoint at step {ck} exists: sending the same request again (same id and parameters) "
+                 f"resumes from it" if ck is not None else
+                 "no checkpoint exists: sending the same request again (same id and parameters) starts it over")
+        lost = "lost its region" if err.details.get("lost_region") else "was lost"
+        return Unavailable(
+            f"{unit.role} replica {replica} {lost} at denoise step {step} of {total} and {where}; {saved}",
+            field="role", limit=unit.role, step=step, retry_after_s=err.retry_after_s or 1.0,
+            details={"cause": err.message, **loss_report(retryable=True, resume_from_step=ck or 0, role=unit.role,
+                                                         replica=replica, step_reached=step,
+                                                         checkpoint=ck is not None)})
+
+    # -- terminal states ---------------------------------------------------------------
+    def _finish(self, run: RequestRun) -> None:
+        run.status = RunStatus.SUCCEEDED
+        self.counters["succeeded"] += 1
+        self.emit(run, EventKind.ARTIFACT, {"outputs": dict(run.ctx.refs), "phase_seconds": dict(run.phase_seconds),
+                                            "artifacts": dict(run.artifacts)})
+        self._settle(run)
+        self._ended.append(self._ended_of(run))
+        self.emit(run, EventKind.FINISHED, {"status": RunStatus.SUCCEEDED})
+        run.done_event.set()
+
+    def terminate(self, run: RequestRun, status: str, exc: FastVideoError) -> None:
+        """End ``run`` with ``status`` and the error ``exc`` (marked retryable or not)."""
+        if run.pending is not None:  # planned, never sent: no longer priced or traced
+            unit, run.pending = run.pending, None
+            if self.pricer is not None:
+                self.pricer.forget([unit.unit_id])
+            self.telemetry.dropped([unit], f"request {status.lower()} before dispatch")
+        run.status = status
+        run.error = ErrorInfo.of(exc)
+        if "retryable" not in run.error.details:  # every terminal error says whether a retry can succeed
+            ck = self.checkpoint_step(run) if self.checkpoint_step is not None else None
+            retry = run.error.code in RETRYABLE_CODES
+            run.error = dataclasses.replace(run.error, details={
+                **run.error.details, **loss_report(retryable=retry, resume_from_step=(ck or 0) if retry else None,
+                                                   checkpoint=ck is not None)})
+        run.driver = None
+        self.counters["cancelled" if status == RunStatus.CANCELLED else "failed"] += 1
+        self._ended.append(self._ended_of(run))
+        self._settle(run)
+        self.emit(run, EventKind.ERROR, {"error": run.error})
+        self.emit(run, EventKind.FINISHED, {"status": status})
+        run.done_event.set()
+
+    def _ended_of(self, run: RequestRun) -> Ended:
+        where = set(run.touched) | set(run.placement.items())
+        return Ended(run.request_id, run.status, tuple(sorted(where)))
+
+    def _settle(self, run: RequestRun) -> None:
+        """Give back the request's admission reservation and close its telemetry."""
+        if self.admission is not None:
+            if self.admission.is_in_flight(run.request_id):
+                self._admission_events(self.admission.release(run.request_id))
+            elif self.admission.is_waiting(run.request_id):
+                self._admission_events(self.admission.cancel(run.request_id))
+        self.telemetry.finished(run.request_id, run.status, error=run.error)
+
+    def emit(self, run: RequestRun, kind: str, data: dict) -> None:
+        ev = Event(run.request_id, next(run._seq), kind, data)
+        run.events.append(ev)
+        if self.on_event is not None:
+            self.on_event(ev)
+
+
+__all__ = ["Batch", "Ended", "Event", "PROGRAM_T2V", "Planner", "RETRYABLE_CODES", "RequestRun", "TERMINAL"]
