@@ -499,6 +499,8 @@ class Planner:
     def _apply(self, run: RequestRun, unit: WorkUnit, res: StepResult, elapsed: float) -> None:
         if run.status in TERMINAL or run.driver is None:
             return
+        if run.cancel_requested:  # dropped: the request ends at this step boundary (next round)
+            return
         loop_id = run.loop_id
         run.phase_seconds[loop_id] = run.phase_seconds.get(loop_id, 0.0) + elapsed
         if res.ok and res.inline:

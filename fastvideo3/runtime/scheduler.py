@@ -104,6 +104,14 @@ class CoreScheduler:
         return self.planner.max_batch
 
     @property
+    def max_running(self) -> int:
+        return self.planner.max_running
+
+    @property
+    def max_queued(self) -> int:
+        return self.planner.max_queued
+
+    @property
     def telemetry(self):
         return self.planner.telemetry
 

@@ -1,0 +1,228 @@
+"""The planner alone: no executor is called, no thread started, no pool, no gRPC. Batches are
+answered by hand-made StepResults, as vLLM's scheduler tests feed hand-made model outputs.
+
+It checks the decisions the scheduler makes: batching (same-signature steps of different
+requests share a batch under ``max_batch``; other shapes do not; a busy replica's units wait
+for its next batch; a large round is cut in two for double buffering), admission (the running
+set is bounded, a request over the memory budget is refused, one that fits only alone waits)
+and cancellation (a cancelled request gets no further unit, and the result of its unit in
+flight is dropped)."""
+import threading
+
+import pytest
+
+from fastvideo3.card import get_card
+from fastvideo3.loop.protocol import StepResult
+from fastvideo3.request.schema import GenerateRequest, resolve
+from fastvideo3.runtime.admission import AdmissionConfig, AdmissionController, SloClass
+from fastvideo3.runtime.cost import CalibratedCostModel
+from fastvideo3.runtime.planner import PROGRAM_T2V, TERMINAL, Planner, RequestRun
+from fastvideo3.runtime.pricing import Pricer
+
+pytestmark = pytest.mark.timeout(60)
+CARD = get_card("wan-tiny")
+
+
+class Replica:
+    """A placeholder in the replica table: the planner may look at it, never run it."""
+
+    def __init__(self, role: str, healthy: bool = True):
+        self.role, self.healthy = role, healthy
+
+    def execute(self, batch):  # pragma: no cover - the test fails if the planner calls it
+        raise AssertionError("the planner called an executor")
+
+    def release(self, request_id):  # pragma: no cover
+        raise AssertionError("the planner released on an executor")
+
+    def describe(self):  # pragma: no cover
+        raise AssertionError("the planner asked an executor")
+
+
+def answer(batch) -> list[StepResult]:
+    """The results a pool would send back: references the loops expect."""
+    out = []
+    for u in batch.work:
+        outputs = {}
+        if u.kind == "encoder_chunk":
+            outputs = {n: {"buffer_id": f"{u.request_id}/{n}"} for n in u.params["prompts"]}
+        elif u.kind == "diffusion_step" and u.params["final"]:
+            outputs = {"latents": {"buffer_id": "z", "shape": [1, *u.params["latent_shape"]]}}
+        elif u.kind == "vae_tile":
+            outputs = {"frames": {"buffer_id": "f"}}
+        out.append(StepResult(u.unit_id, u.request_id, outputs=outputs, metrics={"latent_norm": 1.0},
+                              measured_seconds=0.01))
+    return out
+
+
+def _req(rid: str, steps: int = 3, **kw):
+    return resolve(GenerateRequest(prompt=f"prompt {rid}", request_id=rid, num_inference_steps=steps, **kw), CARD)
+
+
+def _planner(denoisers: int = 1, **kw) -> Planner:
+    table = {"encoder": [Replica("encoder")], "denoiser": [Replica("denoiser") for _ in range(denoisers)],
+             "decoder": [Replica("decoder")]}
+    return Planner(table, **kw)
+
+
+def _submit(p: Planner, request) -> RequestRun:
+    queued = p.reserve(request)
+    return p.add(RequestRun(request=request, card=CARD, program=PROGRAM_T2V), queued)
+
+
+def _round(p: Planner, **kw):
+    """One round: schedule, then answer every batch. Returns the batches."""
+    batches = p.schedule(**kw)
+    for b in batches:
+        p.update_from_output(b, answer(b), 0.01)
+    return batches
+
+
+def _denoise(batches):
+    return [b for b in batches if b.units[0][0].kind == "diffusion_step"]
+
+
+@pytest.fixture(autouse=True)
+def no_threads():
+    before = threading.active_count()
+    yield
+    assert threading.active_count() == before  # the planner started none
+
+
+def test_same_signature_steps_of_different_requests_share_a_batch_under_max_batch():
+    p = _planner(max_batch=2)
+    runs = [_submit(p, _req(f"r{i}")) for i in range(3)]
+    other = _submit(p, _req("wide", width=192))  # another shape: never in their batches
+    seen = []
+    while p.active():
+        seen += _denoise(_round(p))
+    assert all(r.status == "SUCCEEDED" for r in runs + [other])
+    assert all(len(b.units) <= 2 for b in seen)  # max_batch
+    mixed = [b for b in seen if len({u.request_id for u, _ in b.units}) > 1]
+    assert mixed, "steps of different requests never shared a batch"
+    for b in seen:
+        assert len({u.shape_sig for u, _ in b.units}) == 1
+        assert ("wide" in {u.request_id for u, _ in b.units}) == (len(b.units) == 1 and b.units[0][1] is other)
+    # every request took one step per round: three steps each, in three rounds of denoising
+    assert sum(len(b.units) for b in seen) == 4 * 3
+    assert p.counters["diffusion_step.multi_request_batches"] == len(mixed)
+
+
+def test_new_requests_go_to_the_least_loaded_replica_and_stay_there():
+    p = _planner(denoisers=2)
+    a, b = _submit(p, _req("a")), _submit(p, _req("b"))
+    placed = {}
+    while p.active():
+        for batch in _denoise(_round(p)):
+            for _, run in batch.units:
+                placed.setdefault(run.request_id, set()).add(batch.replica)
+    assert placed == {"a": {0}, "b": {1}} or placed == {"a": {1}, "b": {0}}
+    assert ("denoiser", a.placement["denoiser"]) in a.touched
+
+
+def test_a_busy_replica_holds_units_for_its_next_batch_and_a_large_round_is_cut_in_two():
+    p = _planner()
+    runs = [_submit(p, _req(f"r{i}")) for i in range(4)]
+    free = {"n": 0}
+    enc = p.schedule(lambda ex: free["n"] if ex.role == "denoiser" else None)
+    for b in enc:
+        p.update_from_output(b, answer(b), 0.01)
+    assert p.schedule(lambda ex: free["n"] if ex.role == "denoiser" else None) == []  # no slot: held back
+    assert all(r.pending is not None and not r.in_flight for r in runs)
+    free["n"] = 2
+    batches = p.schedule(lambda ex: free["n"], split_min_units=4)
+    assert [len(b.units) for b in batches] == [2, 2]  # two halves, sent back to back
+    assert all(r.in_flight and r.pending is None for r in runs)
+    assert p.schedule(lambda ex: 0) == []  # all four have their one step in flight
+    for b in batches:
+        p.update_from_output(b, answer(b), 0.01)
+    assert [r.driver.state.step for r in runs] == [1, 1, 1, 1]
+
+
+def test_running_set_is_bounded_and_admission_refuses_or_holds_by_memory():
+    p = _planner(max_running=1)
+    a, b = _submit(p, _req("a")), _submit(p, _req("b"))
+    overlap = False
+    while p.active():
+        _round(p)
+        overlap |= a.status == "RUNNING" and b.status == "RUNNING"
+    assert not overlap and a.status == b.status == "SUCCEEDED"
+
+    pricer = Pricer(CalibratedCostModel())
+    one = pricer.reservation(CARD, _req("probe"), PROGRAM_T2V).memory_bytes
+    classes = (SloClass("interactive", compute_budget_s=1e6, queue_bound=8, max_wait_s=60.0,
+                        latency_sensitive=True), SloClass("batch", compute_budget_s=1e6, queue_bound=8))
+    adm = AdmissionController(AdmissionConfig(memory_budget_bytes=int(one * 1.5), classes=classes))
+    p = _planner(pricer=pricer, admission=adm)
+    x, y = _submit(p, _req("x")), _submit(p, _req("y"))
+    huge = _submit(p, _req("huge", num_frames=65, height=512, width=512))
+    first = p.schedule()
+    assert huge.status == "FAILED" and huge.error.code == "RESOURCE_EXHAUSTED" and huge.error.field == "memory"
+    assert (x.status, y.status) == ("RUNNING", "QUEUED")  # y fits only alone: it waits
+    assert {u.request_id for b in first for u, _ in b.units} == {"x"}
+    for b in first:
+        p.update_from_output(b, answer(b), 0.01)
+    while p.active():
+        _round(p)
+        assert not (x.status == "RUNNING" and y.status == "RUNNING")
+    assert x.status == y.status == "SUCCEEDED" and not adm.in_flight_ids()
+
+
+def test_queue_bound_refuses_with_the_field_and_the_limit():
+    p = _planner(max_queued=2)
+    _submit(p, _req("a"))
+    _submit(p, _req("b"))
+    with pytest.raises(Exception) as e:
+        p.reserve(_req("c"))
+    assert e.value.code == "RESOURCE_EXHAUSTED" and e.value.field == "queue" and e.value.limit == "2"
+    with pytest.raises(Exception) as e:
+        p.reserve(_req("a"))
+    assert e.value.code == "INVALID_ARGUMENT" and e.value.field == "request_id"
+
+
+def test_a_cancelled_request_gets_no_further_unit_and_its_in_flight_result_is_dropped():
+    p = _planner()
+    keep, gone = _submit(p, _req("keep", steps=6)), _submit(p, _req("gone", steps=6))
+    _round(p)  # encode
+    _round(p)  # step 0 of both
+    batches = p.schedule()
+    assert {u.request_id for b in batches for u, _ in b.units} == {"keep", "gone"}
+    assert p.cancel("gone")
+    step_before = gone.driver.state.step
+    events_before = len(gone.events)
+    for b in batches:
+        p.update_from_output(b, answer(b), 0.01)
+    assert gone.driver.state.step == step_before  # its result was dropped at the step boundary
+    assert len(gone.events) == events_before
+    assert keep.driver.state.step == step_before + 1
+    later = []
+    while p.active():
+        later += [u.request_id for b in _round(p) for u, _ in b.units]
+    assert "gone" not in later and "keep" in later
+    assert gone.status == "CANCELLED" and gone.error.code == "CANCELLED" and keep.status == "SUCCEEDED"
+    ended = {e.request_id: e for e in p.take_ended()}
+    assert ended["gone"].status == "CANCELLED"
+    assert {pool for pool, _ in ended["gone"].replicas} == {"encoder", "denoiser"}  # what to free
+    assert {pool for pool, _ in ended["keep"].replicas} == {"encoder", "denoiser", "decoder"}
+    assert p.take_ended() == []
+
+
+def test_deadlines_follow_the_injected_clock_and_unhealthy_replicas_are_not_chosen():
+    now = [1000.0]
+    table = {"encoder": [Replica("encoder")], "denoiser": [Replica("denoiser", healthy=False), Replica("denoiser")],
+             "decoder": [Replica("decoder")]}
+    p = Planner(table, clock=lambda: now[0])
+    late = _submit(p, _req("late", deadline_s=5.0))
+    late.created = now[0]
+    ok = _submit(p, _req("ok"))
+    ok.created = now[0]
+    _round(p)
+    batches = p.schedule()
+    assert {b.replica for b in batches} == {1}  # the healthy one
+    now[0] += 10.0  # past late's deadline, before its result is applied
+    for b in batches:
+        p.update_from_output(b, answer(b), 0.01)
+    assert late.status == "RUNNING"  # acted on at its step boundary, not mid-step
+    p.schedule()
+    assert late.status == "FAILED" and late.error.code == "DEADLINE_EXCEEDED" and late.error.field == "deadline_s"
+    assert all(r.status in TERMINAL or r is ok for r in (late, ok))
