@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 from fastvideo3.errors import ErrorInfo, FastVideoError, Internal, Unavailable
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.runtime.executor import CarriesReleases, Executor, is_healthy
-from fastvideo3.runtime.planner import Batch, Ended
+from fastvideo3.runtime.run import Batch, Ended
 from fastvideo3.vocab import Role, RunStatus
 
 log = logging.getLogger("fastvideo3.dispatcher")

@@ -134,6 +134,8 @@ class DenoiserExecutor(_Base):
         self.runtime = self._build_runtime(card_buckets(card))
         self.batching = batching
         self.regions: dict[str, Region] = {}
+        #: (request, input name) -> the pulled tensor, or the error pulling it raised (see prefetch)
+        self._staged: dict[tuple[str, str], object] = {}
         self.counters.update({"forwards": 0, "rows": 0, "max_batch_rows": 0, "padding_rows": 0,
                               "graph_forwards": 0, "eager_forwards": 0})
         self.fault_hook = None  # test hook: fn(unit, latent) -> latent, to inject numeric faults
@@ -162,15 +164,37 @@ class DenoiserExecutor(_Base):
             if name.startswith(HANDOFF_PREFIX):
                 continue
             if name not in reg.embeds:  # fetched once per request, reused across steps (fetch validates the ref)
-                fetched = self.transport.fetch(ref, deadline_s=self.fetch_deadline_s)
+                fetched = self._staged.pop((unit.request_id, name), None)
+                if isinstance(fetched, BaseException):
+                    raise fetched
+                if fetched is None:
+                    fetched = self.transport.fetch(ref, deadline_s=self.fetch_deadline_s)
                 reg.embeds[name] = fetched.to(self.device, self.dtype)
         # resident only once its inputs arrived: a refused or failed first step leaves nothing behind
         self.regions[unit.request_id] = reg
         return reg
 
+    def prefetch(self, batch: list[WorkUnit]) -> None:
+        """Pull the inputs the batch's units still lack (a request's embeddings, at its first step)
+        without the step lock: a batch that waits behind the running one has them in place when
+        its turn comes. A failed pull is kept and raised by that unit's step, as if it pulled then."""
+        for unit in batch:
+            reg = self.regions.get(unit.request_id)
+            for name, ref in unit.inputs.items():
+                key = (unit.request_id, name)
+                if name.startswith(HANDOFF_PREFIX) or (reg is not None and name in reg.embeds) or key in self._staged:
+                    continue
+                try:
+                    self._staged[key] = self.transport.fetch(ref, deadline_s=self.fetch_deadline_s).to(
+                        self.device, self.dtype)
+                except Exception as e:  # noqa: BLE001 - reported by the step that needs it
+                    self._staged[key] = e
+
     def release(self, request_id: str) -> None:
         with self._lock:
             self.regions.pop(request_id, None)
+            for key in [k for k in self._staged if k[0] == request_id]:
+                del self._staged[key]
         self.adapters.release(request_id)
         super().release(request_id)
 

@@ -12,7 +12,8 @@ own, asked with ``isinstance`` (all are ``runtime_checkable``), never by probing
 * :class:`CarriesReleases`: its Execute call can carry ids of ended requests to free first;
 * :class:`Identified`: it has a model-runtime identity (what a pool's fingerprint is made of);
 * :class:`TakesAdapters`: it loads and unloads LoRA adapters while serving;
-* :class:`PullsInputs`: it pulls its inputs from other pools, under ``fetch_deadline_s``.
+* :class:`PullsInputs`: it pulls its inputs from other pools, under ``fetch_deadline_s``;
+* :class:`Prefetches`: it can pull a batch's inputs before it takes its step lock.
 """
 from __future__ import annotations
 
@@ -92,6 +93,14 @@ class PullsInputs(Protocol):
     fetch_deadline_s: float
 
 
+@runtime_checkable
+class Prefetches(Protocol):
+    """An executor that can pull a batch's inputs before it runs the batch (outside its step
+    lock), so a batch queued behind the running one starts with its inputs in place."""
+
+    def prefetch(self, batch: list[WorkUnit]) -> None: ...
+
+
 def is_resumable(executor: object) -> bool:
     return isinstance(executor, Resumable)
 
@@ -106,5 +115,5 @@ def fingerprint_of(executor: object) -> str:
     return str(executor.fingerprint or "") if isinstance(executor, Fingerprinted) else ""
 
 
-__all__ = ["CarriesReleases", "Executor", "Fingerprinted", "Identified", "Monitored", "PullsInputs", "Resumable",
-           "TakesAdapters", "fingerprint_of", "is_healthy", "is_resumable"]
+__all__ = ["CarriesReleases", "Executor", "Fingerprinted", "Identified", "Monitored", "Prefetches", "PullsInputs",
+           "Resumable", "TakesAdapters", "fingerprint_of", "is_healthy", "is_resumable"]

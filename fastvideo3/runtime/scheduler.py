@@ -28,9 +28,8 @@ from fastvideo3.loop.protocol import StepResult
 from fastvideo3.request.schema import ResolvedRequest
 from fastvideo3.runtime.dispatcher import Dispatcher
 from fastvideo3.runtime.executor import Executor
-from fastvideo3.runtime.planner import (
-    PROGRAM_T2V, RETRYABLE_CODES, TERMINAL, Batch, Ended, Event, Planner, RequestRun,
-)
+from fastvideo3.runtime.planner import Planner
+from fastvideo3.runtime.run import PROGRAM_T2V, RETRYABLE_CODES, TERMINAL, Batch, Ended, Event, RequestRun
 from fastvideo3.runtime.workunit import WorkUnit
 from fastvideo3.vocab import RunStatus
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from fastvideo3.runtime.executor import Executor, Identified, PullsInputs, TakesAdapters, is_resumable
+from fastvideo3.runtime.executor import Executor, Identified, Prefetches, PullsInputs, TakesAdapters, is_resumable
 from fastvideo3.v1 import common_pb2, pool_pb2, pool_pb2_grpc
 from fastvideo3.vocab import KINDS_OF_ROLE, Role
 from services.common.args import add_graph_bucket_args, add_service_args
@@ -217,6 +217,10 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
                         self.counters["expired_units"] += 1
                         out[u.unit_id] = StepResult(u.unit_id, u.request_id, ok=False, error=ErrorInfo.of(
                             DeadlineExceeded("unit deadline passed before it ran", field="deadline_unix_ms")))
+                if live and isinstance(self.executor, Prefetches):
+                    # inputs pulled before the step lock: a batch sent while another runs (double-
+                    # buffered dispatch) finds them in place when its turn comes
+                    self.executor.prefetch(live)
                 t0 = time.perf_counter()
                 if live:
                     backend = request.units[0].output_transport or None
