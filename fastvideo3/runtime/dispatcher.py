@@ -15,9 +15,9 @@ to free. Two ways to run batches:
 
 Freeing ended requests: the ids a replica must free ride on the next Execute sent to it (an
 executor that :class:`~fastvideo3.runtime.executor.CarriesReleases` puts them in the RPC; any
-other is released just before the batch). A replica with nothing in flight, a cancelled
-request, and ids that waited ``release_after_s`` without an Execute to ride on get a Release
-call instead, off the caller's thread.
+other is released just before the batch). A replica with nothing in flight and no running
+request headed its way, a cancelled request, and ids that waited ``release_after_s`` without an
+Execute to ride on get a Release call instead, off the caller's thread.
 """
 from __future__ import annotations
 
@@ -170,10 +170,12 @@ class Dispatcher:
             for ex in replicas:
                 self._release(ex, request_id)
 
-    def release_ended(self, ended: Ended, then: Callable[[], None] | None = None) -> None:
-        """Free an ended request on the replicas that ran its units: a busy replica gets the id on
-        its next Execute; an idle one — and every one, for a cancelled request — a Release call.
-        ``then`` runs once those calls returned (on a release thread when there are some)."""
+    def release_ended(self, ended: Ended, then: Callable[[], None] | None = None,
+                      expecting: set[tuple[str, int]] = frozenset()) -> None:
+        """Free an ended request on the replicas that ran its units: one with a batch in flight,
+        or ``expecting`` work (a running request's next unit goes there), gets the id on its next
+        Execute; any other — and every one, for a cancelled request — a Release call. ``then``
+        runs once those calls returned (on a release thread when there are some)."""
         now_calls: list[Executor] = []
         with self._mu:
             for pool, idx in ended.replicas:
@@ -181,7 +183,8 @@ class Dispatcher:
                 if idx >= len(replicas):
                     continue
                 ex = replicas[idx]
-                if ended.status != RunStatus.CANCELLED and self.busy.get(id(ex), 0) > 0:
+                busy = self.busy.get(id(ex), 0) > 0 or (pool, idx) in expecting
+                if ended.status != RunStatus.CANCELLED and busy:
                     self._pending.setdefault(id(ex), {})[ended.request_id] = time.monotonic()
                 else:
                     now_calls.append(ex)

@@ -147,6 +147,10 @@ class Planner:
         self.telemetry.submitted(run.request_id, run.card.model_id, run.request.slo_class, created_s=run.created)
         self.emit(run, EventKind.ACCEPTED, {"model": run.card.model_id, "resumed": True})
 
+    def expecting(self) -> set[tuple[str, int]]:
+        """Replicas a running request's next unit is likely to go to (its latest one's)."""
+        return {r.last_replica for r in self.runs.values() if r.status == RunStatus.RUNNING and r.last_replica}
+
     def take_ended(self) -> list[Ended]:
         """Requests that ended since the last call (their replicas' data is to be freed)."""
         out, self._ended = self._ended, []
@@ -222,6 +226,7 @@ class Planner:
                     run.in_flight = True
                     if idx is not None:
                         run.touched.add((pool, idx))
+                        run.last_replica = (pool, idx)
                 out.append(Batch(chunk, pool, idx, ex))
             if ex is not None:
                 free[id(ex)] = slots

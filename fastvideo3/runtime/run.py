@@ -51,6 +51,8 @@ class RequestRun:
     placement: dict[str, int] = field(default_factory=dict)
     #: every (pool key, replica index) a unit of this request was sent to: what frees it at the end
     touched: set[tuple[str, int]] = field(default_factory=set)
+    #: (pool key, replica index) its latest unit was sent to: where its next one likely goes
+    last_replica: tuple[str, int] | None = None
     #: inline artifacts returned by pools (e.g. the encoded video), by loop id
     artifacts: dict[str, bytes] = field(default_factory=dict)
     #: rebuilt from a checkpoint by a restarted scheduler (no client stream until one re-attaches)

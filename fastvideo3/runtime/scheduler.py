@@ -250,11 +250,12 @@ class CoreScheduler:
         :meth:`Dispatcher.release_ended`), then call ``then``."""
         with self._lock:
             ended = self._ended.pop(request_id, None)
+            expecting = self.planner.expecting()
         if ended is None:  # not ended here (e.g. read back from the store): every replica
             run = self.planner.get(request_id)
             where = tuple((k, i) for k, reps in self.executors.items() for i in range(len(reps)))
             ended = Ended(request_id, run.status if run is not None else RunStatus.CANCELLED, where)
-        self.dispatcher.release_ended(ended, then)
+        self.dispatcher.release_ended(ended, then, expecting)
 
     def flush_releases(self) -> int:
         """Release calls for ended requests whose ids found no Execute to ride on in time."""

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from fastvideo3.client import FleetClient
-from tests.fleet_fixture import fleet_fixture
+from tests.fleet_fixture import fleet_fixture, pool_describe, resident_total, wait_until
 
 DECODE_S = 4.0
 fleet = fleet_fixture(scope="module", fake=True, roles=("encoder", "denoiser", "decoder"),
@@ -56,3 +56,35 @@ def test_denoise_steps_run_while_another_request_decodes(fleet):
     assert len(during) >= 5, (during, decode_end - decode_start)
     steps = [ev.data["step"] for _, ev in long_["events"] if ev.kind == "progress" and ev.data["phase"] == "denoise"]
     assert steps == list(range(1, 13))
+
+
+@pytest.mark.timeout(180)
+def test_ended_requests_ride_on_the_busy_denoisers_next_execute(fleet):
+    """Three short requests end while a long one keeps the denoiser busy: their ids reach it on
+    its next Execute (``finished_request_ids``), not by Release calls; once the long one ends
+    too (the denoiser idle) nothing of any of them is left in any pool."""
+    den = fleet.pools["denoiser"][0].target
+
+    def counters() -> dict:
+        return dict(pool_describe(den).counters)
+
+    before = counters()
+    long_ = {}
+    t = threading.Thread(target=_stream, args=(fleet.target, "long", 300, long_))
+    t.start()
+    wait_until(lambda: counters().get("units", 0) > before.get("units", 0), 30, "the long request to step")
+    shorts = [{} for _ in range(3)]
+    threads = [threading.Thread(target=_stream, args=(fleet.target, f"short {i}", 1, out))
+               for i, out in enumerate(shorts)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    assert all("error" not in out and out["events"][-1][1].data["state"] == "SUCCEEDED" for out in shorts)
+    mid = wait_until(lambda: (c := counters()).get("rpc.carried_releases", 0) >= before.get(
+        "rpc.carried_releases", 0) + 3 and c, 10, "the denoiser's next Execute to carry the short ones' ids")
+    assert mid.get("rpc.release_rpcs", 0) == before.get("rpc.release_rpcs", 0)  # no Release call for them
+    assert long_.get("events") is None  # the long one still runs: its steps carried the ids
+    t.join(timeout=150)
+    assert "error" not in long_ and long_["events"][-1][1].data["state"] == "SUCCEEDED"
+    wait_until(lambda: resident_total(fleet) == 0, 10, "every pool to free every request")
