@@ -69,8 +69,10 @@ class Dispatcher:
         pool = self._pool_of.get(id(executor), "")
         return self.pipeline_depth if pool.partition(":")[0] == Role.DENOISER else 1
 
-    def capacity(self, executor: Any) -> int:
-        return self.depth(executor) - self.busy.get(id(executor), 0)
+    def capacity(self, executor: Any) -> tuple[int, int]:
+        """(batches the replica takes now, batches of this scheduler in flight there)."""
+        busy = self.busy.get(id(executor), 0)
+        return self.depth(executor) - busy, busy
 
     def load(self, executor: Any) -> int:
         return self.inflight.get(id(executor), 0)

@@ -38,8 +38,8 @@ from fastvideo3.runtime.run import PROGRAM_T2V, RETRYABLE_CODES, TERMINAL, Batch
 from fastvideo3.runtime.workunit import WorkUnit
 from fastvideo3.vocab import EventKind, Role, RunStatus, UnitKind
 
-#: capacity(executor) -> batches it may take now (None: no limit); the dispatcher's answer
-Capacity = Callable[[Any], "int | None"]
+#: capacity(executor) -> (batches it may take now, batches of it in flight), or None: no limit
+Capacity = Callable[[Any], "tuple[int, int] | None"]
 
 
 class Planner:
@@ -160,11 +160,12 @@ class Planner:
     def schedule(self, capacity: Capacity | None = None, *, split_min_units: int = 0) -> list[Batch]:
         """Plan one round; returns its batches (the runs in them are marked in flight).
 
-        ``capacity(executor)``: how many batches that replica takes now (None: any number); a
-        batch beyond it is held back. ``split_min_units``: a diffusion-step batch of at least
-        this many units for a replica with two or more free slots is cut in two halves sent
-        back to back (double buffering: one half runs while the other's inputs arrive; the
-        halves then alternate). 0: never cut below ``max_batch``."""
+        ``capacity(executor)``: ``(free slots, batches in flight)`` of that replica (None: no
+        limit). A replica with a batch in flight gets no other one and the units wait to join its
+        next batch, except for double buffering: with ``split_min_units`` (0: off), a round of
+        at least that many diffusion steps for an idle replica with two free slots is cut in two
+        halves sent back to back, and a round of at least half that many is sent beside the
+        batch in flight (so the halves alternate: one runs while the other's inputs arrive)."""
         self.counters["ticks"] += 1
         changed = self._boundaries()
         units: list[tuple[WorkUnit, RequestRun]] = []
@@ -203,33 +204,35 @@ class Planner:
             key = (u.batch_key, pool, idx)
             groups.setdefault(key, []).append((u, r))
             where[key] = (pool, idx, ex)
-        free: dict[int, int | None] = {}
+        state: dict[int, list[int] | None] = {}  # id(executor) -> [free slots, batches in flight]
         out: list[Batch] = []
         for key, members in groups.items():
             pool, idx, ex = where[key]
-            if ex is not None and id(ex) not in free:
-                free[id(ex)] = capacity(ex) if capacity is not None else None
-            slots = free.get(id(ex)) if ex is not None else None
+            if ex is not None and id(ex) not in state:
+                cap = capacity(ex) if capacity is not None else None
+                state[id(ex)] = list(cap) if cap is not None else None
+            st = state.get(id(ex)) if ex is not None else None
+            dbuf = split_min_units > 0 and members[0][0].kind == UnitKind.DIFFUSION_STEP
             size = self.max_batch
-            if (split_min_units and slots is not None and slots >= 2 and len(members) >= split_min_units
-                    and members[0][0].kind == UnitKind.DIFFUSION_STEP):
-                size = min(size, (len(members) + 1) // 2)
+            if st is not None and dbuf and st[1] == 0 and st[0] >= 2 and len(members) >= split_min_units:
+                size = min(size, (len(members) + 1) // 2)  # two halves, sent back to back
             for i in range(0, len(members), size):
                 chunk = members[i : i + size]
-                if slots is not None and slots <= 0:
-                    for unit, run in chunk:
-                        run.pending = unit
-                    continue
-                if slots is not None:
-                    slots -= 1
+                if st is not None:
+                    # a replica runs one batch at a time, unless the next one is large enough to
+                    # double-buffer; otherwise its units wait and join the replica's next batch
+                    second = dbuf and len(chunk) >= max(1, split_min_units // 2)
+                    if st[0] <= 0 or (st[1] > 0 and not second):
+                        for unit, run in chunk:
+                            run.pending = unit
+                        continue
+                    st[0], st[1] = st[0] - 1, st[1] + 1
                 for _, run in chunk:
                     run.in_flight = True
                     if idx is not None:
                         run.touched.add((pool, idx))
                         run.last_replica = (pool, idx)
                 out.append(Batch(chunk, pool, idx, ex))
-            if ex is not None:
-                free[id(ex)] = slots
         return out
 
     def _placements(self, units) -> list[tuple[str, int | None, Any]]:

@@ -123,20 +123,30 @@ def test_new_requests_go_to_the_least_loaded_replica_and_stay_there():
 def test_a_busy_replica_holds_units_for_its_next_batch_and_a_large_round_is_cut_in_two():
     p = _planner()
     runs = [_submit(p, _req(f"r{i}")) for i in range(4)]
-    free = {"n": 0}
-    enc = p.schedule(lambda ex: free["n"] if ex.role == "denoiser" else None)
-    for b in enc:
+    busy = {"n": 1}
+
+    def capacity(ex):
+        return (2 - busy["n"], busy["n"]) if ex.role == "denoiser" else None
+
+    for b in p.schedule(capacity):  # encode
         p.update_from_output(b, answer(b), 0.01)
-    assert p.schedule(lambda ex: free["n"] if ex.role == "denoiser" else None) == []  # no slot: held back
+    assert p.schedule(capacity) == []  # the denoiser runs another batch: held back to join its next
+    assert p.schedule(capacity, split_min_units=16) == []  # too few to double-buffer beside it
     assert all(r.pending is not None and not r.in_flight for r in runs)
-    free["n"] = 2
-    batches = p.schedule(lambda ex: free["n"], split_min_units=4)
+    busy["n"] = 0
+    batches = p.schedule(capacity, split_min_units=4)
     assert [len(b.units) for b in batches] == [2, 2]  # two halves, sent back to back
     assert all(r.in_flight and r.pending is None for r in runs)
-    assert p.schedule(lambda ex: 0) == []  # all four have their one step in flight
-    for b in batches:
-        p.update_from_output(b, answer(b), 0.01)
-    assert [r.driver.state.step for r in runs] == [1, 1, 1, 1]
+    assert p.schedule(lambda ex: (2, 0)) == []  # all four have their one step in flight
+    p.update_from_output(batches[0], answer(batches[0]), 0.01)
+    busy["n"] = 1  # the other half still runs: this half goes beside it (double buffering)
+    again = p.schedule(capacity, split_min_units=4)
+    assert [sorted(u.request_id for u, _ in b.units) for b in again] == [["r0", "r1"]]
+    p.update_from_output(batches[1], answer(batches[1]), 0.01)
+    p.update_from_output(again[0], answer(again[0]), 0.01)
+    assert [r.driver.state.step for r in runs] == [2, 2, 1, 1]
+    busy["n"] = 0  # without double buffering the round goes as one batch
+    assert [len(b.units) for b in p.schedule(capacity)] == [4]
 
 
 def test_running_set_is_bounded_and_admission_refuses_or_holds_by_memory():
