@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from fastvideo3.errors import ErrorInfo, FastVideoError, Unavailable
 from fastvideo3.loop.context import RequestContext
-from fastvideo3.runtime.executor import Monitored, Resumable, fingerprint_of, is_healthy
+from fastvideo3.runtime.executor import Executor, Monitored, Resumable, fingerprint_of, is_healthy
 from fastvideo3.runtime.resume import RunRecord, rebuild_run, record_of, request_meta
 from fastvideo3.vocab import EventKind, LoopId, OutputFormat, Role, RunStatus
 
@@ -91,7 +91,7 @@ class Checkpointer:
         return self
 
     @property
-    def executors(self) -> dict[str, list]:
+    def executors(self) -> dict[str, list[Executor]]:
         return self.sched.executors if self.sched is not None else {}
 
     # -- the store, with fail-fast while it is down -------------------------------------------

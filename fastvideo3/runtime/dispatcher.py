@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping
 
 from fastvideo3.errors import ErrorInfo, FastVideoError, Internal, Unavailable
 from fastvideo3.loop.protocol import StepResult
-from fastvideo3.runtime.executor import CarriesReleases, Executor, is_healthy
+from fastvideo3.runtime.executor import Addressed, CarriesReleases, Executor, is_healthy
 from fastvideo3.runtime.run import Batch, Ended
 from fastvideo3.vocab import Role, RunStatus
 
@@ -119,7 +119,8 @@ class Dispatcher:
         if ex is None:
             err = ErrorInfo.of(Unavailable(f"no pool serves role {units[0].role!r}", field="role"))
         elif not is_healthy(ex):  # routed around: fail fast, never hang on it
-            err = ErrorInfo.of(Unavailable(f"{units[0].role} replica {getattr(ex, 'target', '')} is not "
+            where = ex.target if isinstance(ex, Addressed) else ""
+            err = ErrorInfo.of(Unavailable(f"{units[0].role} replica {where} is not "
                                            "serving", field="role", details={"dispatch_failed": True}))
         if err is not None:
             results = [StepResult(u.unit_id, u.request_id, ok=False, error=err) for u in units]

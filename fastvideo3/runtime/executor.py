@@ -8,6 +8,7 @@ own, asked with ``isinstance`` (all are ``runtime_checkable``), never by probing
 * :class:`Resumable`: its pool keeps per-request state it can snapshot and restore (the denoiser);
 * :class:`Monitored`: it reports ``healthy`` (a remote replica the scheduler watches); one that
   does not is taken as healthy;
+* :class:`Addressed`: it stands for a replica elsewhere (an address and a replica id);
 * :class:`Fingerprinted`: it knows the runtime fingerprint its snapshots are bound to;
 * :class:`CarriesReleases`: its Execute call can carry ids of ended requests to free first;
 * :class:`Identified`: it has a model-runtime identity (what a pool's fingerprint is made of);
@@ -55,6 +56,15 @@ class Monitored(Protocol):
     False by the scheduler when a dispatch to it failed)."""
 
     healthy: bool
+
+
+@runtime_checkable
+class Addressed(Protocol):
+    """An executor standing for a replica elsewhere: ``target`` is its address, ``replica_id``
+    its name (from Describe; the address until then)."""
+
+    target: str
+    replica_id: str
 
 
 @runtime_checkable
@@ -110,10 +120,17 @@ def is_healthy(executor: object) -> bool:
     return not isinstance(executor, Monitored) or executor.healthy is not False
 
 
+def replica_name(executor: object, default: str = "") -> str:
+    """How errors name the replica: its id, else its address, else ``default`` (a local executor)."""
+    if isinstance(executor, Addressed):
+        return str(executor.replica_id or executor.target or default)
+    return default
+
+
 def fingerprint_of(executor: object) -> str:
     """The runtime fingerprint a snapshot from ``executor`` is bound to ("" when it does not say)."""
     return str(executor.fingerprint or "") if isinstance(executor, Fingerprinted) else ""
 
 
-__all__ = ["CarriesReleases", "Executor", "Fingerprinted", "Identified", "Monitored", "Prefetches", "PullsInputs",
-           "Resumable", "TakesAdapters", "fingerprint_of", "is_healthy", "is_resumable"]
+__all__ = ["Addressed", "CarriesReleases", "Executor", "Fingerprinted", "Identified", "Monitored", "Prefetches", "PullsInputs",
+           "Resumable", "TakesAdapters", "fingerprint_of", "is_healthy", "is_resumable", "replica_name"]

@@ -33,7 +33,7 @@ from fastvideo3.errors import (
 from fastvideo3.loop import LOOPS, LoopDriver
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.request.schema import ResolvedRequest
-from fastvideo3.runtime.executor import Executor, is_healthy
+from fastvideo3.runtime.executor import Executor, is_healthy, replica_name
 from fastvideo3.runtime.run import PROGRAM_T2V, RETRYABLE_CODES, TERMINAL, Batch, Ended, Event, RequestRun
 from fastvideo3.runtime.workunit import WorkUnit
 from fastvideo3.vocab import EventKind, Role, RunStatus, UnitKind
@@ -459,7 +459,7 @@ class Planner:
         idx = run.placement.get(unit.role)
         replicas = self.executors.get(unit.role) or []
         ex = replicas[idx] if idx is not None and idx < len(replicas) else None
-        replica = str(getattr(ex, "replica_id", "") or getattr(ex, "target", "") or (idx if idx is not None else "?"))
+        replica = replica_name(ex, str(idx) if idx is not None else "?")
         step, total = run.progress()
         ck = self.checkpoint_step(run) if self.checkpoint_step is not None else None
         healthy = sum(is_healthy(r) for r in replicas)

@@ -29,10 +29,10 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import Any
 
 from fastvideo3.errors import AlreadyExists, ErrorInfo, FastVideoError, NotFound, Unavailable
 from fastvideo3.loop.context import RequestContext
+from fastvideo3.runtime.executor import Executor
 from fastvideo3.runtime.scheduler import TERMINAL, CoreScheduler, Event, RequestRun
 from fastvideo3.vocab import EventKind, LoopId, OutputFormat, RunStatus
 
@@ -49,7 +49,7 @@ class Stream:
 
 
 class FleetRuntime:
-    def __init__(self, executors: dict[str, list[Any]], *, batching: bool = True, max_batch: int = 16,
+    def __init__(self, executors: dict[str, list[Executor]], *, batching: bool = True, max_batch: int = 16,
                  max_running: int = 64, max_queued: int = 256, retain_finished: int = 1000,
                  pricer=None, admission=None, telemetry=None, checkpointer=None, batch_bucket: int | None = None,
                  pipeline_depth: int = 2, split_min_units: int = 8, release_after_s: float = 1.0):
