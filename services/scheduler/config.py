@@ -48,6 +48,11 @@ class SchedulerConfig:
     connect_timeout_s: float = 300.0   # how long to wait for every pool to be SERVING
     drain_timeout_s: float = 60.0
     retain_finished: int = 1000        # finished requests kept for GetRequest
+    # double-buffered dispatch (fastvideo3.runtime.dispatcher): batches a denoiser replica holds at
+    # once, and the denoise round (units) from which it is cut in two halves that alternate (0 = off)
+    pipeline_depth: int = 2
+    double_buffer_min_units: int = 8
+    release_after_s: float = 1.0       # an ended request's id waits this long for an Execute to ride on
     engine_id: str = "fastvideo3/local"
     metrics_port: int | None = None
     # pricing and admission: one currency, predicted GPU-seconds (see fastvideo3.runtime.cost)
@@ -158,6 +163,12 @@ def parse_args(argv: list[str] | None = None) -> SchedulerConfig:
     p.add_argument("--max-batch", type=int, default=None)
     p.add_argument("--max-running", type=int, default=None, help="requests stepping at once (1 = request-at-a-time)")
     p.add_argument("--max-queued", type=int, default=None)
+    p.add_argument("--pipeline-depth", type=int, default=None,
+                   help="batches a denoiser replica holds at once (2: the next waits beside the running one)")
+    p.add_argument("--double-buffer-min-units", type=int, default=None,
+                   help="a denoise round of at least this many units is cut in two alternating halves (0 = off)")
+    p.add_argument("--release-after", type=float, default=None, dest="release_after_s",
+                   help="seconds an ended request's id waits for an Execute to ride on before a Release call")
     p.add_argument("--retain-finished", type=int, default=None,
                    help="ended requests kept in memory (older ones are read back from the state store)")
     p.add_argument("--rpc-timeout", type=float, default=None, dest="rpc_timeout_s")
@@ -249,6 +260,9 @@ def build_config(a: argparse.Namespace) -> SchedulerConfig:
         max_running=int(pick(a.max_running, "max_running", 64, sched)),
         max_queued=int(pick(a.max_queued, "max_queued", 256, sched)),
         retain_finished=int(pick(a.retain_finished, "retain_finished", 1000, sched)),
+        pipeline_depth=int(pick(a.pipeline_depth, "pipeline_depth", 2, sched)),
+        double_buffer_min_units=int(pick(a.double_buffer_min_units, "double_buffer_min_units", 8, sched)),
+        release_after_s=float(pick(a.release_after_s, "release_after_s", 1.0, sched)),
         rpc_timeout_s=float(pick(a.rpc_timeout_s, "rpc_timeout_s", 300.0, sched)),
         connect_timeout_s=float(pick(a.connect_timeout_s, "connect_timeout_s", 300.0, sched)),
         drain_timeout_s=float(pick(a.drain_timeout_s, "drain_timeout_s", 60.0, sched)),
@@ -314,4 +328,12 @@ def build_config(a: argparse.Namespace) -> SchedulerConfig:
     for name in ("max_batch", "max_running", "max_queued", "retain_finished"):
         if getattr(cfg, name) < 1:
             raise InvalidRequest(f"must be >= 1, got {getattr(cfg, name)}", field=name, limit=">= 1")
+    if not 1 <= cfg.pipeline_depth <= 4:
+        raise InvalidRequest(f"{cfg.pipeline_depth} is out of range", field="pipeline_depth", limit="[1, 4]")
+    if cfg.double_buffer_min_units != 0 and not 2 <= cfg.double_buffer_min_units <= 4096:
+        raise InvalidRequest(f"{cfg.double_buffer_min_units} is out of range", field="double_buffer_min_units",
+                             limit="0 (off) or [2, 4096]")
+    if not 0 < cfg.release_after_s <= 600:
+        raise InvalidRequest(f"{cfg.release_after_s} is out of range", field="release_after_s",
+                             limit="(0, 600] seconds")
     return cfg

@@ -62,7 +62,7 @@ class FleetRuntime:
         cp = checkpointer
         snapshots = cp is not None and cp.every > 0
         split = 0 if (snapshots or batch_bucket or not batching) else split_min_units
-        self.sched = CoreScheduler(executors, max_batch=max_batch if batching else 1, max_running=max_running,
+        self._core = CoreScheduler(executors, max_batch=max_batch if batching else 1, max_running=max_running,
                                    max_queued=max_queued, on_event=self._on_event, parallel_dispatch=True,
                                    pipelined=True, wake=self._wake_up, pipeline_depth=pipeline_depth,
                                    split_min_units=split, release_after_s=release_after_s,
@@ -72,7 +72,7 @@ class FleetRuntime:
                                    admit_hook=cp.register if cp else None, recover=cp.recover if cp else None,
                                    checkpoint_step=cp.checkpoint_step if cp else None)
         self.card_of = None  # card id -> ModelCard, for requests read back from the store
-        self.checkpointer = cp.attach(self.sched) if cp else None
+        self.checkpointer = cp.attach(self._core) if cp else None
         self.batching = batching
         self.batch_bucket = batch_bucket  # batch-invariant mode: units per denoise forward (None = off)
         self.retain_finished = retain_finished
@@ -130,7 +130,7 @@ class FleetRuntime:
             previous = self.streams.get(request.request_id)
             self.streams[request.request_id] = stream
         try:
-            self.sched.submit(request, card, program=program, ctx=ctx, trace_parent=trace_parent)
+            self._core.submit(request, card, program=program, ctx=ctx, trace_parent=trace_parent)
         except BaseException:
             with self._lock:
                 if previous is not None:
@@ -144,7 +144,7 @@ class FleetRuntime:
     def _retry(self, request, card, program, ctx) -> Stream:
         """Run a retained, retryably failed request again under its id (from its checkpoint)."""
         stream = Stream(request.request_id)
-        with self.sched.lock:
+        with self._core.lock:
             run = self.checkpointer.revive(request, card, program, ctx)
             with self._lock:
                 self.streams[request.request_id] = stream
@@ -157,10 +157,10 @@ class FleetRuntime:
     def lookup(self, request_id: str) -> RequestRun | None:
         """The request with this id: in memory, or — ended within the store's TTL, e.g. before a
         restart — rebuilt read-only from the store (and retained like any ended request)."""
-        run = self.sched.get(request_id)
+        run = self._core.get(request_id)
         if run is not None and run.status in TERMINAL and self.ended_ttl_s is not None and \
                 time.time() - self._ended.get(request_id, time.time()) > self.ended_ttl_s:
-            self.sched.forget(request_id)  # its keys expired in the store: the id is unknown now
+            self._core.forget(request_id)  # its keys expired in the store: the id is unknown now
             self._ended.pop(request_id, None)
             run = None
         if run is not None or self.checkpointer is None:
@@ -175,7 +175,7 @@ class FleetRuntime:
         run = ended_run(request_id, kept, self.card_of)
         if run is None:
             return None
-        kept = self.sched.retain(run)
+        kept = self._core.retain(run)
         if kept is not run:  # raced with a submit
             return kept
         with self._lock:
@@ -208,7 +208,7 @@ class FleetRuntime:
             raise AlreadyExists("a request with this id has other parameters", field="request_id",
                                 request_id=run.request_id)
         stream = Stream(run.request_id)
-        with self.sched.lock:  # no event of the run is emitted while the stream is wired in
+        with self._core.lock:  # no event of the run is emitted while the stream is wired in
             with self._lock:
                 old = self.streams.get(run.request_id)
                 if old is not None and not old.closed:
@@ -227,7 +227,7 @@ class FleetRuntime:
         return stream
 
     def cancel(self, request_id: str) -> bool:
-        ok = self.sched.cancel(request_id)
+        ok = self._core.cancel(request_id)
         self._wake.set()
         return ok
 
@@ -237,7 +237,7 @@ class FleetRuntime:
         with self._lock:
             current = self.streams.get(stream.request_id) is stream
         if current:
-            run = self.sched.get(stream.request_id)
+            run = self._core.get(stream.request_id)
             if run is not None and run.status not in TERMINAL and run.ctx.detached:
                 run.resumed = True  # runs on, unowned, until a client re-attaches (see module doc)
                 log.info("client of detached %s disconnected: it runs on", stream.request_id)
@@ -251,7 +251,7 @@ class FleetRuntime:
                 del self.streams[stream.request_id]
 
     def get(self, request_id: str) -> RequestRun | None:
-        return self.sched.get(request_id)
+        return self._core.get(request_id)
 
     # -- the tick thread --------------------------------------------------------------------
     def _on_event(self, ev: Event) -> None:  # called with the scheduler lock held: stay quick
@@ -267,28 +267,28 @@ class FleetRuntime:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                worked = self.sched.tick()
+                worked = self._core.tick()
             except Exception:  # noqa: BLE001 - a bug in one tick must not stop the fleet
                 self.tick_errors += 1
                 log.exception("scheduler tick failed")
                 worked = False
             self._after_tick()
-            self.sched.flush_releases()  # ended ids no Execute carried in time: by Release
+            self._core.flush_releases()  # ended ids no Execute carried in time: by Release
             if self.checkpointer is not None and self.checkpointer.pending_ends:
                 self.checkpointer.flush()  # ends deferred by a state-store outage
             if not worked:
-                self._wake.wait(0.05 if self.sched.active() else 1.0)
+                self._wake.wait(0.05 if self._core.active() else 1.0)
                 self._wake.clear()
 
     def _after_tick(self) -> None:
         with self._lock:
             done, self._to_release = self._to_release, []
         for rid, finished, stream in done:
-            run = self.sched.get(rid)
+            run = self._core.get(rid)
             # the replicas that ran it free it (off this thread); then artifact index + end (or
             # delete) in the state store; then the client's finished (with a writer thread, the
             # store writes are off the release threads too: a slow store holds up no step)
-            self.sched.release_ended(rid, then=lambda r=run, i=rid, f=finished, s=stream: self._freed(i, r, f, s))
+            self._core.release_ended(rid, then=lambda r=run, i=rid, f=finished, s=stream: self._freed(i, r, f, s))
 
     def _freed(self, rid: str, run: RequestRun | None, finished: Event, stream: Stream | None) -> None:
         """The ended request's replicas freed it: its end goes to the store, then to its client."""
@@ -315,7 +315,7 @@ class FleetRuntime:
             for gone in old:
                 self._ended.pop(gone, None)
         for gone in old:  # the oldest ended requests: read back from the store from now on
-            self.sched.forget(gone)
+            self._core.forget(gone)
 
     def hand_over(self, timeout_s: float = 30.0) -> list[str]:
         """Stop stepping without ending anything (a leader leaving: another replica adopts the
@@ -328,14 +328,14 @@ class FleetRuntime:
         if self._thread.is_alive():
             self._thread.join(timeout=timeout_s)
         end = time.monotonic() + timeout_s
-        while self.sched.in_flight() and time.monotonic() < end:
+        while self._core.in_flight() and time.monotonic() < end:
             time.sleep(0.05)  # the dispatch threads apply their results and free the replicas
         self._after_tick()  # requests that ended meanwhile: their ends reach the store and clients
-        self.sched.flush_releases_now()
-        self.sched.drain(max(0.0, end - time.monotonic()))
+        self._core.flush_releases_now()
+        self._core.drain(max(0.0, end - time.monotonic()))
         if self.checkpointer is not None:
             self.checkpointer.flush(wait=True)  # every queued checkpoint and end written first
-        left = [r.request_id for r in self.sched.active()]
+        left = [r.request_id for r in self._core.active()]
         with self._lock:
             streams = list(self.streams.values())
         for stream in streams:
@@ -344,7 +344,7 @@ class FleetRuntime:
 
     def stop(self, cancel_active: bool = True, timeout_s: float = 10.0) -> None:
         if cancel_active:  # cancelled at their next step boundary by the still-running tick thread
-            active = self.sched.active()
+            active = self._core.active()
             for run in active:
                 self.cancel(run.request_id)
             end = time.monotonic() + timeout_s
@@ -355,52 +355,52 @@ class FleetRuntime:
         if self._thread.is_alive():
             self._thread.join(timeout=30.0)
         self._after_tick()
-        self.sched.flush_releases_now()
-        self.sched.drain(timeout_s)
+        self._core.flush_releases_now()
+        self._core.drain(timeout_s)
         if cancel_active:  # the cancelled ones are terminal now (or the tick thread was stuck)
-            for run in list(self.sched.runs.values()):
-                self.sched.release(run.request_id)
+            for run in list(self._core.runs.values()):
+                self._core.release(run.request_id)
         if self.checkpointer is not None:
             self.checkpointer.flush(wait=True)
             self.checkpointer.store.close()
-        self.sched.close()
+        self._core.close()
 
     # -- what services read ---------------------------------------------------------------
     @property
     def pricer(self):
         """The scheduler's Pricer (None: pricing off)."""
-        return self.sched.pricer
+        return self._core.pricer
 
     @property
     def admission(self):
         """The scheduler's AdmissionController (None: admission off)."""
-        return self.sched.admission
+        return self._core.admission
 
     @property
     def telemetry(self):
         """The scheduler's SchedulerTelemetry (its tracing and metrics)."""
-        return self.sched.telemetry
+        return self._core.telemetry
 
     def active(self) -> list[RequestRun]:
         """Requests not yet terminal."""
-        return self.sched.active()
+        return self._core.active()
 
     def in_flight_units(self, replica) -> int:
         """Units of this scheduler running on ``replica`` now."""
-        return int(self.sched.inflight.get(id(replica), 0))
+        return int(self._core.inflight.get(id(replica), 0))
 
     def recent_batch_sizes(self, n: int = 64) -> list[int]:
         """Sizes of the last ``n`` denoise batches."""
-        return list(self.sched.batch_sizes)[-n:]
+        return list(self._core.batch_sizes)[-n:]
 
     def counters(self) -> dict[str, float]:
-        c = dict(self.sched.counters)
-        c.update({f"dispatch.{k}": v for k, v in self.sched.dispatcher.counters.items()})
-        c["dispatch.pending_releases"] = self.sched.dispatcher.pending_releases()
+        c = dict(self._core.counters)
+        c.update({f"dispatch.{k}": v for k, v in self._core.dispatcher.counters.items()})
+        c["dispatch.pending_releases"] = self._core.dispatcher.pending_releases()
         c["tick_errors"] = self.tick_errors
         c["streams_open"] = len(self.streams)
-        c["queued_requests"] = sum(r.status == RunStatus.QUEUED for r in self.sched.runs.values())
-        c["running_requests"] = sum(r.status == RunStatus.RUNNING for r in self.sched.runs.values())
+        c["queued_requests"] = sum(r.status == RunStatus.QUEUED for r in self._core.runs.values())
+        c["running_requests"] = sum(r.status == RunStatus.RUNNING for r in self._core.runs.values())
         if self.checkpointer is not None:
             c.update({f"state.{k}": v for k, v in self.checkpointer.counters.items()})
             c["state.pending_ends"] = len(self.checkpointer.pending_ends)

@@ -178,3 +178,17 @@ def test_double_buffered_dispatch_keeps_the_next_batch_at_the_denoiser():
     assert sizes == [6] * 8
     one = _run_pipelined(depth=1, split=4)
     assert one.most == 1  # depth 1: the replica never holds two of this scheduler's batches
+
+
+@pytest.mark.parametrize("argv, field", [(["--pipeline-depth", "9"], "pipeline_depth"),
+                                         (["--double-buffer-min-units", "1"], "double_buffer_min_units"),
+                                         (["--release-after", "0"], "release_after_s")])
+def test_scheduler_dispatch_flags_are_validated_naming_the_field(argv, field):
+    from fastvideo3.errors import InvalidRequest
+    from services.scheduler.config import parse_args
+    pools = ["--pools", "encoder=127.0.0.1:1", "--pools", "denoiser=127.0.0.1:2", "--pools", "decoder=127.0.0.1:3"]
+    with pytest.raises(InvalidRequest) as e:
+        parse_args(pools + argv)
+    assert e.value.field == field and e.value.limit
+    cfg = parse_args(pools + ["--pipeline-depth", "1", "--double-buffer-min-units", "0"])
+    assert (cfg.pipeline_depth, cfg.double_buffer_min_units, cfg.release_after_s) == (1, 0, 1.0)
