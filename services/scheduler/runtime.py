@@ -56,12 +56,12 @@ class FleetRuntime:
         """``pipeline_depth``: batches a denoiser replica holds at once (2: double-buffered dispatch,
         see fastvideo3.runtime.dispatcher). ``split_min_units``: a denoise round this large for an
         idle denoiser replica is cut in two halves that then alternate, so the replica always has
-        the next batch waiting (off with durable checkpoints, whose snapshots need the replica
-        between steps, and in batch-invariant mode, where every half is padded to the bucket)."""
+        the next batch waiting (off in batch-invariant mode, where every half would be padded to
+        the bucket, and without batching). A checkpoint's snapshot of a request in one half waits
+        for the other half's step on the replica: the replica stays busy meanwhile."""
         replicas = sum(len(v) for v in executors.values())
         cp = checkpointer
-        snapshots = cp is not None and cp.every > 0
-        split = 0 if (snapshots or batch_bucket or not batching) else split_min_units
+        split = 0 if (batch_bucket or not batching) else split_min_units
         self._core = CoreScheduler(executors, max_batch=max_batch if batching else 1, max_running=max_running,
                                    max_queued=max_queued, on_event=self._on_event, parallel_dispatch=True,
                                    pipelined=True, wake=self._wake_up, pipeline_depth=pipeline_depth,
