@@ -53,7 +53,8 @@ class Dispatcher:
         self.release_after_s = float(release_after_s)
         self.inflight: dict[int, int] = {}  # id(executor) -> units in flight (placement load)
         self.busy: dict[int, int] = {}  # id(executor) -> batches of this scheduler in flight
-        self.counters: dict[str, float] = {"releases_carried": 0, "release_calls": 0, "releases_flushed": 0}
+        self.counters: dict[str, float] = {"releases_carried": 0, "release_calls": 0, "releases_flushed": 0,
+                                           "double_buffered": 0}
         self._pool_of = {id(ex): key for key, reps in executors.items() for ex in reps}
         self._pending: dict[int, dict[str, float]] = {}  # id(executor) -> {request id: queued at}
         self._by_id: dict[int, Executor] = {id(ex): ex for reps in executors.values() for ex in reps}
@@ -93,6 +94,8 @@ class Dispatcher:
         slot is taken here); ``on_done`` gets its results, then :meth:`settle` frees the slot."""
         if batch.executor is not None:
             k = id(batch.executor)
+            if self.busy.get(k, 0):
+                self.counters["double_buffered"] += 1  # sent beside a batch still running there
             self.busy[k] = self.busy.get(k, 0) + 1
         self._threads.submit(self._run_pipelined, batch, on_done)
 

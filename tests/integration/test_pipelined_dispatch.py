@@ -88,3 +88,33 @@ def test_ended_requests_ride_on_the_busy_denoisers_next_execute(fleet):
     t.join(timeout=150)
     assert "error" not in long_ and long_["events"][-1][1].data["state"] == "SUCCEEDED"
     wait_until(lambda: resident_total(fleet) == 0, 10, "every pool to free every request")
+
+
+@pytest.mark.timeout(180)
+def test_a_large_round_is_double_buffered_and_every_request_steps_in_order(fleet):
+    """Ten requests at once (more than the double-buffer threshold): the denoiser gets a second
+    batch beside the running one, and every request still sees each of its steps once, in order."""
+    import json
+
+    import grpc
+
+    from fastvideo3.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+    def dispatch_counters() -> dict:
+        with grpc.insecure_channel(fleet.target) as ch:
+            d = scheduler_pb2_grpc.SchedulerStub(ch).Describe(scheduler_pb2.DescribeSchedulerRequest(), timeout=30)
+        return json.loads(d.description_json)["scheduler"]
+
+    before = dispatch_counters().get("dispatch.double_buffered", 0)
+    outs = [{} for _ in range(10)]
+    threads = [threading.Thread(target=_stream, args=(fleet.target, f"many {i}", 6, out)) for i, out in enumerate(outs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=150)
+    for out in outs:
+        assert "error" not in out, out.get("error")
+        assert out["events"][-1][1].data["state"] == "SUCCEEDED"
+        steps = [ev.data["step"] for _, ev in out["events"] if ev.kind == "progress" and ev.data["phase"] == "denoise"]
+        assert steps == list(range(1, 7))
+    assert dispatch_counters().get("dispatch.double_buffered", 0) > before
