@@ -72,6 +72,9 @@ class Checkpointer:
         self._down_until = 0.0
         self._lock = threading.Lock()
         self.writer = None  # a StoreWriter (start_writer): the step path's store writes, off it
+        #: snapshots taken by the (pipelined) scheduler outside its lock: take_snapshots / run_snapshot
+        self.defer_snapshots = False
+        self._deferred: list = []
         self.counters: dict[str, float] = {
             "checkpoints": 0, "snapshots": 0, "snapshot_bytes": 0, "checkpoint_skipped_store_down": 0,
             "checkpoint_errors": 0, "store_errors": 0, "recovered": 0, "recovery_failed": 0, "resumed": 0,
@@ -134,7 +137,8 @@ class Checkpointer:
 
     # -- checkpoints ------------------------------------------------------------------------
     def checkpoint(self, run) -> None:
-        """Called after each applied result (scheduler lock held)."""
+        """Called after each applied result (scheduler lock held). With ``defer_snapshots`` a
+        snapshot is not taken here: the request is held and the scheduler takes it off its lock."""
         d = run.driver
         if self.every <= 0 or d is None:
             return
@@ -146,6 +150,10 @@ class Checkpointer:
             if d.state.step % self.every and d.state.step != d.state.num_steps - 1:
                 return
             role = self._denoise_pools(run)
+            if self.defer_snapshots:  # taken by the scheduler off its lock (see take_snapshots)
+                run.snapshotting = True
+                self._deferred.append((run, role))
+                return
             snapshot, fingerprint = self._snapshot(run, role)
             if not snapshot:
                 return  # keep the previous record rather than one that cannot be resumed exactly
@@ -153,6 +161,28 @@ class Checkpointer:
             prev = self.latest.get(run.request_id)
             if prev is not None and prev.snapshot and prev.loop_id == DENOISE:
                 self.before_final[run.request_id] = prev
+        self._record(run, snapshot, role, fingerprint)
+
+    # -- snapshots off the scheduler's lock (the pipelined scheduler) ------------------------
+    def take_snapshots(self) -> list:
+        """Snapshots the last applied results asked for (scheduler lock held). Each request stays
+        held (``snapshotting``: no unit is planned for it) until :meth:`finish_snapshot`."""
+        jobs, self._deferred = self._deferred, []
+        return jobs
+
+    def run_snapshot(self, job) -> tuple[bytes, str]:
+        """Take one snapshot (no lock held: the request is held at its step boundary)."""
+        run, role = job
+        return self._snapshot(run, role)
+
+    def finish_snapshot(self, job, taken: tuple[bytes, str] | None) -> None:
+        """Record the checkpoint of a snapshot taken (scheduler lock held); the request goes on."""
+        run, role = job
+        run.snapshotting = False
+        if taken is not None and taken[0] and run.driver is not None and run.status == RunStatus.RUNNING:
+            self._record(run, taken[0], role, taken[1])
+
+    def _record(self, run, snapshot: bytes, role: str, fingerprint: str) -> None:
         record = record_of(run, snapshot=snapshot, snapshot_role=role, snapshot_fingerprint=fingerprint)
         self.latest[run.request_id] = record
         self.counters["checkpoints"] += 1

@@ -170,7 +170,7 @@ class Planner:
         changed = self._boundaries()
         units: list[tuple[WorkUnit, RequestRun]] = []
         for run in list(self.runs.values()):
-            if run.status != RunStatus.RUNNING or run.in_flight:
+            if run.status != RunStatus.RUNNING or run.in_flight or run.snapshotting:
                 continue
             if run.parked_role is not None and not self._unpark(run):
                 changed |= run.status in TERMINAL
@@ -298,7 +298,7 @@ class Planner:
         changed = False
         now = self.clock()
         for run in list(self.runs.values()):
-            if run.status in TERMINAL or run.in_flight:  # in flight: acted on at its step boundary
+            if run.status in TERMINAL or run.in_flight or run.snapshotting:  # acted on at its boundary
                 continue
             if run.cancel_requested:
                 self.terminate(run, RunStatus.CANCELLED,

@@ -60,6 +60,8 @@ class RequestRun:
     #: a unit of this request is executing on a pool (it is not planned again, and cancel /
     #: deadline act when it returns: at the step boundary)
     in_flight: bool = False
+    #: held at a step boundary while its checkpoint's snapshot is taken (nothing planned for it)
+    snapshotting: bool = False
     #: a planned unit held back because its replica had no free slot (sent next round)
     pending: Any = None
     #: parked: its current loop waits for a healthy replica of this role (its last one was lost);

@@ -59,6 +59,7 @@ class CoreScheduler:
         pricer: Any = None,
         admission: Any = None,
         telemetry: Any = None,
+        snapshots: Any = None,
     ):
         """``pricer`` (runtime.pricing.Pricer), ``admission`` (runtime.admission.AdmissionController),
         ``telemetry`` (telemetry.hooks.SchedulerTelemetry): see :class:`Planner`. ``admit_hook``
@@ -67,12 +68,18 @@ class CoreScheduler:
         ``pipelined``: see the module docstring. ``pipeline_depth``: batches a denoiser replica
         takes at once there; ``split_min_units``: a denoise round at least this large for an idle
         denoiser replica is cut in two so the halves alternate (0: off); ``release_after_s``: how
-        long an ended request's id waits for an Execute to ride on before a Release call."""
+        long an ended request's id waits for an Execute to ride on before a Release call.
+        ``snapshots`` (pipelined; the Checkpointer): checkpoint snapshots the applied results ask
+        for are taken by the batch's dispatch thread outside the lock (``take_snapshots``,
+        ``run_snapshot``, ``finish_snapshot``), while their requests wait at the step boundary."""
         self.executors = executors
         self.admit_hook = admit_hook
         self.pipelined = pipelined
         self.split_min_units = int(split_min_units) if pipelined else 0
         self.wake = wake
+        self.snapshots = snapshots if pipelined else None
+        if self.snapshots is not None:
+            self.snapshots.defer_snapshots = True
         self._lock = threading.RLock()
         self.dispatcher = Dispatcher(executors, telemetry=None, workers=dispatch_workers,
                                      threads=parallel_dispatch or pipelined,
@@ -223,17 +230,35 @@ class CoreScheduler:
         return True
 
     def _done(self, batch: Batch, results: list[StepResult], elapsed: float, dispatched: bool) -> None:
-        """A pipelined batch came back (on its dispatch thread)."""
+        """A pipelined batch came back (on its dispatch thread). Snapshots its results asked for
+        are taken here, outside the lock; the replica's slot is freed once they are."""
+        jobs: list = []
         try:
             with self._lock:
                 try:
                     self.planner.update_from_output(batch, results, elapsed, dispatched=dispatched)
                 finally:
-                    self.dispatcher.settle(batch)
+                    jobs = self.snapshots.take_snapshots() if self.snapshots is not None else []
+                    if not jobs:
+                        self.dispatcher.settle(batch)
                 self._collect_ended()
+            if jobs:
+                self._snapshot(jobs, batch)
         finally:
             if self.wake is not None:
                 self.wake()
+
+    def _snapshot(self, jobs: list, batch: Batch) -> None:
+        taken: dict[int, Any] = {}
+        try:
+            for n, job in enumerate(jobs):
+                taken[n] = self.snapshots.run_snapshot(job)
+        finally:
+            with self._lock:
+                for n, job in enumerate(jobs):
+                    self.snapshots.finish_snapshot(job, taken.get(n))
+                self.dispatcher.settle(batch)
+                self._collect_ended()
 
     def _collect_ended(self) -> None:
         """Ended requests (lock held): the synchronous mode frees a failed or cancelled one on every

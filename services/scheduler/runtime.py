@@ -70,7 +70,7 @@ class FleetRuntime:
                                    pricer=pricer, admission=admission,
                                    telemetry=telemetry, checkpoint=cp.checkpoint if cp else None,
                                    admit_hook=cp.register if cp else None, recover=cp.recover if cp else None,
-                                   checkpoint_step=cp.checkpoint_step if cp else None)
+                                   checkpoint_step=cp.checkpoint_step if cp else None, snapshots=cp)
         self.card_of = None  # card id -> ModelCard, for requests read back from the store
         self.checkpointer = cp.attach(self._core) if cp else None
         self.batching = batching
