@@ -17,6 +17,7 @@ from fastvideo3.runtime.run import Batch, Ended
 from fastvideo3.runtime.scheduler import CoreScheduler
 from fastvideo3.runtime.workunit import WorkUnit
 from fastvideo3.telemetry.hooks import SchedulerTelemetry
+from services.common.fake import fake_ref
 
 pytestmark = pytest.mark.timeout(120)
 CARD = get_card("wan-tiny")
@@ -27,11 +28,11 @@ def results_for(batch) -> list[StepResult]:
     for u in batch:
         outputs = {}
         if u.kind == "encoder_chunk":
-            outputs = {n: {"buffer_id": f"{u.request_id}/{n}"} for n in u.params["prompts"]}
+            outputs = {n: fake_ref(u.role, u.request_id, n, [1, 8, 4]) for n in u.params["prompts"]}
         elif u.kind == "diffusion_step" and u.params["final"]:
-            outputs = {"latents": {"buffer_id": "z", "shape": [1, *u.params["latent_shape"]]}}
+            outputs = {"latents": fake_ref(u.role, u.request_id, "z", [1, *u.params["latent_shape"]])}
         elif u.kind == "vae_tile":
-            outputs = {"frames": {"buffer_id": "f"}}
+            outputs = {"frames": fake_ref(u.role, u.request_id, "f", [9, 8, 8, 3], "uint8")}
         out.append(StepResult(u.unit_id, u.request_id, outputs=outputs, metrics={"latent_norm": 1.0}))
     return out
 

@@ -18,6 +18,7 @@ from fastvideo3.runtime.admission import AdmissionConfig, AdmissionController, S
 from fastvideo3.runtime.cost import CalibratedCostModel
 from fastvideo3.runtime.planner import PROGRAM_T2V, TERMINAL, Planner, RequestRun
 from fastvideo3.runtime.pricing import Pricer
+from services.common.fake import fake_ref
 
 pytestmark = pytest.mark.timeout(60)
 CARD = get_card("wan-tiny")
@@ -45,11 +46,11 @@ def answer(batch) -> list[StepResult]:
     for u in batch.work:
         outputs = {}
         if u.kind == "encoder_chunk":
-            outputs = {n: {"buffer_id": f"{u.request_id}/{n}"} for n in u.params["prompts"]}
+            outputs = {n: fake_ref(u.role, u.request_id, n, [1, 8, 4]) for n in u.params["prompts"]}
         elif u.kind == "diffusion_step" and u.params["final"]:
-            outputs = {"latents": {"buffer_id": "z", "shape": [1, *u.params["latent_shape"]]}}
+            outputs = {"latents": fake_ref(u.role, u.request_id, "z", [1, *u.params["latent_shape"]])}
         elif u.kind == "vae_tile":
-            outputs = {"frames": {"buffer_id": "f"}}
+            outputs = {"frames": fake_ref(u.role, u.request_id, "f", [9, 8, 8, 3], "uint8")}
         out.append(StepResult(u.unit_id, u.request_id, outputs=outputs, metrics={"latent_norm": 1.0},
                               measured_seconds=0.01))
     return out
