@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from fastvideo3.card import get_card  # noqa: E402
-from fastvideo3.runtime.engine import Engine  # noqa: E402
+from fastvideo3.engine import Engine  # noqa: E402
 from fastvideo3.training.data import eval_prompts  # noqa: E402
 
 DEFAULT_POLICY = {"policy": "dbcache"}  # the card's tuned parameters fill the rest

@@ -29,9 +29,9 @@ def main() -> None:
     # One thread, and the process's CPU time per call: on a shared 2-core machine wall time
     # mostly measures the neighbours; CPU seconds are this device's "GPU-seconds".
     torch.set_num_threads(1)
-    from fastvideo3.runtime.cost import CalibratedCostModel
-    from fastvideo3.runtime.engine import Engine
-    from fastvideo3.runtime.pricing import Pricer
+    from fastvideo3.runtime.economy.cost import CalibratedCostModel
+    from fastvideo3.engine import Engine
+    from fastvideo3.runtime.economy.pricing import Pricer
 
     engine = Engine("wan-tiny")
     pricer = Pricer(CalibratedCostModel())

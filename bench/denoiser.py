@@ -9,7 +9,7 @@ One process, weights drawn directly on the GPU (no checkpoint on disk): diffuser
 built on the meta device, materialized on the GPU and initialized module by module as its
 classes do; our WanDiT then takes the very same tensors. Per row it records ms per forward
 (median of CUDA-event timings after warm-up), TFLOP/s from the closed-form FLOPs of
-:mod:`fastvideo3.runtime.cost`, peak memory, and the error of ours against diffusers. Before the
+:mod:`fastvideo3.runtime.economy.cost`, peak memory, and the error of ours against diffusers. Before the
 models it times each attention backend on the models' attention shapes and picks the fastest
 that agrees with the others. Where a row misses its goal, a profile of our forward (top kernels
 and their share of the step) is stored with it. The JSON is rewritten after every row.

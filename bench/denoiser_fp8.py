@@ -390,7 +390,7 @@ def _tiny_cards(scales: str = "bound", accumulation: str = "fp32"):
 
 def stage_tiny(seeds: list[int], scales: str = "bound", accumulation: str = "fp32") -> dict:
     from fastvideo3.models.reward.adherence import AdherenceScorer
-    from fastvideo3.runtime.engine import Engine
+    from fastvideo3.engine import Engine
     from fastvideo3.training.data import eval_prompts
     from fastvideo3.training.rollout import Rollout
     prompts = eval_prompts()

@@ -25,7 +25,7 @@ from fastvideo3.models.hunyuan15.cards import TINY_DIT
 from fastvideo3.models.hunyuan15.dit import HunyuanDiT, HunyuanDiTConfig, pack_text
 from fastvideo3.models.hunyuan15.fast import FastHunyuanDiT
 from fastvideo3.models.hunyuan15.flops import dit_forward_cost
-from fastvideo3.runtime.pricing import dit_config
+from fastvideo3.runtime.economy.pricing import dit_config
 from fastvideo3.models.wan.flops import StepShape
 
 FAMILY, CARD = "hunyuanvideo-1.5", "hunyuanvideo-1.5-480p-t2v"

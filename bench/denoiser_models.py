@@ -39,7 +39,7 @@ from fastvideo3.loop.samplers import make_schedule
 from fastvideo3.models.wan.fast import FastWanDiT
 from fastvideo3.testing.synthetic_wan import TINY_TRANSFORMER
 from fastvideo3.models.wan.flops import StepShape, dit_forward_cost
-from fastvideo3.runtime.pricing import dit_config, vae_spatial_scale
+from fastvideo3.runtime.economy.pricing import dit_config, vae_spatial_scale
 
 GiB = 2**30
 TEXT_LEN = 512

@@ -146,7 +146,7 @@ def load_diffusers(model: str, device: str, dtype: torch.dtype):
 
 def load_ours(model: str, device: str, precision: str):
     from fastvideo3.card.registry import resolve_card
-    from fastvideo3.runtime.engine import Engine
+    from fastvideo3.engine import Engine
     return Engine(resolve_card(model), device, precision=precision, keep_latents=True)
 
 
@@ -183,7 +183,7 @@ def run_diffusers(pipe, a, frames: int, deadline: float, timer: ForwardTimer) ->
 
 def run_ours(engine, a, frames: int, deadline: float, timer: ForwardTimer) -> dict:
     """One request through the embedded Engine; every step's latents kept by a denoiser observer."""
-    from fastvideo3.runtime.scheduler import TERMINAL
+    from fastvideo3.runtime.scheduling.scheduler import TERMINAL
     steps: list[torch.Tensor] = []
     observer = lambda unit, latent_in, noise, latent_out: steps.append(latent_out.detach().clone())  # noqa: E731
     engine.denoiser.observers.append(observer)

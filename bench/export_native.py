@@ -83,7 +83,7 @@ def run(a, result: dict) -> None:
     from fastvideo3.export import arena_views
     from fastvideo3.export.native import STATE_BUFFER, NativeModelRuntime
     from fastvideo3.models.wan.components import latent_shape
-    from fastvideo3.runtime.dit_executor import DenoiserExecutor
+    from fastvideo3.runtime.pool.dit_executor import DenoiserExecutor
     from fastvideo3.transport import make_transport
 
     result["gpu"] = torch.cuda.get_device_name()

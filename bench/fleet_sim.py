@@ -84,8 +84,8 @@ class Pricing:
 
     def __init__(self):
         from fastvideo3.card.registry import get_card
-        from fastvideo3.runtime.cost import CalibratedCostModel, device_profile
-        from fastvideo3.runtime.pricing import Pricer
+        from fastvideo3.runtime.economy.cost import CalibratedCostModel, device_profile
+        from fastvideo3.runtime.economy.pricing import Pricer
         self.cards = {c: get_card(c) for c in CARDS}
         self.pricers = {}
         for c in CARDS:

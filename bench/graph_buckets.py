@@ -40,7 +40,7 @@ from fastvideo3.card.registry import bind_checkpoint, resolve_card
 from fastvideo3.card.spec import GraphBucketSpec, GraphShape, ModelCard
 from fastvideo3.loop.params import DiffusionStepParams
 from fastvideo3.models.wan.runtime_export import card_buckets
-from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.telemetry import names as N
 from fastvideo3.transport import make_transport
 from fastvideo3.vocab import Role, Sampler, UnitKind
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: this bench needs a CUDA GPU", file=sys.stderr)
         return 2
     warmup, iters = (1, 3) if a.quick else (a.warmup, a.iters)
-    from fastvideo3.runtime.dit_executor import DenoiserExecutor
+    from fastvideo3.runtime.pool.dit_executor import DenoiserExecutor
     card = bench_card(a)
     declared = card_buckets(card)
     result: dict = {"command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),

@@ -47,7 +47,7 @@ from fastvideo3.models.wan.dit import WanDiT, WanDiTConfig
 from fastvideo3.models.wan.fast import FastWanDiT
 from fastvideo3.models.wan.lora import layer_shapes, lora_groups, parse_lora
 from fastvideo3.testing.synthetic_wan import WAN_1_3B_TRANSFORMER
-from fastvideo3.runtime.adapters import AdapterStore
+from fastvideo3.runtime.pool.adapters import AdapterStore
 
 TEXT_LEN = 512
 TINY = dict(WAN_1_3B_TRANSFORMER, num_attention_heads=2, attention_head_dim=16, ffn_dim=64, text_dim=32,

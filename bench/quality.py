@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 from fastvideo3.card import get_card  # noqa: E402
 from fastvideo3.models.reward.adherence import AdherenceScorer  # noqa: E402
-from fastvideo3.runtime.engine import Engine  # noqa: E402
+from fastvideo3.engine import Engine  # noqa: E402
 from fastvideo3.training.data import eval_prompts  # noqa: E402
 from fastvideo3.training.rollout import Rollout  # noqa: E402
 

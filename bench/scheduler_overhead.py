@@ -40,7 +40,7 @@ def pct(values: list[float], q: float) -> float:
 def _drive(executors: dict, n_requests: int, steps: int) -> dict:
     from fastvideo3.card import get_card
     from fastvideo3.request.schema import GenerateRequest, resolve
-    from fastvideo3.runtime.scheduler import CoreScheduler
+    from fastvideo3.runtime.scheduling.scheduler import CoreScheduler
     card = get_card("wan-tiny")
     sched = CoreScheduler(executors, max_batch=max(16, n_requests), parallel_dispatch=True)
     t_start = time.perf_counter()

@@ -72,7 +72,8 @@ def record_unit_failures(store: list) -> None:
     """Keep the traceback of every WorkUnit an in-process executor fails: the StepResult carries
     only the message, which is not enough to find a fault seen on one machine only."""
     import traceback
-    from fastvideo3.runtime import dit_executor, executors
+    from fastvideo3.runtime.pool import dit_executor
+from fastvideo3.runtime.pool import executors
     fail = executors._fail
 
     def traced(unit, exc):
@@ -96,7 +97,7 @@ def summary(latencies: list[float], wall: float, n: int, errors: list[str]) -> d
 def run_inproc(a, deadline: float, save) -> dict:
     """The embedded Engine: one set of executors, toggled between the two dispatch modes."""
     from fastvideo3.card.registry import resolve_card
-    from fastvideo3.runtime.engine import Engine
+    from fastvideo3.engine import Engine
 
     t0 = time.perf_counter()
     engine = Engine(resolve_card(a.card), a.device, batching=True, max_batch=max(16, a.requests))

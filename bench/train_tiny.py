@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from fastvideo3.models.wan import cards as registry  # noqa: E402
 from fastvideo3.models.reward.adherence import AdherenceScorer  # noqa: E402
 from fastvideo3.models.wan.components import WEIGHTS_DIR, TextEncoder, load_dit, load_shipped  # noqa: E402
-from fastvideo3.runtime.engine import Engine  # noqa: E402
+from fastvideo3.engine import Engine  # noqa: E402
 from fastvideo3.training.checkpoint import save_shipped  # noqa: E402
 from fastvideo3.training.data import ShapesDataset, eval_prompts  # noqa: E402
 from fastvideo3.training.distill import DistillConfig, PairSet, distill_student  # noqa: E402

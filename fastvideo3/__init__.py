@@ -12,6 +12,6 @@ __all__ = ["Engine", "Video", "__version__"]
 
 def __getattr__(name: str):  # lazy: importing the package must not import torch
     if name in ("Engine", "Video"):
-        from fastvideo3.runtime import engine
+        from fastvideo3 import engine
         return getattr(engine, name)
     raise AttributeError(name)

@@ -118,7 +118,7 @@ def cmd_generate(args) -> int:
     precision = args.precision or (card.precision.default_cuda if on_cuda else card.precision.default_cpu)
     resolve(GenerateRequest(prompt=args.prompt, **kw), card, precision=precision)
 
-    from fastvideo3.runtime.engine import Engine
+    from fastvideo3.engine import Engine
     t0 = time.perf_counter()
     engine = Engine(card, device=device, precision=precision)
     bar = None

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import InvalidRequest
-from fastvideo3.runtime.cost import CalibratedCostModel
+from fastvideo3.runtime.economy.cost import CalibratedCostModel
 from fastvideo3.vocab import KINDS_OF_ROLE, PROGRAM_LOOPS, Program, ROLES, Role, Task
 from fleet.deployment_schema import (  # noqa: F401  (the card's models are this module's API)
     HEALTH_LABEL_PREFIX, SCHEMA_VERSION, CapabilityCell, CostModelSpec, DeploymentCard, DeviceNeeds, HealthSchema,
@@ -268,7 +268,7 @@ def card_from_fleet_config(config: Mapping[str, Any] | str | Path, *,
 
 
 def _cost_model_from(spec: Any, base: Path) -> CalibratedCostModel:
-    from fastvideo3.runtime.cost import device_profile
+    from fastvideo3.runtime.economy.cost import device_profile
 
     if not spec:
         return CalibratedCostModel()

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from fastvideo3 import __version__
 from fastvideo3.errors import InvalidRequest
 from fastvideo3.rpc import plain
-from fastvideo3.runtime.cost import COST_MODEL_VERSION, CalibratedCostModel
+from fastvideo3.runtime.economy.cost import COST_MODEL_VERSION, CalibratedCostModel
 from fastvideo3.v1 import common_pb2, deployment_pb2 as pb
 from fastvideo3.vocab import Role
 

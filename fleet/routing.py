@@ -96,7 +96,7 @@ class FleetState:
 
     def set_card(self, card: DeploymentCard) -> None:
         """Adopt a (re-)published card: its cost model as calibrated now, and its pool sizes."""
-        from fastvideo3.runtime.pricing import Pricer
+        from fastvideo3.runtime.economy.pricing import Pricer
         self.card = card
         self.replicas = {p.role: max(1, int(p.replicas)) for p in card.role_pools}
         self._pricer = Pricer(card.cost_model.load()) if card.cost_model is not None else None
@@ -114,7 +114,7 @@ class FleetState:
         mc = self._cards[card_id]
         if mc is None:
             return None
-        from fastvideo3.runtime.scheduler import PROGRAM_T2V
+        from fastvideo3.runtime.scheduling.scheduler import PROGRAM_T2V
         from fastvideo3.telemetry.scaling import request_role_seconds
         req = request_fields(self.card, card_id, params)
         try:

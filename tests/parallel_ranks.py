@@ -18,7 +18,7 @@ STEPS = 3
 
 
 def _units(card, embeds_refs: dict, rid: str, policy: str, step: int, sched, seed: int):
-    from fastvideo3.runtime.workunit import WorkUnit
+    from fastvideo3.runtime.scheduling.workunit import WorkUnit
     inputs = {"prompt_embeds": embeds_refs[(rid, "c")]}
     if policy != "none":
         inputs["negative_embeds"] = embeds_refs[(rid, "u")]
@@ -68,7 +68,7 @@ def run_plans(rank: int, world: int, port: int, specs: list[str], out: str) -> N
     from fastvideo3.parallel.executor import ParallelDenoiserExecutor
     from fastvideo3.parallel.mesh import build_mesh
     from fastvideo3.parallel.plan import ParallelPlan
-    from fastvideo3.runtime.executors import DenoiserExecutor
+    from fastvideo3.runtime.pool.executors import DenoiserExecutor
     from fastvideo3.transport import make_transport
 
     torch.set_num_threads(1)
@@ -120,7 +120,7 @@ def run_spmd(rank: int, world: int, port: int, spec: str, out: str) -> None:
     from fastvideo3.parallel.mesh import init_mesh, shutdown
     from fastvideo3.parallel.plan import ParallelPlan
     from fastvideo3.parallel.spmd import LeaderExecutor, serve_worker
-    from fastvideo3.runtime.executors import DenoiserExecutor
+    from fastvideo3.runtime.pool.executors import DenoiserExecutor
     from fastvideo3.transport import make_transport
 
     torch.set_num_threads(1)

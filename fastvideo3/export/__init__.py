@@ -63,7 +63,7 @@ from fastvideo3.export.regions import (
     snapshot,
     validate_layout,
 )
-from fastvideo3.export.runtime import (
+from fastvideo3.export.model_runtime import (
     ModelRuntime,
     RuntimeBuilder,
     RuntimeExport,

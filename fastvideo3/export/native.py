@@ -39,7 +39,7 @@ from fastvideo3.export.errors import (
 from fastvideo3.export.graphs import GraphRunner
 from fastvideo3.export.ports import Direction, UpdateClass, Verbs
 from fastvideo3.export.regions import arena_size, dtype_of
-from fastvideo3.export.runtime import ModelRuntime, _Lifetime
+from fastvideo3.export.model_runtime import ModelRuntime, _Lifetime
 
 #: the export buffer that holds the state regions (their offsets are into it)
 STATE_BUFFER = "state"

@@ -33,7 +33,7 @@ from fastvideo3.export.errors import (
 from fastvideo3.export.identity import fingerprint_hex
 
 if TYPE_CHECKING:  # only .fingerprint and .regions are read, so a ModelRuntime works too
-    from fastvideo3.export.runtime import ModelRuntime, RuntimeExport
+    from fastvideo3.export.model_runtime import ModelRuntime, RuntimeExport
 
 SNAPSHOT_MAGIC = b"FV3SNAP\x00"
 SNAPSHOT_VERSION = 1

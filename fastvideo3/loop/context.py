@@ -45,7 +45,7 @@ class RequestContext:
     rewards: list[str] = field(default_factory=list)
     #: the client's metadata, copied into the artifact's sidecar
     metadata: dict[str, str] = field(default_factory=dict)
-    #: the request keeps running when its client goes away (services/scheduler/runtime.py)
+    #: the request keeps running when its client goes away (services/scheduler/fleet_runtime.py)
     detached: bool = False
     #: batch-invariant mode: units per denoise forward, pinned into the denoise state (None = off)
     batch_bucket: int | None = None

@@ -59,7 +59,7 @@ class DenoiseState(LoopState):
     #: interceptor state (JSON): policy -> CFG stream -> values; the pool returns it updated
     #: with each step's result, and it is checkpointed with the rest of this state
     plugin_state: dict[str, Any] = {}
-    #: batch-invariant mode (fastvideo3.runtime.invariant): the units per forward every step of
+    #: batch-invariant mode (fastvideo3.runtime.scheduling.invariant): the units per forward every step of
     #: this request runs at, fixed when the loop starts (a resume keeps it); None = off
     batch_bucket: int | None = None
 

@@ -47,7 +47,7 @@ def comm_bytes(config, shape, plan, act_bytes: int = 2) -> float:
 
 
 def parallel_work(work, weight_bytes: float, config, shape, plan, act_bytes: int, ratio: float):
-    """One rank's share of ``work`` (a :class:`fastvideo3.runtime.cost.Work`) plus its traffic."""
+    """One rank's share of ``work`` (a :class:`fastvideo3.runtime.economy.cost.Work`) plus its traffic."""
     world = plan.world
     act = max(0.0, work.bytes - weight_bytes)
     moved = comm_bytes(config, shape, plan, act_bytes) * ratio

@@ -25,8 +25,8 @@ from fastvideo3.loop import cfg as cfg_policy
 from fastvideo3.loop.samplers import SamplerHistory, sampler_step
 from fastvideo3.parallel.dit import ShardedDiT, gather_latent, grid_of, shard_latent
 from fastvideo3.parallel.mesh import Mesh
-from fastvideo3.runtime.dit_executor import DenoiserExecutor, Region
-from fastvideo3.runtime.executors import _fail
+from fastvideo3.runtime.pool.dit_executor import DenoiserExecutor, Region
+from fastvideo3.runtime.pool.executors import _fail
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.transport.ref import TensorRef
 
@@ -171,7 +171,7 @@ class ParallelDenoiserExecutor(DenoiserExecutor):
     @property
     def identity(self):
         if getattr(self, "_identity", None) is None:
-            from fastvideo3.runtime.resident import pool_identity
+            from fastvideo3.runtime.pool.resident import pool_identity
             base = pool_identity(self.weights_digest, self.precision, self.device)
             self._identity = dataclasses.replace(base, graph_names=(f"parallel:{self.plan.spec}",))
         return self._identity
@@ -182,7 +182,7 @@ class ParallelDenoiserExecutor(DenoiserExecutor):
     def snapshot(self, request_id: str) -> bytes:
         """Gather the request's shards and write the ordinary denoiser snapshot (every rank
         takes part; the leader's bytes are the answer)."""
-        from fastvideo3.runtime.resident import snapshot_regions
+        from fastvideo3.runtime.pool.resident import snapshot_regions
         with self._lock:
             reg = self.regions.get(request_id)
             if reg is None:
@@ -194,7 +194,7 @@ class ParallelDenoiserExecutor(DenoiserExecutor):
 
     def restore(self, request_id: str, blob: bytes) -> int:
         """Load a snapshot written under this plan's fingerprint and keep this rank's shards."""
-        from fastvideo3.runtime.resident import restore_regions
+        from fastvideo3.runtime.pool.resident import restore_regions
         latent, history, step = restore_regions(self.identity, blob, self.device)
         shape = tuple(latent.shape[1:])
         shard = lambda t: shard_latent(t, self.mesh, self.patch)  # noqa: E731

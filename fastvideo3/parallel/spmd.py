@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from fastvideo3.errors import FastVideoError, NotFound, Unavailable
 from fastvideo3.parallel.executor import ParallelDenoiserExecutor, ref_key
-from fastvideo3.runtime.executors import _fail
+from fastvideo3.runtime.pool.executors import _fail
 
 log = logging.getLogger("fastvideo3.parallel")
 
@@ -159,7 +159,7 @@ class LeaderExecutor(ParallelDenoiserExecutor):
 
     def restore(self, request_id: str, blob: bytes) -> int:
         with self._spmd:
-            from fastvideo3.runtime.resident import restore_regions
+            from fastvideo3.runtime.pool.resident import restore_regions
             restore_regions(self.identity, blob, "cpu")  # refuse before any rank changes
             self._send(("restore", request_id, blob))
             return self._guard(super().restore, request_id, blob)

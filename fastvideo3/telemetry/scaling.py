@@ -37,7 +37,7 @@ def request_role_seconds(pricer: Any, card: Any, request: Any,
                          ) -> dict[str, float]:
     """Predicted GPU-seconds a whole request costs on each role it visits.
 
-    ``pricer`` is a :class:`~fastvideo3.runtime.pricing.Pricer` (its calibrated cost model),
+    ``pricer`` is a :class:`~fastvideo3.runtime.economy.pricing.Pricer` (its calibrated cost model),
     ``card`` the ModelCard, ``request`` anything with the resolved request's fields
     (``num_frames``, ``height``, ``width``, ``num_inference_steps``, ``cfg_policy``,
     ``precision``). The denoiser pays one ``diffusion_step`` per inference step.

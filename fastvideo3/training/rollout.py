@@ -1,6 +1,6 @@
 """Rollout = the serving loop + behavior capture.
 
-A rollout submits prompts to an :class:`~fastvideo3.runtime.engine.Engine`'s scheduler exactly as
+A rollout submits prompts to an :class:`~fastvideo3.engine.Engine`'s scheduler exactly as
 serving does (same ``text_encode`` / ``diffusion_denoise`` / ``vae_decode`` loops, same
 cross-request batching, same executors) with one read-only observer installed on the denoiser
 executor. The observer turns every denoising step into a :class:`StepRecord`; each request
@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import torch
 
-from fastvideo3.runtime.executors import frames_as_float
-from fastvideo3.runtime.scheduler import PROGRAM_T2V
+from fastvideo3.runtime.pool.executors import frames_as_float
+from fastvideo3.runtime.scheduling.scheduler import PROGRAM_T2V
 from fastvideo3.vocab import LoopId, RunStatus
 
 CAPTURE_MODES = ("norms", "endpoints", "all")

@@ -35,6 +35,6 @@ GRAPH_BUCKET_MODES = ("off", "card")
 
 
 def add_graph_bucket_args(p: argparse.ArgumentParser) -> None:
-    """The denoiser's warm-phase flag (services/common/pool.py; fastvideo3/runtime/dit_executor.py)."""
+    """The denoiser's warm-phase flag (services/common/pool.py; fastvideo3/runtime/pool/dit_executor.py)."""
     p.add_argument("--graph-buckets", default="card", choices=GRAPH_BUCKET_MODES,
                    help="card: capture the card's shape buckets as CUDA graphs at warm-up (on CUDA); off: none")

@@ -20,7 +20,7 @@ from typing import Any
 from fastvideo3.errors import LOSS_KEYS, ErrorInfo
 from fastvideo3.loop.params import params_from_dict, params_to_dict
 from fastvideo3.loop.protocol import Resources, StepResult
-from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.transport.ref import TensorRef
 from fastvideo3.v1 import common_pb2, work_pb2
 

@@ -96,14 +96,14 @@ class FakeExecutor:
     # -- snapshot / restore: the step counter is the whole resident state -----------------
     @property
     def identity(self):
-        from fastvideo3.runtime.resident import pool_identity
+        from fastvideo3.runtime.pool.resident import pool_identity
         return pool_identity(self.weights_digest, self.precision, "cpu")
 
     def snapshot(self, request_id: str) -> bytes:
         import torch
 
         from fastvideo3.errors import NotFound
-        from fastvideo3.runtime.resident import snapshot_tensors
+        from fastvideo3.runtime.pool.resident import snapshot_tensors
         with self._lock:
             if request_id not in self.regions:
                 raise NotFound("no resident region for this request", field="request_id")
@@ -111,7 +111,7 @@ class FakeExecutor:
         return snapshot_tensors(self.identity, [("step", torch.tensor([step], dtype=torch.int64))])
 
     def restore(self, request_id: str, blob: bytes) -> int:
-        from fastvideo3.runtime.resident import restore_tensors
+        from fastvideo3.runtime.pool.resident import restore_tensors
         step = int(restore_tensors(self.identity, blob)["step"][0])
         with self._lock:
             self.regions[request_id] = step

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from fastvideo3.runtime.executor import Executor, Identified, Prefetches, PullsInputs, TakesAdapters, is_resumable
+from fastvideo3.runtime.scheduling.executor import Executor, Identified, Prefetches, PullsInputs, TakesAdapters, is_resumable
 from fastvideo3.v1 import common_pb2, pool_pb2, pool_pb2_grpc
 from fastvideo3.vocab import KINDS_OF_ROLE, Role
 from services.common.args import add_graph_bucket_args, add_service_args
@@ -151,8 +151,8 @@ def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
 
 
 def fingerprint(weights_digest: str, precision: str, device: str) -> str:
-    try:  # the identity snapshots are bound to (fastvideo3.runtime.resident)
-        from fastvideo3.runtime.resident import pool_fingerprint, pool_identity
+    try:  # the identity snapshots are bound to (fastvideo3.runtime.pool.resident)
+        from fastvideo3.runtime.pool.resident import pool_fingerprint, pool_identity
         return pool_fingerprint(pool_identity(weights_digest, precision, device))
     except Exception:  # noqa: BLE001 - discovery data only; never fail a pool over it
         return ""
@@ -176,7 +176,7 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
         self.executor, self.transport, self.card = executor, transport, card
         d = executor.describe()
         if isinstance(executor, Identified):  # the executor's model runtime, when it has one
-            from fastvideo3.runtime.resident import pool_fingerprint
+            from fastvideo3.runtime.pool.resident import pool_fingerprint
             self.fingerprint = pool_fingerprint(executor.identity)
         else:
             self.fingerprint = fingerprint(d.get("weights_digest", ""), d.get("precision", ""), str(d.get("device", "")))

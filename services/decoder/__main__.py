@@ -4,7 +4,7 @@ from services.common.pool import main
 
 
 def build(cfg, card, transport):
-    from fastvideo3.runtime.vae_executor import DecoderExecutor
+    from fastvideo3.runtime.pool.vae_executor import DecoderExecutor
     return DecoderExecutor(card, transport, cfg.device, cfg.precision, max_decode_batch=cfg.max_decode_batch)
 
 

@@ -7,7 +7,7 @@ from services.common.pool import run_pool
 
 
 def build(cfg, card, transport):
-    from fastvideo3.runtime.dit_executor import DenoiserExecutor
+    from fastvideo3.runtime.pool.dit_executor import DenoiserExecutor
     experts = [e for e in cfg.experts.split(",") if e] or None
     ex = DenoiserExecutor(card, transport, cfg.device, cfg.precision, batching=not cfg.no_batching, experts=experts,
                           lora_slots=cfg.lora_slots, lora_max_rank=cfg.lora_max_rank)

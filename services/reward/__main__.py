@@ -4,7 +4,7 @@ from services.common.pool import main
 
 
 def build(cfg, card, transport):
-    from fastvideo3.runtime.reward_executor import RewardExecutor
+    from fastvideo3.runtime.pool.reward_executor import RewardExecutor
     names = [s.strip() for s in cfg.scorers.split(",") if s.strip()] or None
     return RewardExecutor(card, transport, cfg.device, cfg.precision, scorers=names)
 

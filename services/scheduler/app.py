@@ -233,7 +233,7 @@ def run_scheduler(argv: list[str] | None = None) -> int:
 def _build(cfg: SchedulerConfig, host: ServiceHost):
     from fastvideo3.card.registry import resolve_card
     from services.scheduler.deployment import build_card
-    from services.scheduler.runtime import FleetRuntime
+    from services.scheduler.fleet_runtime import FleetRuntime
     from services.scheduler.service import SERVICE, SchedulerServicer
     card = resolve_card(cfg.card)
     replicas, edges = connect(cfg, card.model_id, host.stop_event)
@@ -290,7 +290,7 @@ def _elect(cfg: SchedulerConfig, port: int, runtime, card):
 def _checkpointer(cfg: SchedulerConfig):
     """The state store (checked now: a scheduler that cannot reach it does not start) and the
     checkpointer over it."""
-    from fastvideo3.runtime.checkpointer import Checkpointer
+    from fastvideo3.runtime.durability.checkpointer import Checkpointer
     from fastvideo3.state import StoreConfig, make_store
     store = make_store(cfg.state_store, StoreConfig(namespace=cfg.state_namespace or cfg.engine_id,
                                                     ttl_after_end_s=cfg.state_ttl_s, timeout_s=cfg.state_timeout_s))
@@ -301,9 +301,9 @@ def _checkpointer(cfg: SchedulerConfig):
 
 def _economy(cfg: SchedulerConfig):
     """The scheduler's pricer (cost model), admission controller and telemetry hooks."""
-    from fastvideo3.runtime.admission import AdmissionConfig, AdmissionController, SloClass
-    from fastvideo3.runtime.cost import CalibratedCostModel, device_profile
-    from fastvideo3.runtime.pricing import Pricer
+    from fastvideo3.runtime.economy.admission import AdmissionConfig, AdmissionController, SloClass
+    from fastvideo3.runtime.economy.cost import CalibratedCostModel, device_profile
+    from fastvideo3.runtime.economy.pricing import Pricer
     from fastvideo3.telemetry.hooks import SchedulerTelemetry
     from fastvideo3.telemetry.metrics import ServiceMetrics
     from fastvideo3.telemetry.tracing import init_tracing

@@ -48,14 +48,14 @@ class SchedulerConfig:
     connect_timeout_s: float = 300.0   # how long to wait for every pool to be SERVING
     drain_timeout_s: float = 60.0
     retain_finished: int = 1000        # finished requests kept for GetRequest
-    # double-buffered dispatch (fastvideo3.runtime.dispatcher): batches a denoiser replica holds at
+    # double-buffered dispatch (fastvideo3.runtime.scheduling.dispatcher): batches a denoiser replica holds at
     # once, and the denoise round (units) from which it is cut in two halves that alternate (0 = off)
     pipeline_depth: int = 2
     double_buffer_min_units: int = 8
     release_after_s: float = 1.0       # an ended request's id waits this long for an Execute to ride on
     engine_id: str = "fastvideo3/local"
     metrics_port: int | None = None
-    # pricing and admission: one currency, predicted GPU-seconds (see fastvideo3.runtime.cost)
+    # pricing and admission: one currency, predicted GPU-seconds (see fastvideo3.runtime.economy.cost)
     device_profile: str = "cpu"
     memory_budget_bytes: int = 64 << 30  # resident + peak bytes admitted at once, net of weights
     interactive_budget_s: float = 8.0    # predicted GPU-seconds in flight, interactive class
@@ -65,7 +65,7 @@ class SchedulerConfig:
     # scaling signals (fastvideo3.telemetry.scaling): replicas needed per role
     scaling_target_utilization: float = 0.7
     scaling_window_s: float = 60.0
-    # durability (fastvideo3.runtime.checkpointer): where request state is checkpointed
+    # durability (fastvideo3.runtime.durability.checkpointer): where request state is checkpointed
     state_store: str = "memory://"       # or redis://host:port/db: survives a scheduler restart
     state_namespace: str | None = None   # key prefix (default: the engine id): one per deployment
     state_ttl_s: float = 3600.0          # keys of an ended request expire after this
@@ -73,7 +73,7 @@ class SchedulerConfig:
     # denoise steps between checkpoints (each carries a snapshot of the request's latent and
     # sampler history, copied to the host): a resume redoes at most this many steps; 0 = off
     checkpoint_every: int = 4
-    # batch-invariant mode (fastvideo3.runtime.invariant): every denoise forward padded to the
+    # batch-invariant mode (fastvideo3.runtime.scheduling.invariant): every denoise forward padded to the
     # max batch, so a request's output is bit-identical whatever its batch-mates (and a resume
     # with batching on reproduces the uninterrupted run). auto = on when checkpoints go to a
     # durable store (checkpoint_every > 0 and a state store other than memory://)

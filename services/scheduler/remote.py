@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from fastvideo3.rpc import error_from_rpc
 from fastvideo3.errors import DeadlineExceeded, Unavailable
 from fastvideo3.loop.protocol import StepResult
-from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.v1 import pool_pb2, pool_pb2_grpc
 from services.common import convert
 from services.common.server import CHANNEL_OPTIONS

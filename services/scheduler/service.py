@@ -17,14 +17,14 @@ from fastvideo3.errors import FailedPrecondition, FastVideoError, InvalidRequest
 from fastvideo3.loop.context import RequestContext
 from fastvideo3.models.reward.scorers import check_scorer_names
 from fastvideo3.request.schema import GenerateRequest, resolve
-from fastvideo3.runtime.scheduler import PROGRAM_T2V
+from fastvideo3.runtime.scheduling.scheduler import PROGRAM_T2V
 from fastvideo3.v1 import scheduler_pb2, scheduler_pb2_grpc
 from fastvideo3.vocab import EventKind, LoopId, OUTPUT_FORMATS, OutputFormat, Role
 from services.common.convert import error_to_wire
 from services.common.errors import abort
 from services.common.server import ServiceHost, flatten
 from services.scheduler.events import PHASES, STATE, WireStream
-from services.scheduler.runtime import FleetRuntime
+from services.scheduler.fleet_runtime import FleetRuntime
 
 log = logging.getLogger("fastvideo3.scheduler")
 
@@ -191,7 +191,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     def sidecar(self, run, data: dict) -> dict:
         """Provenance of one output, as the embedded engine writes it (plus the fleet's view)."""
-        from fastvideo3.runtime.provenance import provenance
+        from fastvideo3.provenance import provenance
         fingerprints = {role: self.replicas[role][i].fingerprint for role, i in run.placement.items()
                         if role == Role.DENOISER}
         return {

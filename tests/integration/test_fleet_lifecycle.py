@@ -12,7 +12,7 @@ import pytest
 
 from fastvideo3.client import FleetClient, error_from_rpc
 from fastvideo3.errors import Unavailable
-from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.v1 import pool_pb2
 from services.common import convert
 from tests.fleet_fixture import fleet_fixture, pool_describe, pool_stub, wait_until, went_not_serving

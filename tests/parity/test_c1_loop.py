@@ -6,7 +6,7 @@ import torch
 
 from fastvideo3.card import resolve_card
 from fastvideo3.parity import rel_error
-from fastvideo3.runtime.engine import Engine
+from fastvideo3.engine import Engine
 
 pytestmark = pytest.mark.timeout(300)
 OPTS = dict(num_frames=9, height=32, width=48, num_inference_steps=4)

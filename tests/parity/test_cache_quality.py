@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from fastvideo3.runtime.engine import Engine
+from fastvideo3.engine import Engine
 from fastvideo3.training.data import eval_prompts
 
 pytestmark = pytest.mark.timeout(900)

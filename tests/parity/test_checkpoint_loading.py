@@ -30,7 +30,7 @@ def test_cli_generates_from_a_diffusers_directory(tiny_wan_dir, tmp_path):
 
 
 def test_card_file_can_name_a_directory(tiny_wan_dir, tmp_path):
-    from fastvideo3.runtime.engine import Engine
+    from fastvideo3.engine import Engine
     card = tmp_path / "card.yaml"
     base = resolve_card(str(tiny_wan_dir)).model_dump(mode="json")
     base["model_id"] = "my-wan"

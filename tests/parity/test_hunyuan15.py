@@ -9,7 +9,7 @@ import torch
 from fastvideo3.card import resolve_card
 from fastvideo3.errors import FailedPrecondition
 from fastvideo3.parity import rel_error
-from fastvideo3.runtime.engine import Engine
+from fastvideo3.engine import Engine
 
 pytestmark = pytest.mark.timeout(300)
 OPTS = dict(num_frames=5, height=16, width=32, num_inference_steps=2)

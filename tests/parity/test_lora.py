@@ -10,7 +10,7 @@ from fastvideo3.card import resolve_card
 from fastvideo3.models.wan.dit import WanDiTConfig
 from fastvideo3.models.wan.lora import ADAPTED_LAYERS, layer_shapes
 from fastvideo3.parity import rel_error
-from fastvideo3.runtime.engine import Engine
+from fastvideo3.engine import Engine
 
 pytestmark = pytest.mark.timeout(600)
 OPTS = dict(num_frames=5, height=32, width=48, num_inference_steps=3)

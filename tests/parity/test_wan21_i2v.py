@@ -16,7 +16,7 @@ import torch
 from fastvideo3.card import get_card, resolve_card
 from fastvideo3.models.wan.components import load_dit
 from fastvideo3.parity import rel_error
-from fastvideo3.runtime.engine import Engine
+from fastvideo3.engine import Engine
 
 pytestmark = pytest.mark.timeout(600)
 OPTS = dict(num_frames=9, height=32, width=48, num_inference_steps=4)
@@ -168,7 +168,7 @@ def test_cost_model_counts_the_image_cross_attention():
     from fastvideo3.models.wan.family import dit_config
     from fastvideo3.models.wan.flops import StepShape, dit_forward_cost
     from fastvideo3.request.schema import GenerateRequest, resolve
-    from fastvideo3.runtime.pricing import Pricer
+    from fastvideo3.runtime.economy.pricing import Pricer
     i2v, t2v = get_card("wan2.1-i2v-14b-480p"), get_card("wan2.1-t2v-14b")
     ci, ct = dit_config(i2v), dit_config(t2v)
     assert (ci.in_channels, ci.image_dim, ci.image_len) == (36, 1280, 257)
@@ -193,8 +193,8 @@ def test_encoder_caches_image_embeddings_by_image_digest(i2v_dir):
     from fastvideo3.cache import TextFeatureCache
     from fastvideo3.loop.params import EncoderChunkParams
     from fastvideo3.request.image import validate_image
-    from fastvideo3.runtime.executors import EncoderExecutor
-    from fastvideo3.runtime.workunit import WorkUnit
+    from fastvideo3.runtime.pool.executors import EncoderExecutor
+    from fastvideo3.runtime.scheduling.workunit import WorkUnit
     from fastvideo3.transport import make_transport
     card = resolve_card(str(i2v_dir))
     transport = make_transport("inproc", owner="t")

@@ -13,7 +13,7 @@ from fastvideo3.loop.denoise import DenoiseLoop
 from fastvideo3.models.wan.components import load_dit
 from fastvideo3.parity import rel_error
 from fastvideo3.request.schema import GenerateRequest, resolve
-from fastvideo3.runtime.engine import Engine
+from fastvideo3.engine import Engine
 
 pytestmark = pytest.mark.timeout(300)
 OPTS = dict(num_frames=9, height=32, width=48, num_inference_steps=6)
@@ -154,7 +154,7 @@ def test_interleave_gate_and_no_reload_at_the_switch(moe_dir, monkeypatch):
 
         def no_load(*a, **k):
             raise AssertionError("a weight load after start")
-        monkeypatch.setattr("fastvideo3.runtime.dit_executor.load_dit", no_load)  # where the denoiser binds it
+        monkeypatch.setattr("fastvideo3.runtime.pool.dit_executor.load_dit", no_load)  # where the denoiser binds it
         monkeypatch.setattr("fastvideo3.models.wan.components.load_dit", no_load)
         for _ in range(2):  # twice: every request crosses the switch without a reload
             runs = [engine.submit(p, seed=s, **OPTS) for p, s in REQS]
@@ -171,7 +171,7 @@ def test_interleave_gate_and_no_reload_at_the_switch(moe_dir, monkeypatch):
 
 def test_cost_model_prices_one_expert_per_step():
     from fastvideo3.models.wan.flops import StepShape, dit_forward_cost
-    from fastvideo3.runtime.pricing import dit_config
+    from fastvideo3.runtime.economy.pricing import dit_config
     shape = StepShape.from_video(81, 480, 832, cfg_branches=2)
     moe = dit_forward_cost(dit_config(get_card("wan2.2-t2v-a14b")), shape).flops
     assert moe == dit_forward_cost(dit_config(get_card("wan2.1-t2v-14b")), shape).flops > 0
@@ -180,8 +180,8 @@ def test_cost_model_prices_one_expert_per_step():
 @pytest.mark.timeout(300)
 def test_crash_and_resume_with_one_pool_per_expert_is_exact(moe_dir):
     """Checkpoints snapshot the pool of the expert that ran the step; a new scheduler resumes there."""
-    from fastvideo3.runtime.checkpointer import Checkpointer
-    from fastvideo3.runtime.scheduler import TERMINAL, CoreScheduler
+    from fastvideo3.runtime.durability.checkpointer import Checkpointer
+    from fastvideo3.runtime.scheduling.scheduler import TERMINAL, CoreScheduler
     from fastvideo3.state import MemoryData, MemoryStateStore
     card = resolve_card(str(moe_dir))
     kw = dict(OPTS, seed=3)

@@ -9,7 +9,7 @@ import torch
 from fastvideo3.card import get_card, resolve_card
 from fastvideo3.models.wan.components import latent_shape, load_dit
 from fastvideo3.parity import rel_error
-from fastvideo3.runtime.engine import Engine
+from fastvideo3.engine import Engine
 
 pytestmark = pytest.mark.timeout(300)
 OPTS = dict(num_frames=9, height=64, width=96, num_inference_steps=4)
@@ -73,7 +73,7 @@ def test_interleave_gate(ti2v_dir):
 def test_builtin_card_and_cost():
     from fastvideo3.request.schema import GenerateRequest, resolve
     from fastvideo3.models.wan.flops import StepShape, dit_forward_cost
-    from fastvideo3.runtime.pricing import Pricer, dit_config
+    from fastvideo3.runtime.economy.pricing import Pricer, dit_config
     card = get_card("wan2.2-ti2v-5b")
     assert card.components["transformer"].config["in_channels"] == 48 and card.limits.size_multiple == 32
     assert (card.limits.default_height, card.limits.default_width, card.limits.fps) == (704, 1280, 24)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import fastvideo3
-from fastvideo3.runtime.checkpointer import Checkpointer
-from fastvideo3.runtime.scheduler import TERMINAL, CoreScheduler
+from fastvideo3.runtime.durability.checkpointer import Checkpointer
+from fastvideo3.runtime.scheduling.scheduler import TERMINAL, CoreScheduler
 from fastvideo3.state import MemoryData, MemoryStateStore
 
 KW = dict(num_frames=9, height=32, width=32, num_inference_steps=12, seed=3)

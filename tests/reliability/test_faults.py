@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.transport.ref import TensorRef
 from fastvideo3.v1 import pool_pb2
 from services.common import convert

@@ -27,7 +27,7 @@ from fastvideo3.client import FleetClient
 from fastvideo3.errors import Unavailable
 from fastvideo3.loop import DenoiseLoop, RequestContext
 from fastvideo3.request.schema import GenerateRequest, resolve
-from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.v1 import pool_pb2
 from services.common import convert
 from tests.fleet_fixture import pool_describe, pool_stub, wait_until

@@ -12,10 +12,10 @@ import fastvideo3
 from fastvideo3.errors import DataLoss
 from fastvideo3.export.errors import FingerprintMismatch
 from fastvideo3.loop.samplers import SamplerHistory
-from fastvideo3.runtime.checkpointer import Checkpointer
-from fastvideo3.runtime.resident import pool_identity, restore_regions, snapshot_regions
-from fastvideo3.runtime.resume import RunRecord
-from fastvideo3.runtime.scheduler import TERMINAL, CoreScheduler
+from fastvideo3.runtime.durability.checkpointer import Checkpointer
+from fastvideo3.runtime.pool.resident import pool_identity, restore_regions, snapshot_regions
+from fastvideo3.runtime.durability.resume import RunRecord
+from fastvideo3.runtime.scheduling.scheduler import TERMINAL, CoreScheduler
 from fastvideo3.state import MemoryData, MemoryStateStore
 
 KW = dict(num_frames=9, height=32, width=32, num_inference_steps=10, seed=3)

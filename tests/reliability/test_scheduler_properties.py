@@ -24,11 +24,11 @@ from fastvideo3.card.registry import resolve_card
 from fastvideo3.errors import ErrorInfo, ResourceExhausted, Unavailable
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.request.schema import GenerateRequest, resolve
-from fastvideo3.runtime.admission import AdmissionConfig, AdmissionController, SloClass
-from fastvideo3.runtime.checkpointer import Checkpointer
-from fastvideo3.runtime.cost import CalibratedCostModel
-from fastvideo3.runtime.pricing import Pricer
-from fastvideo3.runtime.scheduler import TERMINAL, CoreScheduler
+from fastvideo3.runtime.economy.admission import AdmissionConfig, AdmissionController, SloClass
+from fastvideo3.runtime.durability.checkpointer import Checkpointer
+from fastvideo3.runtime.economy.cost import CalibratedCostModel
+from fastvideo3.runtime.economy.pricing import Pricer
+from fastvideo3.runtime.scheduling.scheduler import TERMINAL, CoreScheduler
 from fastvideo3.state import MemoryStateStore
 from fastvideo3.telemetry.hooks import SchedulerTelemetry
 from fastvideo3.telemetry.tracing import init_tracing

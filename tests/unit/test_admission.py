@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fastvideo3.errors import FailedPrecondition, InvalidRequest, NotFound, ResourceExhausted
-from fastvideo3.runtime.admission import (
+from fastvideo3.runtime.economy.admission import (
     AdmissionConfig,
     AdmissionController,
     Admitted,

@@ -1,4 +1,4 @@
-"""Batch-invariant mode (fastvideo3.runtime.invariant) in one process: the same request alone and
+"""Batch-invariant mode (fastvideo3.runtime.scheduling.invariant) in one process: the same request alone and
 beside three different batch-mates gives bit-identical frames, with and without step caching;
 without the mode the batch-mates change the last bits on this CPU (the control shows the test can
 fail). The scheduler flag resolves as documented."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fastvideo3
-from fastvideo3.runtime.invariant import cut, pad_rows
+from fastvideo3.runtime.scheduling.invariant import cut, pad_rows
 
 CARD = "wan-tiny-seeded"
 KW = dict(num_frames=9, height=32, width=32, num_inference_steps=6)

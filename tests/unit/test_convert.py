@@ -12,7 +12,7 @@ from fastvideo3 import errors as E
 from fastvideo3.client import error_from_rpc
 from fastvideo3.errors import ErrorInfo
 from fastvideo3.loop.protocol import Resources, StepResult
-from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.transport.ref import TensorRef
 from fastvideo3.v1 import common_pb2, pool_pb2, pool_pb2_grpc
 from services.common import convert

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from fastvideo3.errors import InvalidRequest
-from fastvideo3.runtime.cost import (
+from fastvideo3.runtime.economy.cost import (
     CalibratedCostModel,
     CalibrationConfig,
     CostModel,

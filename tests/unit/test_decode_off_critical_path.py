@@ -9,7 +9,7 @@ import pytest
 
 from fastvideo3.card import get_card
 from fastvideo3.request.schema import GenerateRequest, resolve
-from fastvideo3.runtime.scheduler import CoreScheduler
+from fastvideo3.runtime.scheduling.scheduler import CoreScheduler
 from services.common.fake import FakeExecutor
 
 pytestmark = pytest.mark.timeout(60)

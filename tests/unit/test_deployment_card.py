@@ -13,7 +13,7 @@ import yaml
 
 from fastvideo3.card.registry import builtin_cards, get_card
 from fastvideo3.errors import InvalidRequest
-from fastvideo3.runtime.cost import CalibratedCostModel, DiffusionStepFeatures, device_profile
+from fastvideo3.runtime.economy.cost import CalibratedCostModel, DiffusionStepFeatures, device_profile
 from fastvideo3.models.wan.flops import DitConfig, StepShape
 from fastvideo3.v1 import deployment_pb2
 from fleet.deployment_card import (

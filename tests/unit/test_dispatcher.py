@@ -11,11 +11,11 @@ from fastvideo3.card import get_card
 from fastvideo3.errors import Unavailable
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.request.schema import GenerateRequest, resolve
-from fastvideo3.runtime.dispatcher import Dispatcher
-from fastvideo3.runtime.executor import CarriesReleases
-from fastvideo3.runtime.run import Batch, Ended
-from fastvideo3.runtime.scheduler import CoreScheduler
-from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.runtime.scheduling.dispatcher import Dispatcher
+from fastvideo3.runtime.scheduling.executor import CarriesReleases
+from fastvideo3.runtime.scheduling.run import Batch, Ended
+from fastvideo3.runtime.scheduling.scheduler import CoreScheduler
+from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.telemetry.hooks import SchedulerTelemetry
 from services.common.fake import fake_ref
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fastvideo3.errors import InvalidRequest
-from fastvideo3.runtime.engine import Engine
+from fastvideo3.engine import Engine
 
 pytestmark = pytest.mark.timeout(300)
 SMALL = dict(num_frames=9, height=32, width=32, num_inference_steps=3)

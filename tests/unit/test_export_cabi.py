@@ -189,7 +189,7 @@ def test_staged_promise_is_fail_closed_and_retry_works(lib):
 def tiny_dit():
     pytest.importorskip("pydantic")  # the card layer
     from fastvideo3.models.wan.cards import wan_tiny
-    from fastvideo3.runtime.executors import DenoiserExecutor
+    from fastvideo3.runtime.pool.executors import DenoiserExecutor
     from fastvideo3.transport import make_transport
     card = wan_tiny()
     ex = DenoiserExecutor(card, make_transport("inproc", owner="cabi"), "cpu", fast=True)

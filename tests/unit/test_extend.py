@@ -15,7 +15,7 @@ from fastvideo3.extend.protocols import RowView
 from fastvideo3.extend.settings import resolve_cache, settings_key
 from fastvideo3.loop.samplers import SamplerHistory
 from fastvideo3.request.schema import GenerateRequest, resolve
-from fastvideo3.runtime.resident import pool_identity, restore_regions, snapshot_regions
+from fastvideo3.runtime.pool.resident import pool_identity, restore_regions, snapshot_regions
 
 
 def test_settings_are_filled_and_checked():

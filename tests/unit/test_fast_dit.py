@@ -137,7 +137,7 @@ def test_patch_embedding_is_the_convolution_at_bf16(patch, shape):
 def test_denoiser_executor_keeps_the_reference_path_on_cpu():
     pytest.importorskip("pydantic")  # the card layer (absent on some GPU images)
     from fastvideo3.models.wan.cards import wan_tiny
-    from fastvideo3.runtime.executors import DenoiserExecutor
+    from fastvideo3.runtime.pool.executors import DenoiserExecutor
     from fastvideo3.transport import make_transport
 
     card = wan_tiny()

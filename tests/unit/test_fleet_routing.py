@@ -6,7 +6,7 @@ import math
 import pytest
 
 from fastvideo3.errors import InvalidRequest, Unavailable
-from fastvideo3.runtime.cost import CalibratedCostModel
+from fastvideo3.runtime.economy.cost import CalibratedCostModel
 from fleet.deployment_card import CostModelSpec, card_for_model
 from fleet.routing import FleetRouter, FleetState, refusal
 
@@ -17,7 +17,7 @@ def _card(max_frames: int | None = None, denoise_factor: float = 1.0, denoiser_r
     """wan-tiny's card, optionally limited, with a cost model calibrated to ``denoise_factor`` x
     the prior (what a slower or faster fleet's scheduler would have learned)."""
     from fastvideo3.card.registry import get_card
-    from fastvideo3.runtime.pricing import Pricer
+    from fastvideo3.runtime.economy.pricing import Pricer
     from fleet.routing import request_fields
     card = card_for_model("wan-tiny")
     model = CalibratedCostModel()

@@ -305,7 +305,7 @@ def test_bf16_card_cannot_claim_fp8_without_an_fp8_dit(tmp_path):
 
 def test_cpu_refuses_an_fp8_card_naming_precision_and_device():
     from fastvideo3.models.wan.components import load_dit
-    from fastvideo3.runtime.executors import DenoiserExecutor
+    from fastvideo3.runtime.pool.executors import DenoiserExecutor
     with pytest.raises(FailedPrecondition) as e:
         load_dit(get_card("wan2.1-t2v-1.3b-fp8"), "cpu")  # refused before any checkpoint is looked for
     assert e.value.code == "FAILED_PRECONDITION" and e.value.field == "precision"
@@ -342,7 +342,7 @@ def test_identity_and_digest_record_the_scheme(monkeypatch):
     served weights' digest names the FP8 scheme and the pool identity carries fp8_e4m3."""
     from fastvideo3.models.wan import components
     from fastvideo3.models.wan.fp8 import Fp8Linear
-    from fastvideo3.runtime.executors import DenoiserExecutor
+    from fastvideo3.runtime.pool.executors import DenoiserExecutor
     monkeypatch.setattr(components, "require_fp8_device", lambda card, device: None)
     pool = DenoiserExecutor(get_card("wan-tiny-fp8"), transport=None, device="cpu")
     assert pool.precision == "fp8_e4m3" and pool.dtype == torch.bfloat16
@@ -360,7 +360,7 @@ def test_engine_serves_fp8_and_provenance_records_it(monkeypatch):
     """End to end through the serving loops (the FP8 math on the PyTorch twins, the device check
     forced to pass): the provenance sidecar names the precision, the recipe and the scheme."""
     from fastvideo3.models.wan import components
-    from fastvideo3.runtime.engine import Engine
+    from fastvideo3.engine import Engine
     monkeypatch.setattr(components, "require_fp8_device", lambda card, device: None)
     with Engine(get_card("wan-tiny-fp8"), device="cpu") as engine:
         assert engine.precision == "fp8_e4m3"

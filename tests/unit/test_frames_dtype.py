@@ -6,8 +6,8 @@ import torch
 
 from fastvideo3.card.registry import resolve_card
 from fastvideo3.errors import InvalidRequest
-from fastvideo3.runtime.executors import DecoderExecutor, frames_as_float, frames_for_transport
-from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.runtime.pool.executors import DecoderExecutor, frames_as_float, frames_for_transport
+from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.transport import make_transport
 
 

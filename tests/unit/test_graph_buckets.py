@@ -1,4 +1,4 @@
-"""CUDA-graph shape buckets (ModelCard.graph_buckets -> fastvideo3/runtime/dit_executor.py), on a CPU.
+"""CUDA-graph shape buckets (ModelCard.graph_buckets -> fastvideo3/runtime/pool/dit_executor.py), on a CPU.
 
 On a CPU the runtime export records its buckets eagerly instead of capturing CUDA graphs; the
 contract is the same, so these tests drive the denoiser's warm phase and its step path through the
@@ -22,7 +22,7 @@ from fastvideo3.loop.params import DiffusionStepParams
 from fastvideo3.models.wan.cards import builtin_cards, wan_tiny_seeded
 from fastvideo3.models.wan.family import latent_shape
 from fastvideo3.models.wan.runtime_export import DitBucket, build_dit_runtime, card_buckets, choose_bucket
-from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.telemetry import names as N
 from fastvideo3.telemetry.hooks import PoolTelemetry
 from fastvideo3.telemetry.tracing import init_tracing
@@ -42,7 +42,7 @@ def _card() -> ModelCard:
 
 
 def _executor(card: ModelCard, owner: str, capture: bool):
-    from fastvideo3.runtime.dit_executor import DenoiserExecutor
+    from fastvideo3.runtime.pool.dit_executor import DenoiserExecutor
     ex = DenoiserExecutor(card, make_transport("inproc", owner=owner), "cpu", fast=True)
     if capture:
         ex.capture_graphs()  # the warm phase's capture; eager recordings on a CPU

@@ -12,7 +12,7 @@ from fastvideo3.models.hunyuan15.checkpoint import hunyuan15_dit_key_map
 from fastvideo3.models.hunyuan15.dit import HunyuanDiT, HunyuanDiTConfig, pack_text
 from fastvideo3.models.hunyuan15.flops import DitConfig, dit_forward_cost
 from fastvideo3.models.wan.flops import StepShape
-from fastvideo3.runtime.pricing import Pricer
+from fastvideo3.runtime.economy.pricing import Pricer
 from fastvideo3.vocab import Sampler
 
 pytestmark = pytest.mark.timeout(120)

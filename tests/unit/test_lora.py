@@ -14,7 +14,7 @@ from fastvideo3.errors import FailedPrecondition, InvalidRequest, NotFound, Reso
 from fastvideo3.models.wan.dit import WanDiTConfig
 from fastvideo3.models.wan.lora import ADAPTED_LAYERS, layer_shapes, lora_key_map, parse_lora
 from fastvideo3.request.schema import resolve_adapters
-from fastvideo3.runtime.adapters import AdapterStore
+from fastvideo3.runtime.pool.adapters import AdapterStore
 from tests.parity.test_lora import random_lora, to_wan_layout
 
 pytestmark = pytest.mark.timeout(120)
@@ -176,7 +176,7 @@ def test_prompt_cache_key_carries_adapter_versions():
 
 def test_denoiser_refuses_unknown_adapter_before_its_first_step():
     from fastvideo3.card import resolve_card
-    from fastvideo3.runtime.engine import Engine
+    from fastvideo3.engine import Engine
     with Engine(resolve_card("wan-tiny")) as engine:
         with pytest.raises(NotFound, match="'nope' is not loaded"):
             engine.submit("x", adapters=[{"id": "nope", "scale": 1.0}], num_inference_steps=1)
@@ -257,7 +257,7 @@ def test_fast_path_applies_the_same_deltas_as_the_reference(kernel, grouped, sta
 def test_parallel_replica_refuses_adapters():
     from types import SimpleNamespace
 
-    from fastvideo3.runtime.executors import DenoiserExecutor
+    from fastvideo3.runtime.pool.executors import DenoiserExecutor
     ex = DenoiserExecutor.__new__(DenoiserExecutor)  # only the refusal is under test
     ex._forward, ex.mesh = object(), SimpleNamespace(world=2)
     with pytest.raises(FailedPrecondition, match="multi-rank"):

@@ -182,7 +182,7 @@ def test_triton_add_norm_next_matches_torch_path(dtype):
 
 def test_store_plan_buffers_and_static_widened_weights():
     from fastvideo3.models.wan.lora import layer_shapes
-    from fastvideo3.runtime.adapters import AdapterStore
+    from fastvideo3.runtime.pool.adapters import AdapterStore
     from tests.unit.test_lora import CFG, _adapter
     store = AdapterStore(layer_shapes(CFG), "cpu", torch.float32, slots=3, max_rank=16)
     store.static = True

@@ -54,7 +54,7 @@ def test_scheduler_marks_every_terminal_error():
     from fastvideo3.card.registry import resolve_card
     from fastvideo3.errors import NumericFault
     from fastvideo3.request.schema import GenerateRequest, resolve
-    from fastvideo3.runtime.scheduler import CoreScheduler
+    from fastvideo3.runtime.scheduling.scheduler import CoreScheduler
     card = resolve_card("wan-tiny")
     sched = CoreScheduler({}, checkpoint_step=lambda run: 4)
     for exc, retry in ((Unavailable("gone"), True), (NumericFault("nan"), False)):

@@ -22,9 +22,9 @@ from fastvideo3.loop.context import RequestContext
 from fastvideo3.loop.denoise import DenoiseLoop
 from fastvideo3.models.wan.cards import wan_tiny_seeded
 from fastvideo3.request.schema import GenerateRequest, resolve
-from fastvideo3.runtime.cost import DiffusionStepFeatures, unit_work
-from fastvideo3.runtime.pricing import Pricer
-from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.runtime.economy.cost import DiffusionStepFeatures, unit_work
+from fastvideo3.runtime.economy.pricing import Pricer
+from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.vocab import LoopId, Role, UnitKind
 from services.common.fake import FakeExecutor, fake_ref
 

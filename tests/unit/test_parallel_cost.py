@@ -9,9 +9,9 @@ from fastvideo3.models.wan.cards import wan_tiny
 from fastvideo3.errors import FailedPrecondition
 from fastvideo3.parallel.cost import comm_bytes
 from fastvideo3.parallel.plan import ParallelPlan
-from fastvideo3.runtime.cost import CalibratedCostModel, DiffusionStepFeatures, device_profile, unit_work
+from fastvideo3.runtime.economy.cost import CalibratedCostModel, DiffusionStepFeatures, device_profile, unit_work
 from fastvideo3.models.wan.flops import DitConfig, StepShape
-from fastvideo3.runtime.pricing import Pricer
+from fastvideo3.runtime.economy.pricing import Pricer
 from fastvideo3.v1 import pool_pb2
 
 

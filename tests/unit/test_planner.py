@@ -14,10 +14,10 @@ import pytest
 from fastvideo3.card import get_card
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.request.schema import GenerateRequest, resolve
-from fastvideo3.runtime.admission import AdmissionConfig, AdmissionController, SloClass
-from fastvideo3.runtime.cost import CalibratedCostModel
-from fastvideo3.runtime.planner import PROGRAM_T2V, TERMINAL, Planner, RequestRun
-from fastvideo3.runtime.pricing import Pricer
+from fastvideo3.runtime.economy.admission import AdmissionConfig, AdmissionController, SloClass
+from fastvideo3.runtime.economy.cost import CalibratedCostModel
+from fastvideo3.runtime.scheduling.planner import PROGRAM_T2V, TERMINAL, Planner, RequestRun
+from fastvideo3.runtime.economy.pricing import Pricer
 from services.common.fake import fake_ref
 
 pytestmark = pytest.mark.timeout(60)

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from fastvideo3.loop.protocol import LoopState, StepResult
-from fastvideo3.runtime.engine import Engine
+from fastvideo3.engine import Engine
 from fastvideo3.transport.ref import TensorRef
 from fastvideo3.vocab import RunStatus
 

@@ -12,9 +12,9 @@ from fastvideo3.errors import DataLoss, FailedPrecondition, InvalidRequest
 from fastvideo3.loop import LoopDriver, RequestContext, TextEncodeLoop
 from fastvideo3.loop.protocol import LoopResult
 from fastvideo3.request.schema import GenerateRequest, resolve
-from fastvideo3.runtime import resume
-from fastvideo3.runtime.resume import RunRecord, rebuild_run, record_of, request_meta
-from fastvideo3.runtime.scheduler import RequestRun
+from fastvideo3.runtime.durability import resume
+from fastvideo3.runtime.durability.resume import RunRecord, rebuild_run, record_of, request_meta
+from fastvideo3.runtime.scheduling.scheduler import RequestRun
 from fastvideo3.transport.ref import TensorRef, expected_nbytes
 
 pytestmark = pytest.mark.timeout(60)

@@ -79,8 +79,8 @@ def test_reward_loop_plans_one_unit_and_folds_the_scores():
 
 
 def test_reward_executor_scores_frames_pulled_through_the_transport():
-    from fastvideo3.runtime.reward_executor import RewardExecutor
-    from fastvideo3.runtime.workunit import WorkUnit
+    from fastvideo3.runtime.pool.reward_executor import RewardExecutor
+    from fastvideo3.runtime.scheduling.workunit import WorkUnit
     from fastvideo3.transport import make_transport
     transport = make_transport("inproc", owner="test")
     ex = RewardExecutor(get_card("wan-tiny"), transport, device="cpu")

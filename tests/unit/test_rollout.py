@@ -8,7 +8,7 @@ from fastvideo3.errors import RecipeMismatch
 from fastvideo3.loop.samplers import make_schedule
 from fastvideo3.models.wan.components import shipped_digest, shipped_path
 from fastvideo3.request.schema import GenerateRequest, resolve
-from fastvideo3.runtime.engine import Engine
+from fastvideo3.engine import Engine
 from fastvideo3.training.rollout import BehaviorCapture, Rollout
 
 SMALL = dict(num_frames=9, height=32, width=32)

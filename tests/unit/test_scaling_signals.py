@@ -78,7 +78,7 @@ def test_role_seconds_come_from_the_cost_model():
     from types import SimpleNamespace
 
     from fastvideo3.card.registry import get_card
-    from fastvideo3.runtime.pricing import Pricer
+    from fastvideo3.runtime.economy.pricing import Pricer
     card = get_card("wan-tiny")
     req = SimpleNamespace(num_frames=9, height=32, width=32, num_inference_steps=4, cfg_policy="cfg",
                           precision="fp32")

@@ -8,7 +8,7 @@ from fastvideo3.loop.params import (
     DiffusionStepParams, EncoderChunkParams, RewardBatchParams, VaeTileParams, params_from_dict, params_to_dict,
 )
 from fastvideo3.loop.protocol import WorkPlan
-from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.vocab import LoopId, Role, UnitKind
 from services.common.convert import unit_from_wire, unit_to_wire
 

@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from fastvideo3.errors import ErrorInfo
 from fastvideo3.loop.protocol import Resources, StepResult
-from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.telemetry import names as N
 from fastvideo3.telemetry.exporters import span_to_dict
 from fastvideo3.telemetry.hooks import PoolTelemetry, SchedulerTelemetry

@@ -8,8 +8,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fastvideo3.errors import Unavailable
-from fastvideo3.runtime.admission import AdmissionConfig, AdmissionController, Reservation
-from fastvideo3.runtime.cost import CalibratedCostModel, DiffusionStepFeatures
+from fastvideo3.runtime.economy.admission import AdmissionConfig, AdmissionController, Reservation
+from fastvideo3.runtime.economy.cost import CalibratedCostModel, DiffusionStepFeatures
 from fastvideo3.models.wan.flops import DitConfig, StepShape
 from fastvideo3.telemetry.metrics import ServiceMetrics, start_metrics_server
 

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from fastvideo3.errors import ErrorInfo
 from fastvideo3.loop.protocol import Resources, StepResult
-from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.telemetry import names as N
 from fastvideo3.telemetry.slo import build_report, read_spans
 from fastvideo3.telemetry.tracing import (
@@ -134,7 +134,7 @@ def test_shared_batch_keeps_one_trace_per_request():
 _POOL_SCRIPT = textwrap.dedent("""
     import json, sys
     from fastvideo3.loop.protocol import Resources, StepResult
-    from fastvideo3.runtime.workunit import WorkUnit
+    from fastvideo3.runtime.scheduling.workunit import WorkUnit
     from fastvideo3.telemetry import tracing
 
     trace_file, wire = sys.argv[1], json.loads(sys.argv[2])

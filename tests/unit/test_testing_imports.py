@@ -37,7 +37,7 @@ def test_no_serving_module_imports_the_testing_package():
 
 
 def test_serving_entry_points_do_not_load_it():
-    code = ("import sys, fastvideo3, fastvideo3.cli, fastvideo3.runtime.engine, services.common.pool, "
+    code = ("import sys, fastvideo3, fastvideo3.cli, fastvideo3.engine, services.common.pool, "
             "services.scheduler.service, services.scheduler.app\n"
             "print(sorted(m for m in sys.modules if m.startswith('fastvideo3.testing')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=100,

@@ -8,8 +8,8 @@ import torch
 
 from fastvideo3.card.registry import get_card, resolve_card
 from fastvideo3.errors import InvalidRequest
-from fastvideo3.runtime.vae_executor import DecoderExecutor
-from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.runtime.pool.vae_executor import DecoderExecutor
+from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.transport import make_transport
 
 #: a small AutoencoderKLWan (the real architecture: causal 3-D convs, time upsamplers, attention)

@@ -133,7 +133,7 @@ class FastWanDiT:
         self.gelu_epilogue = (gelu_epilogue and self.device.type == "cuda"
                               and _gelu_epilogue_is_tanh(str(self.device)))
         self.heads, self.head_dim = cfg.num_attention_heads, cfg.attention_head_dim
-        #: per-row LoRA deltas (an AdapterStore; fastvideo3.runtime.adapters), None for none
+        #: per-row LoRA deltas (an AdapterStore; fastvideo3.runtime.pool.adapters), None for none
         self.lora = None
         hw = 2 * (self.head_dim // 6)
         self.rope_split = (self.head_dim - 2 * hw, hw)

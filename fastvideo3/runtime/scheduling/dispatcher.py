@@ -14,7 +14,7 @@ to free. Two ways to run batches:
   in flight, so results of one request still apply in order).
 
 Freeing ended requests: the ids a replica must free ride on the next Execute sent to it (an
-executor that :class:`~fastvideo3.runtime.executor.CarriesReleases` puts them in the RPC; any
+executor that :class:`~fastvideo3.runtime.scheduling.executor.CarriesReleases` puts them in the RPC; any
 other is released just before the batch). A replica with nothing in flight and no running
 request headed its way, a cancelled request, and ids that waited ``release_after_s`` without an
 Execute to ride on get a Release call instead, off the caller's thread.
@@ -30,8 +30,8 @@ from typing import Any, Callable, Mapping
 
 from fastvideo3.errors import ErrorInfo, FastVideoError, Internal, Unavailable
 from fastvideo3.loop.protocol import StepResult
-from fastvideo3.runtime.executor import Addressed, CarriesReleases, Executor, is_healthy
-from fastvideo3.runtime.run import Batch, Ended
+from fastvideo3.runtime.scheduling.executor import Addressed, CarriesReleases, Executor, is_healthy
+from fastvideo3.runtime.scheduling.run import Batch, Ended
 from fastvideo3.vocab import Role, RunStatus
 
 log = logging.getLogger("fastvideo3.dispatcher")

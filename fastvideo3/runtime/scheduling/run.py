@@ -12,8 +12,8 @@ from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import ErrorInfo
 from fastvideo3.loop import LoopDriver, RequestContext
 from fastvideo3.request.schema import ResolvedRequest
-from fastvideo3.runtime.executor import Executor
-from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.runtime.scheduling.executor import Executor
+from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.vocab import LoopId, PROGRAM_LOOPS, Program, RunStatus, TERMINAL_STATUSES
 
 PROGRAM_T2V = PROGRAM_LOOPS[Program.T2V]

@@ -20,7 +20,7 @@ from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import FastVideoError, Unavailable
 from fastvideo3.loop.context import RequestContext
 from fastvideo3.request.schema import GenerateRequest, ResolvedRequest, resolve
-from fastvideo3.runtime.scheduler import TERMINAL, CoreScheduler, Event, RequestRun
+from fastvideo3.runtime.scheduling.scheduler import TERMINAL, CoreScheduler, Event, RequestRun
 from fastvideo3.vocab import Role, RunStatus
 
 
@@ -46,12 +46,12 @@ class Engine:
         """``expert_pools``: on a two-expert card, one denoiser pool per expert (the request's latent
         moves from one to the other at the switch) instead of one pool holding both.
         ``batch_invariant``: every denoise forward runs at ``max_batch`` requests' rows (padded), so
-        a request's output is bit-identical whatever shares its batches (fastvideo3.runtime.invariant).
+        a request's output is bit-identical whatever shares its batches (fastvideo3.runtime.scheduling.invariant).
         ``image_policy``: bounds on an image-to-video request's image, and whether an image URL may be
         fetched (fastvideo3.request.image.ImagePolicy; default: no URLs)."""
-        from fastvideo3.runtime.dit_executor import DenoiserExecutor
-        from fastvideo3.runtime.executors import EncoderExecutor
-        from fastvideo3.runtime.vae_executor import DecoderExecutor
+        from fastvideo3.runtime.pool.dit_executor import DenoiserExecutor
+        from fastvideo3.runtime.pool.executors import EncoderExecutor
+        from fastvideo3.runtime.pool.vae_executor import DecoderExecutor
         from fastvideo3.transport import make_transport
 
         self.card = model if isinstance(model, ModelCard) else resolve_card(model)
@@ -121,7 +121,7 @@ class Engine:
         try:
             if run.status != RunStatus.SUCCEEDED:
                 raise (run.error.to_exception() if run.error else Unavailable("request did not finish"))
-            from fastvideo3.runtime.vae_executor import frames_as_float
+            from fastvideo3.runtime.pool.vae_executor import frames_as_float
             frames = frames_as_float(self.transport.fetch(run.ctx.ref("frames"), deadline_s=30.0)).numpy().copy()
             latents = None
             if self.keep_latents:
@@ -153,7 +153,7 @@ class Engine:
         return self.result(run)
 
     def _provenance(self, run: RequestRun) -> dict:
-        from fastvideo3.runtime.provenance import provenance
+        from fastvideo3.provenance import provenance
         return provenance(
             self.card, run, phase_seconds=run.phase_seconds, fps=self.card.limits.fps,
             weights={"transformer": "+".join(d.weights_digest for d in self.denoisers.values()),

@@ -5,8 +5,8 @@ batches of one round and :meth:`Planner.update_from_output` folds a batch's resu
 owns the requests (:class:`RequestRun`), their loop drivers, admission, pricing and placement
 decisions and the request events; it starts no thread, waits on nothing and calls no
 executor (the replica table is read for its size and health only). Time comes from an
-injected clock. :mod:`fastvideo3.runtime.dispatcher` runs what it plans;
-:class:`~fastvideo3.runtime.scheduler.CoreScheduler` wires the two and holds the lock.
+injected clock. :mod:`fastvideo3.runtime.scheduling.dispatcher` runs what it plans;
+:class:`~fastvideo3.runtime.scheduling.scheduler.CoreScheduler` wires the two and holds the lock.
 
 One round: requests at a step boundary are cancelled, expired or admitted (FIFO, under
 ``max_running``); every running request with no unit in flight plans its next step through its
@@ -33,9 +33,9 @@ from fastvideo3.errors import (
 from fastvideo3.loop import LOOPS, LoopDriver
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.request.schema import ResolvedRequest
-from fastvideo3.runtime.executor import Executor, is_healthy, replica_name
-from fastvideo3.runtime.run import PROGRAM_T2V, RETRYABLE_CODES, TERMINAL, Batch, Ended, Event, RequestRun
-from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.runtime.scheduling.executor import Executor, is_healthy, replica_name
+from fastvideo3.runtime.scheduling.run import PROGRAM_T2V, RETRYABLE_CODES, TERMINAL, Batch, Ended, Event, RequestRun
+from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.vocab import EventKind, Role, RunStatus, UnitKind
 
 #: capacity(executor) -> (batches it may take now, batches of it in flight), or None: no limit
@@ -326,7 +326,7 @@ class Planner:
             self._start(run)  # reserved while every running slot was taken
             return True
         if self.admission is not None:
-            from fastvideo3.runtime.admission import Admitted, Refused
+            from fastvideo3.runtime.economy.admission import Admitted, Refused
             res = self.pricer.reservation(run.card, run.request, run.program) if self.pricer else None
             units = [res] if res is not None else []
             try:
@@ -349,7 +349,7 @@ class Planner:
         self.telemetry.started(run.request_id, queued_since_s=run.created, started_s=run.started)
 
     def _admission_events(self, events) -> bool:
-        from fastvideo3.runtime.admission import Admitted, Refused
+        from fastvideo3.runtime.economy.admission import Admitted, Refused
         changed = False
         for ev in events:
             run = self.runs.get(ev.request_id)

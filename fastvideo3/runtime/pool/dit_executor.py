@@ -27,10 +27,10 @@ from fastvideo3.loop.denoise import HANDOFF_PREFIX
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.loop.samplers import SamplerHistory, sampler_step
 from fastvideo3.request.schema import ID_CHARS
-from fastvideo3.runtime.adapters import adapter_refs
-from fastvideo3.runtime.executors import _Base, _fail, load_dit
-from fastvideo3.runtime.invariant import bucket_of, cut, pad_rows
-from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.runtime.pool.adapters import adapter_refs
+from fastvideo3.runtime.pool.executors import _Base, _fail, load_dit
+from fastvideo3.runtime.scheduling.invariant import bucket_of, cut, pad_rows
+from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.telemetry import names as N
 from fastvideo3.vocab import Role
 
@@ -112,9 +112,9 @@ class DenoiserExecutor(_Base):
         if self.fast:
             self._forwards = {n: parts.fast_dit(m) for n, m in self.dits.items()}
         self._forward = self._forwards[names[0]]
-        # LoRA adapters (fastvideo3.runtime.adapters): a per-row delta on the adapted layers of
+        # LoRA adapters (fastvideo3.runtime.pool.adapters): a per-row delta on the adapted layers of
         # whichever forward runs (hooks on the reference model, calls inside the fast path)
-        from fastvideo3.runtime.adapters import AdapterStore
+        from fastvideo3.runtime.pool.adapters import AdapterStore
         shapes, linears, groups = parts.lora_layers(self.dit)
         self.adapters = AdapterStore(shapes, self.device, self.dtype, slots=lora_slots,
                                      max_rank=lora_max_rank, groups=groups)
@@ -198,7 +198,7 @@ class DenoiserExecutor(_Base):
         self.adapters.release(request_id)
         super().release(request_id)
 
-    # -- adapters (fastvideo3.runtime.adapters) -----------------------------------------------
+    # -- adapters (fastvideo3.runtime.pool.adapters) -----------------------------------------------
     def _read_adapter(self, adapter_id: str, path: str | None, tensors: dict | None):
         from fastvideo3.models.wan.lora import load_lora_file, parse_lora
         if not isinstance(adapter_id, str) or not 1 <= len(adapter_id) <= 128 or not set(adapter_id) <= ID_CHARS:
@@ -233,7 +233,7 @@ class DenoiserExecutor(_Base):
         """Dedicate this pool to one adapter merged into its weights (no per-row delta). Start-up
         only: refused once adapters are loaded or requests are resident."""
         from fastvideo3.models.wan.lora import merge_into_
-        from fastvideo3.runtime.adapters import _Entry
+        from fastvideo3.runtime.pool.adapters import _Entry
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not -8.0 <= float(scale) <= 8.0:
             raise InvalidRequest(f"{scale!r}", field="scale", limit="[-8, 8]")
         adapter = self._read_adapter(adapter_id, path, tensors)
@@ -279,7 +279,7 @@ class DenoiserExecutor(_Base):
         history = SamplerHistory.rebuild(meta["history"], hist)
         return Region(latent=got["latent"].to(self.device), history=history, step=int(meta["step"]))
 
-    # -- snapshot / restore (fastvideo3.runtime.resident) ----------------------------------
+    # -- snapshot / restore (fastvideo3.runtime.pool.resident) ----------------------------------
     @property
     def identity(self):
         """The identity snapshots are bound to: the model runtime's (weights, precision,
@@ -289,7 +289,7 @@ class DenoiserExecutor(_Base):
     def snapshot(self, request_id: str) -> bytes:
         """The request's latent + sampler history, bound to this pool's fingerprint."""
         from fastvideo3.errors import NotFound
-        from fastvideo3.runtime.resident import snapshot_regions
+        from fastvideo3.runtime.pool.resident import snapshot_regions
         with self._lock:
             reg = self.regions.get(request_id)
             if reg is None:
@@ -299,7 +299,7 @@ class DenoiserExecutor(_Base):
     def restore(self, request_id: str, blob: bytes) -> int:
         """Replace the request's region with a snapshot (same fingerprint only); returns its step.
         Embeddings are fetched again by the next step (its unit names them)."""
-        from fastvideo3.runtime.resident import restore_regions
+        from fastvideo3.runtime.pool.resident import restore_regions
         latent, history, step, plugin = restore_regions(self.identity, blob, self.device, with_plugin=True)
         with self._lock:
             self.regions[request_id] = Region(latent=latent, history=history, step=step, plugin=plugin)

@@ -17,7 +17,7 @@ from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import ErrorInfo, ResourceExhausted
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.models.wan.components import precision_dtype
-from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.vocab import Role
 
 FETCH_DEADLINE_S = 30.0
@@ -114,7 +114,7 @@ class EncoderExecutor(_Base):
         return out
 
     def _encode_image(self, unit: WorkUnit) -> torch.Tensor:
-        from fastvideo3.runtime.image_units import image_embeds
+        from fastvideo3.runtime.pool.image_units import image_embeds
         return image_embeds(self, unit)
 
     def _encode(self, texts: list[str], request_id: str, adapter_versions: tuple[str, ...] = ()) -> torch.Tensor:
@@ -136,19 +136,19 @@ class EncoderExecutor(_Base):
         return d
 
 
-#: the decoder pool's executor and its frame helpers live in fastvideo3.runtime.vae_executor
+#: the decoder pool's executor and its frame helpers live in fastvideo3.runtime.pool.vae_executor
 _MOVED = ("DecoderExecutor", "FRAME_DTYPES", "MEDIA_FORMATS", "encode_media", "frames_as_float", "frames_for_transport")
 
 
-#: the denoiser's executor lives in fastvideo3.runtime.dit_executor (which imports this module)
+#: the denoiser's executor lives in fastvideo3.runtime.pool.dit_executor (which imports this module)
 _MOVED_DIT = ("DenoiserExecutor", "Region")
 
 
 def __getattr__(name: str):  # the old import path of the moved names keeps working (resolved lazily)
     if name in _MOVED:
-        from fastvideo3.runtime import vae_executor
+        from fastvideo3.runtime.pool import vae_executor
         return getattr(vae_executor, name)
     if name in _MOVED_DIT:
-        from fastvideo3.runtime import dit_executor
+        from fastvideo3.runtime.pool import dit_executor
         return getattr(dit_executor, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

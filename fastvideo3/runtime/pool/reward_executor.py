@@ -10,7 +10,7 @@ import hashlib
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.models.reward.scorers import SCORERS, check_scorer_names, make_scorer
-from fastvideo3.runtime.executors import FETCH_DEADLINE_S, _Base, _fail, frames_as_float
+from fastvideo3.runtime.pool.executors import FETCH_DEADLINE_S, _Base, _fail, frames_as_float
 from fastvideo3.vocab import Role
 
 

@@ -1,10 +1,10 @@
-"""Serialize a :class:`~fastvideo3.runtime.scheduler.RequestRun` to bytes, and rebuild it.
+"""Serialize a :class:`~fastvideo3.runtime.scheduling.scheduler.RequestRun` to bytes, and rebuild it.
 
 A checkpoint is everything a scheduler needs to continue a request it did not start: the
 resolved request, the card id, the program (loop sequence), the loop index, the current
 LoopState as JSON, the context (TensorRefs and small payloads: never tensors), the replica
 placement, timing, and — for the denoise loop — a snapshot of the pool-resident regions taken at
-the same step boundary (see :mod:`fastvideo3.runtime.resident`). The LoopState and the snapshot
+the same step boundary (see :mod:`fastvideo3.runtime.pool.resident`). The LoopState and the snapshot
 travel in one blob, so a reader never pairs one step's state with another step's latent.
 
 Wire form: ``MAGIC``, a little-endian u32 header length, the UTF-8 JSON header, then the
@@ -124,7 +124,7 @@ def rebuild_run(record: RunRecord, card, *, rewind_decode: bool = True):
     checkpointed), so a request checkpointed during or after decoding rewinds to its start.
     """
     from fastvideo3.loop import LOOPS, STATES, LoopDriver
-    from fastvideo3.runtime.scheduler import RequestRun
+    from fastvideo3.runtime.scheduling.scheduler import RequestRun
     if record.card_id != card.model_id:
         raise FailedPrecondition(f"checkpoint is for card {record.card_id!r}", field="card_id", limit=card.model_id)
     request = ResolvedRequest.from_dict(record.request)

@@ -1,4 +1,4 @@
-"""The image-to-video parts of the encoder and decoder executors (runtime/executors.py, vae_executor.py).
+"""The image-to-video parts of the encoder and decoder executors (runtime/pool/executors.py, vae_executor.py).
 
 - :func:`image_embeds`: the encoder pool's CLIP hidden states of a unit's image, cached (when the
   pool has a feature cache) under a CacheKey holding the image's digest and the encoder's weights.

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from fastvideo3.loop.protocol import StepResult
-from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.runtime.scheduling.workunit import WorkUnit
 
 
 @runtime_checkable
@@ -85,7 +85,7 @@ class CarriesReleases(Protocol):
 
 @runtime_checkable
 class Identified(Protocol):
-    """An executor with a model-runtime identity (fastvideo3.runtime.resident.pool_identity)."""
+    """An executor with a model-runtime identity (fastvideo3.runtime.pool.resident.pool_identity)."""
 
     @property
     def identity(self) -> Any: ...

@@ -1,6 +1,6 @@
 """The scheduler's state-store writes, off the step path.
 
-A :class:`~fastvideo3.runtime.checkpointer.Checkpointer` with a writer hands it the writes that
+A :class:`~fastvideo3.runtime.durability.checkpointer.Checkpointer` with a writer hands it the writes that
 would otherwise run on the scheduler's tick thread (or under its lock): checkpoints and the
 ends of requests. One background thread performs them in the order they were made, so one
 request's checkpoints precede its end; a checkpoint superseded by a newer one of the same

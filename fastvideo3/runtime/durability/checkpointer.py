@@ -1,13 +1,13 @@
 """Durable requests: checkpoints to the StateStore, recovery from a lost replica, resume.
 
-One :class:`Checkpointer` serves one :class:`~fastvideo3.runtime.scheduler.CoreScheduler`
+One :class:`Checkpointer` serves one :class:`~fastvideo3.runtime.scheduling.scheduler.CoreScheduler`
 through the scheduler's hooks:
 
 * ``register`` (admission): the request is put in the store *before* it is queued; a store
   that cannot be reached refuses the request with ``UNAVAILABLE`` at once (for ``retry_s``
   after a failure it is not even tried: admissions fail fast instead of queueing on a timeout).
 * ``checkpoint`` (after each applied result): every ``every`` denoise steps, and at the end of
-  each other loop, the request's :class:`~fastvideo3.runtime.resume.RunRecord` is written —
+  each other loop, the request's :class:`~fastvideo3.runtime.durability.resume.RunRecord` is written —
   for the denoise loop together with a snapshot of the pool-resident regions taken at that same
   step boundary (no other step of the request is in flight then). The latest record is also
   kept in memory: it is what a lost replica's requests resume from. While the store is down,
@@ -25,7 +25,7 @@ through the scheduler's hooks:
   latest record, its snapshot restored onto a replica, and adopted by the scheduler.
 
 With ``start_writer`` (the scheduler service) checkpoint and end writes run on a background
-thread (:mod:`fastvideo3.runtime.store_writer`), so a slow or frozen store never holds up a step.
+thread (:mod:`fastvideo3.runtime.durability.store_writer`), so a slow or frozen store never holds up a step.
 """
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ from typing import Any, Callable
 
 from fastvideo3.errors import ErrorInfo, FastVideoError, Unavailable
 from fastvideo3.loop.context import RequestContext
-from fastvideo3.runtime.executor import Executor, Monitored, Resumable, fingerprint_of, is_healthy
-from fastvideo3.runtime.resume import RunRecord, rebuild_run, record_of, request_meta
+from fastvideo3.runtime.scheduling.executor import Executor, Monitored, Resumable, fingerprint_of, is_healthy
+from fastvideo3.runtime.durability.resume import RunRecord, rebuild_run, record_of, request_meta
 from fastvideo3.vocab import EventKind, LoopId, OutputFormat, Role, RunStatus
 
 log = logging.getLogger("fastvideo3.checkpointer")
@@ -87,9 +87,9 @@ class Checkpointer:
 
     def start_writer(self) -> "Checkpointer":
         """Write checkpoints and ends from a background thread (the scheduler service; see
-        :mod:`fastvideo3.runtime.store_writer`): a slow or hung store holds up no step."""
+        :mod:`fastvideo3.runtime.durability.store_writer`): a slow or hung store holds up no step."""
         if self.writer is None:
-            from fastvideo3.runtime.store_writer import StoreWriter
+            from fastvideo3.runtime.durability.store_writer import StoreWriter
             self.writer = StoreWriter(self).start()
         return self
 
@@ -490,7 +490,7 @@ class Checkpointer:
         """Run a request that failed with a retryable error again, under its id: it is registered
         anew and continues from the checkpoint it left (its ``resume_from_step``) or starts over.
         Returns the adopted RequestRun (scheduler lock held by the caller)."""
-        from fastvideo3.runtime.scheduler import RequestRun
+        from fastvideo3.runtime.scheduling.scheduler import RequestRun
         rid = request.request_id
         ck = None
         try:
@@ -523,7 +523,7 @@ class Checkpointer:
     def resume(self, card) -> list[str]:
         """Adopt every request the store lists in flight; returns their ids. Call before ticking."""
         from fastvideo3.request.schema import ResolvedRequest
-        from fastvideo3.runtime.scheduler import RequestRun
+        from fastvideo3.runtime.scheduling.scheduler import RequestRun
         adopted = []
         for rid in self.store.list_inflight():
             try:

@@ -13,7 +13,7 @@
   from the retained record once copied into the stream;
 * ``cancel`` takes effect at the request's next step boundary;
 * old finished requests are forgotten beyond ``retain_finished``;
-* with a :class:`~fastvideo3.runtime.checkpointer.Checkpointer`, requests are registered in the
+* with a :class:`~fastvideo3.runtime.durability.checkpointer.Checkpointer`, requests are registered in the
   state store before they queue, checkpointed at step boundaries, moved off lost replicas, and
   ended in the store when they finish. A request a restarted scheduler resumed runs without a
   client until one **re-attaches**: a Generate with the same request id (and the same
@@ -32,8 +32,8 @@ from collections import deque
 
 from fastvideo3.errors import AlreadyExists, ErrorInfo, FastVideoError, NotFound, Unavailable
 from fastvideo3.loop.context import RequestContext
-from fastvideo3.runtime.executor import Executor
-from fastvideo3.runtime.scheduler import TERMINAL, CoreScheduler, Event, RequestRun
+from fastvideo3.runtime.scheduling.executor import Executor
+from fastvideo3.runtime.scheduling.scheduler import TERMINAL, CoreScheduler, Event, RequestRun
 from fastvideo3.vocab import EventKind, LoopId, OutputFormat, RunStatus
 
 log = logging.getLogger("fastvideo3.scheduler")
@@ -54,7 +54,7 @@ class FleetRuntime:
                  pricer=None, admission=None, telemetry=None, checkpointer=None, batch_bucket: int | None = None,
                  pipeline_depth: int = 2, split_min_units: int = 8, release_after_s: float = 1.0):
         """``pipeline_depth``: batches a denoiser replica holds at once (2: double-buffered dispatch,
-        see fastvideo3.runtime.dispatcher). ``split_min_units``: a denoise round this large for an
+        see fastvideo3.runtime.scheduling.dispatcher). ``split_min_units``: a denoise round this large for an
         idle denoiser replica is cut in two halves that then alternate, so the replica always has
         the next batch waiting (off in batch-invariant mode, where every half would be padded to
         the bucket, and without batching). A checkpoint's snapshot of a request in one half waits

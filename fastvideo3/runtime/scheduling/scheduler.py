@@ -1,5 +1,5 @@
-"""The core scheduler: a :class:`~fastvideo3.runtime.planner.Planner` and a
-:class:`~fastvideo3.runtime.dispatcher.Dispatcher` wired together under one lock.
+"""The core scheduler: a :class:`~fastvideo3.runtime.scheduling.planner.Planner` and a
+:class:`~fastvideo3.runtime.scheduling.dispatcher.Dispatcher` wired together under one lock.
 
 :meth:`CoreScheduler.tick` is one round: the planner decides (step boundaries, admission, one
 unit per running request, batches across requests, placement), the dispatcher runs the batches,
@@ -26,11 +26,11 @@ from fastvideo3.errors import FastVideoError, Unavailable
 from fastvideo3.loop import RequestContext
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.request.schema import ResolvedRequest
-from fastvideo3.runtime.dispatcher import Dispatcher
-from fastvideo3.runtime.executor import Executor
-from fastvideo3.runtime.planner import Planner
-from fastvideo3.runtime.run import PROGRAM_T2V, RETRYABLE_CODES, TERMINAL, Batch, Ended, Event, RequestRun
-from fastvideo3.runtime.workunit import WorkUnit
+from fastvideo3.runtime.scheduling.dispatcher import Dispatcher
+from fastvideo3.runtime.scheduling.executor import Executor
+from fastvideo3.runtime.scheduling.planner import Planner
+from fastvideo3.runtime.scheduling.run import PROGRAM_T2V, RETRYABLE_CODES, TERMINAL, Batch, Ended, Event, RequestRun
+from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.vocab import RunStatus
 
 __all__ = ["CoreScheduler", "Event", "PROGRAM_T2V", "RETRYABLE_CODES", "RequestRun", "TERMINAL"]

@@ -2,7 +2,7 @@
 
 The :class:`Pricer` turns a unit (or a whole request, for admission) into cost-model features
 — the DiT's architecture from the card, the step's latent shape, CFG branches, precision — asks
-the :class:`~fastvideo3.runtime.cost.CalibratedCostModel` for a prediction, and feeds measured
+the :class:`~fastvideo3.runtime.economy.cost.CalibratedCostModel` for a prediction, and feeds measured
 batch times back so the model calibrates online. The same cost-model object is what the fleet
 publishes in its DeploymentCard.
 """
@@ -12,9 +12,9 @@ import threading
 from typing import Any
 
 from fastvideo3.loop.protocol import Resources
-from fastvideo3.runtime.admission import Reservation
+from fastvideo3.runtime.economy.admission import Reservation
 from fastvideo3.card.family import family_of
-from fastvideo3.runtime.cost import (
+from fastvideo3.runtime.economy.cost import (
     CalibratedCostModel, DiffusionStepFeatures, EncoderChunkFeatures, Prediction, RewardBatchFeatures,
     VaeTileFeatures, split_measured,
 )

@@ -20,7 +20,7 @@ from fastvideo3.card.family import family_module
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import InvalidRequest, ResourceExhausted
 from fastvideo3.loop.protocol import StepResult
-from fastvideo3.runtime.executors import _Base, _fail
+from fastvideo3.runtime.pool.executors import _Base, _fail
 from fastvideo3.vocab import OUTPUT_FORMATS, Role, UnitKind
 
 FRAME_DTYPES = ("uint8", "float32")
@@ -59,7 +59,7 @@ class DecoderExecutor(_Base):
 
     def __init__(self, card: ModelCard, transport, device=None, precision=None, frames_dtype: str = "auto",
                  max_decode_batch: int = DEFAULT_DECODE_BATCH, fast: bool | None = None):
-        from fastvideo3.runtime.executors import _auto_device
+        from fastvideo3.runtime.pool.executors import _auto_device
         dev = _auto_device(device)
         # the card's decode precision for the device (fp32 unless it declares bf16)
         super().__init__(card, transport, dev, precision or card.precision.vae_for(dev))
@@ -93,7 +93,7 @@ class DecoderExecutor(_Base):
         for unit in batch:  # fetch and validate each unit on its own: one bad unit fails alone
             if unit.kind == UnitKind.VAE_ENCODE:  # image-to-video: the first-frame image latent
                 try:
-                    from fastvideo3.runtime.image_units import vae_encode
+                    from fastvideo3.runtime.pool.image_units import vae_encode
                     results[unit.unit_id] = vae_encode(self, unit)
                 except Exception as e:  # noqa: BLE001
                     results[unit.unit_id] = _fail(unit, e)
