@@ -268,3 +268,23 @@ def test_the_bench_card_is_seeded_with_the_buckets_asked_for(monkeypatch):
     assert card_buckets(graph_buckets.bench_card(args)) == card_buckets(builtin_cards()["wan2.1-t2v-1.3b"])
     if not torch.cuda.is_available():
         assert graph_buckets.main(["--out", "unused.json"]) == 2  # refuses to run without CUDA
+
+
+def test_padding_stops_where_the_padded_forward_outgrows_the_token_limit(graphs, monkeypatch):
+    from fastvideo3.runtime.pool import dit_executor
+    card, ex = graphs
+    shape = latent_shape(card, FRAMES, SIZE, SIZE)
+    tokens = dit_executor._tokens_per_row(shape[1:], ex.dit.cfg.patch_size)
+    sig = "x".join(map(str, shape)) + f".t{card.max_text_tokens}"
+    # a limit between 2 and 4 padded rows: 3 rows no longer pad into r4, 2 rows fill r2 exactly
+    monkeypatch.setattr(dit_executor, "PAD_TOKEN_LIMIT", 3 * tokens)
+    before = dict(ex.counters)
+    three = _units(ex, card, [21, 22, 23])
+    _, attrs = _traced(ex, three)
+    assert all(a[N.A_GRAPH_BUCKET] == N.GRAPH_EAGER and a[N.A_GRAPH_EAGER_REASON] == "padding_cost" for a in attrs)
+    two = _units(ex, card, [24, 25])
+    _, attrs = _traced(ex, two)
+    assert all(a[N.A_GRAPH_BUCKET] == f"r2.{sig}" and a[N.A_GRAPH_PADDING_ROWS] == 0 for a in attrs)
+    assert ex.counters["padding_rows"] == before["padding_rows"]
+    for u in three + two:
+        ex.release(u.request_id)
