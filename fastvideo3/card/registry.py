@@ -73,11 +73,26 @@ def load_card_file(path: str | Path) -> ModelCard:
         if isinstance(ck, dict) and "root" in ck and "digests" not in ck:
             merged["checkpoint"]["digests"] = {}  # the base's digests describe its own files, not this root's
         _deep_update(merged, data)
+        if "limits" in data and "graph_buckets" not in data:
+            merged["graph_buckets"] = _inherited_buckets(merged)
         data = merged
     try:
         return ModelCard.model_validate(data)
     except ValidationError as e:
         raise card_validation_error(e) from None
+
+
+def _inherited_buckets(merged: dict) -> dict:
+    """The base card's graph buckets under the file's own limits: kept while the limits accept
+    every bucket shape, else none (the denoiser then runs the card's default shape's buckets) --
+    a file that narrows the limits need not restate buckets it never declared."""
+    from fastvideo3.card.spec import GraphBucketSpec, Limits, check_graph_shapes
+    try:
+        check_graph_shapes(GraphBucketSpec.model_validate(merged.get("graph_buckets") or {}),
+                           Limits.model_validate(merged.get("limits") or {}))
+    except (ValueError, ValidationError):
+        return {}
+    return merged.get("graph_buckets") or {}
 
 
 def card_validation_error(e: ValidationError) -> CardError:

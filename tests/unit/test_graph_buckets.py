@@ -253,6 +253,27 @@ def test_a_card_file_with_bad_buckets_is_refused(tmp_path):
     assert load_card_file(path).graph_buckets.count == 2
 
 
+
+def test_a_card_file_narrowing_the_limits_drops_only_buckets_it_cannot_serve(tmp_path):
+    import json
+    from fastvideo3.card.registry import get_card
+    base = get_card("wan-tiny")
+    assert base.graph_buckets.count and max(s.frames for s in base.graph_buckets.shapes) > 17
+    path = tmp_path / "card.json"
+    path.write_text(json.dumps({"extends": "wan-tiny", "model_id": "wan-tiny-17f",
+                                "limits": {"max_frames": 17, "default_frames": 17}}))
+    assert load_card_file(path).graph_buckets.count == 0  # inherited at 33 frames: none kept
+    path.write_text(json.dumps({"extends": "wan-tiny", "model_id": "wan-tiny-wide",
+                                "limits": {"max_guidance": 15.0}}))
+    assert load_card_file(path).graph_buckets == base.graph_buckets  # still served: kept
+    path.write_text(json.dumps({"extends": "wan-tiny", "model_id": "wan-tiny-17f",
+                                "limits": {"max_frames": 17, "default_frames": 17},
+                                "graph_buckets": base.graph_buckets.model_dump(mode="json")}))
+    with pytest.raises(CardError) as e:  # declared by the file itself: refused, naming the field
+        load_card_file(path)
+    assert e.value.field.startswith("graph_buckets")
+
+
 # ------------------------------------------------------------------------------------------- bench
 def test_the_bench_card_is_seeded_with_the_buckets_asked_for(monkeypatch):
     """bench/graph_buckets.py needs CUDA to run; its card (seeded real-size DiT, bucket override) does not."""
