@@ -42,6 +42,7 @@ except ImportError:  # run from a source checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+from timing import cuda_ms, cuda_profile, wall_ms  # the sibling module in bench/
 
 from fastvideo3.models.wan.dit import WanDiT, WanDiTConfig
 from fastvideo3.models.wan.fast import FastWanDiT
@@ -86,15 +87,8 @@ def inputs(config: dict, frames: int, height: int, width: int, rows: int, device
 def _once(fn, cuda: bool) -> float:
     if cuda:
         torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        return a.elapsed_time(b)
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
+        return cuda_ms(fn)
+    return wall_ms(fn)
 
 
 def timed(fns: dict, warm: int, iters: int, cuda: bool) -> dict[str, list[float]]:
@@ -449,12 +443,7 @@ def layer_costs(fast, store, rows, bsz: int, n: int, device, dtype) -> dict:
 
 def kernel_table(fn, top: int = 25) -> dict:
     """GPU kernels of one call of ``fn``: total device ms and the costliest kernels (ms, count)."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
+    prof = cuda_profile(fn)
     rows = []
     for ev in prof.key_averages():
         dev = getattr(ev, "self_device_time_total", None)  # self: an op's kernels count once
