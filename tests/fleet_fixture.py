@@ -44,6 +44,19 @@ def fleet_fixture(scope: str = "module", **kw: Any):
 
 
 @contextlib.contextmanager
+def started(fleet: LocalFleet, timeout_s: float = START_TIMEOUT_S):
+    """Start ``fleet`` and stop it after the block; logs are printed when anything fails."""
+    try:
+        fleet.start(timeout_s=timeout_s)
+        yield fleet
+    except BaseException:
+        dump_logs(fleet)
+        raise
+    finally:
+        fleet.stop()
+
+
+@contextlib.contextmanager
 def running(fleet: LocalFleet, timeout_s: float = START_TIMEOUT_S):
     """Start ``fleet`` and stop it after the block; logs are printed when anything fails or a
     process exits with an error."""
