@@ -16,36 +16,18 @@ from fastvideo3.kernels import fp8 as fp8k
 from fastvideo3.kernels.fp8 import (
     E4M3, bias_gelu_quant, dequantize, fp8_linear, qk_scale_bound, quantize_rows, quantize_weight,
 )
+from tests.helpers_fp8 import E4M3_GRID, ref_e4m3
 
 pytestmark = pytest.mark.timeout(120)
 
 
 # ------------------------------------------------------------------ a reference e4m3, from the bits
-def e4m3_values() -> torch.Tensor:
-    """Every finite non-negative e4m3 (float8_e4m3fn) value, from its definition: 1 sign, 4
-    exponent bits (bias 7), 3 mantissa bits; exponent 0 is subnormal; S.1111.111 is NaN."""
-    vals = []
-    for e in range(16):
-        for m in range(8):
-            if e == 15 and m == 7:
-                continue  # NaN
-            vals.append((m / 8) * 2.0**-6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7))
-    return torch.tensor(sorted(set(vals)), dtype=torch.float64)
-
-
-GRID = e4m3_values()
+GRID = E4M3_GRID
 
 
 def ref_quantize(v: torch.Tensor) -> torch.Tensor:
-    """Round to the nearest e4m3 value, ties to the even code, saturating at 448."""
-    a = v.double().abs().clamp(max=448.0)
-    hi = torch.searchsorted(GRID, a).clamp(max=len(GRID) - 1)
-    lo = (hi - 1).clamp(min=0)
-    d_lo, d_hi = a - GRID[lo], GRID[hi] - a
-    pick = torch.where(d_lo < d_hi, lo, hi)
-    tie = d_lo == d_hi
-    pick = torch.where(tie & (lo % 2 == 0), lo, torch.where(tie, hi, pick))  # codes are index order
-    return (GRID[pick] * v.sign()).float()
+    """Round to the nearest e4m3 value, ties to the even code, saturating at 448 (float32)."""
+    return ref_e4m3(v).float()
 
 
 def test_reference_grid_is_e4m3():
