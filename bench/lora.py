@@ -91,6 +91,15 @@ def _once(fn, cuda: bool) -> float:
     return wall_ms(fn)
 
 
+def _mode_fields(mode: str, ms: float, ms0: float, lora_runs: list[float], base_runs: list[float]) -> dict:
+    """A row's step times with and without LoRA in one mode (eager or graphs), their overhead and
+    the timings behind them."""
+    return {f"ms_per_step_{mode}": round(ms, 3), f"ms_per_step_no_lora_{mode}": round(ms0, 3),
+            f"overhead_fraction_{mode}": round(ms / ms0 - 1.0, 4),
+            f"timings_{mode}_ms": [round(v, 3) for v in lora_runs],
+            f"timings_no_lora_{mode}_ms": [round(v, 3) for v in base_runs]}
+
+
 def timed(fns: dict, warm: int, iters: int, cuda: bool) -> dict[str, list[float]]:
     """Each variant ``warm`` times, then ``iters`` rounds of one timed forward per variant."""
     for fn in fns.values():
@@ -329,10 +338,7 @@ def run_shape(args, config, fast, store, rows, frames, height, width, device, dt
     eager = "base" in med
     if eager:
         ms, ms0 = med["lora"], med["base"]
-        row.update({"ms_per_step_eager": round(ms, 3), "ms_per_step_no_lora_eager": round(ms0, 3),
-                    "overhead_fraction_eager": round(ms / ms0 - 1.0, 4),
-                    "timings_eager_ms": [round(v, 3) for v in runs["lora"]],
-                    "timings_no_lora_eager_ms": [round(v, 3) for v in runs["base"]]})
+        row.update(_mode_fields("eager", ms, ms0, runs["lora"], runs["base"]))
         row["variants_ms"] = {n: round(med[n], 3) for n in names}
         row["variants_overhead_fraction"] = {n: round(med[n] / ms0 - 1.0, 4) for n in names}
         # the fields earlier results carried
@@ -340,10 +346,7 @@ def run_shape(args, config, fast, store, rows, frames, height, width, device, dt
         row["overhead_fraction_old_path"] = row["variants_overhead_fraction"].get("old")
     if graphs:
         gms, gms0 = med["lora_graph"], med["base_graph"]
-        row.update({"ms_per_step_graphs": round(gms, 3), "ms_per_step_no_lora_graphs": round(gms0, 3),
-                    "overhead_fraction_graphs": round(gms / gms0 - 1.0, 4),
-                    "timings_graphs_ms": [round(v, 3) for v in runs["lora_graph"]],
-                    "timings_no_lora_graphs_ms": [round(v, 3) for v in runs["base_graph"]]})
+        row.update(_mode_fields("graphs", gms, gms0, runs["lora_graph"], runs["base_graph"]))
     mode = "graphs" if graphs else "eager"
     row["reported_mode"] = mode
     row["ms_per_step"] = row[f"ms_per_step_{mode}"]
