@@ -30,6 +30,7 @@ except ImportError:  # run from a source checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+from timing import cuda_profile, cuda_times, upper_median  # the sibling module in bench/
 
 from fastvideo3.export import GraphRunner
 from fastvideo3.kernels import attention, attention_available
@@ -51,18 +52,8 @@ GiB = 2**30
 
 # ------------------------------------------------------------------------------------------ timing
 def time_ms(fn, warmup: int, iters: int) -> tuple[float, list[float]]:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2], [round(t, 3) for t in times]
+    times = cuda_times(fn, warmup, iters)
+    return upper_median(times), [round(t, 3) for t in times]
 
 
 def timed_with_peak(fn, warmup: int, iters: int, work: float) -> dict:
@@ -84,12 +75,7 @@ def compare(ours: torch.Tensor, ref: torch.Tensor) -> dict:
 
 
 def profile_top(fn, top: int = 15) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
+    prof = cuda_profile(fn)
     kernels = [(e.key, e.self_device_time_total) for e in prof.key_averages() if e.self_device_time_total > 0]
     total = sum(t for _, t in kernels) or 1.0
     kernels.sort(key=lambda kv: -kv[1])

@@ -32,6 +32,7 @@ import sys
 import time
 
 import torch
+from timing import cuda_ms, upper_median, wall_ms  # the sibling module in bench/
 
 from fastvideo3.card.registry import get_card
 from fastvideo3.export import GraphRunner
@@ -67,23 +68,14 @@ class _Clock:
             torch.cuda.synchronize()
 
     def ms(self, fn) -> float:
-        if not self.cuda:
-            t0 = time.perf_counter()
-            fn()
-            return (time.perf_counter() - t0) * 1e3
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
+        return cuda_ms(fn) if self.cuda else wall_ms(fn)
 
     def median(self, fn, warm: int, iters: int) -> tuple[float, list[float]]:
         for _ in range(warm):
             fn()
         self.sync()
         times = [self.ms(fn) for _ in range(iters)]
-        return sorted(times)[len(times) // 2], [round(t, 3) for t in times]
+        return upper_median(times), [round(t, 3) for t in times]
 
 
 def _inputs(config: dict, shape: tuple[int, int, int], device: str, dtype, seed: int, text_len: int, scale: int = 8):

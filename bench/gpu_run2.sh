@@ -17,29 +17,15 @@ OUT=${OUT:-out/gpu2}
 BUDGET_S=${BUDGET_S:-260}
 WORK=${WORK:-$(mktemp -d)}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source bench/gpu_env.sh
 left() { echo $((BUDGET_S - SECONDS)); }
 min() { if (($1 < $2)); then echo "$1"; else echo "$2"; fi; }
 max() { if (($1 > $2)); then echo "$1"; else echo "$2"; fi; }
-install() {  # install <target> <wheels...>
-  local target=$1; shift
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" "$@"
-}
-
 shopt -s nullglob
 wheels=(.wheels/diffusers-*.whl .wheels/fleet/*.whl)
 shopt -u nullglob
-if ((${#wheels[@]})) && install /tmp/site "${wheels[@]}"; then
-  export PYTHONPATH="$PYTHONPATH:/tmp/site"  # ahead of the image's own grpcio / protobuf
-else
-  echo "wheels: not installed (diffusers or the fleet's packages will be missing)"
-fi
-if compgen -G ".wheels/fa3_fwd-*.whl" >/dev/null && install /tmp/site_fa3 .wheels/fa3_fwd-*.whl \
-  && PYTHONPATH="$PYTHONPATH:/tmp/site_fa3" timeout 60 python3 -c "import torch, fa3_fwd_interface" >/dev/null 2>&1; then
-  export PYTHONPATH="$PYTHONPATH:/tmp/site_fa3"; echo "fa3_fwd: available"
-else
-  echo "fa3_fwd: not used"
-fi
+install_site "wheels: not installed (diffusers or the fleet's packages will be missing)" "${wheels[@]}"
+install_fa3 "" .wheels/fa3_fwd-*.whl
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import grpc, google.protobuf, pydantic, diffusers; print('grpc', grpc.__version__, 'protobuf',
   google.protobuf.__version__, 'pydantic', pydantic.__version__, 'diffusers', diffusers.__version__)" | tee -a "$OUT/gpu.txt"

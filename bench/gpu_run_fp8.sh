@@ -18,23 +18,14 @@ OUT=${OUT:-out/gpu_fp8}
 mkdir -p "$OUT"
 JSON="$OUT/denoiser_fp8_h200.json"
 rm -f "$JSON"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-install() {  # install <target> <wheels...>
-  local target=$1; shift
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" "$@"
-}
+source bench/gpu_env.sh
 shopt -s nullglob
 wheels=()
 for w in .wheels/*.whl .wheels/fleet/*.whl .wheels_diffusers/*.whl; do [[ $w == *fa3_fwd* || $w == *nixl* ]] || wheels+=("$w"); done
 shopt -u nullglob
-if ((${#wheels[@]})) && install /tmp/site "${wheels[@]}"; then export PYTHONPATH="$PYTHONPATH:/tmp/site"; fi
+install_site "" "${wheels[@]}"
 fa3=$(ls .wheels/fa3_fwd-*.whl .wheels_fa3/fa3_fwd-*.whl 2>/dev/null | head -n 1)
-if [[ -n $fa3 ]] && install /tmp/site_fa3 "$fa3" \
-  && PYTHONPATH="$PYTHONPATH:/tmp/site_fa3" timeout 60 python3 -c "import torch, fa3_fwd_interface" >/dev/null 2>&1; then
-  export PYTHONPATH="$PYTHONPATH:/tmp/site_fa3"; echo "fa3_fwd: available"
-else
-  echo "fa3_fwd: not used (FP8 attention falls back to bf16)"
-fi
+install_fa3 "(FP8 attention falls back to bf16)" ${fa3:+"$fa3"}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
 timeout "${TEST_TIMEOUT:-30}" python3 -m pytest -q -p no:cacheprovider --noconftest tests/unit/test_fp8_cuda.py \

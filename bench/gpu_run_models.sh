@@ -13,25 +13,12 @@ BUDGET_S=${BUDGET_S:-470}
 MODELS=${MODELS:-wan2.2-ti2v-5b,wan2.2-a14b}
 JSON=${JSON:-denoiser_models_h200.json}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-install() {  # install <target> <wheels...>
-  local target=$1; shift
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" "$@"
-}
+source bench/gpu_env.sh
 shopt -s nullglob
 wheels=(.wheels/diffusers-*.whl)
 shopt -u nullglob
-if ((${#wheels[@]})) && install /tmp/site "${wheels[@]}"; then
-  export PYTHONPATH="$PYTHONPATH:/tmp/site"
-else
-  echo "wheels: diffusers not installed from .wheels/"
-fi
-if compgen -G ".wheels/fa3_fwd-*.whl" >/dev/null && install /tmp/site_fa3 .wheels/fa3_fwd-*.whl \
-  && PYTHONPATH="$PYTHONPATH:/tmp/site_fa3" timeout 60 python3 -c "import torch, fa3_fwd_interface" >/dev/null 2>&1; then
-  export PYTHONPATH="$PYTHONPATH:/tmp/site_fa3"; echo "fa3_fwd: available"
-else
-  echo "fa3_fwd: not used"
-fi
+install_site "wheels: diffusers not installed from .wheels/" "${wheels[@]}"
+install_fa3 "" .wheels/fa3_fwd-*.whl
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 # each row and the switch stage get 150 s; the whole run stops before the budget, JSON kept
 timeout $((BUDGET_S - SECONDS - 10)) python3 bench/denoiser.py --models "$MODELS" --quick \

@@ -22,11 +22,7 @@ set -uo pipefail
 OUT=${OUT:-out/gpu_serving}
 WORK=${WORK:-$(mktemp -d)}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-install() {  # install <target> <wheels...>
-  local target=$1; shift
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" "$@"
-}
+source bench/gpu_env.sh
 shopt -s nullglob
 wheels=()
 for d in ${WHEELS:-.wheels .wheels_fa3 .wheels_extra}; do wheels+=("$d"/*.whl "$d"/fleet/*.whl); done

@@ -35,6 +35,7 @@ except ImportError:  # run from a source checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+from timing import cuda_times, upper_median  # the sibling module in bench/
 
 from fastvideo3.card.registry import bind_checkpoint, resolve_card
 from fastvideo3.card.spec import GraphBucketSpec, GraphShape, ModelCard
@@ -49,18 +50,7 @@ NO_CFG = "none"  # one row per request: a step of N requests is one N-row forwar
 
 
 def time_ms(fn, warmup: int, iters: int) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    return upper_median(cuda_times(fn, warmup, iters))
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from timing import cuda_times  # noqa: E402 - the sibling module in bench/
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -74,17 +75,7 @@ def _host_median(fn, repeats: int) -> float:
 
 
 def _device_median(fn, repeats: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(times)
+    return statistics.median(ms / 1e3 for ms in cuda_times(fn, 1, repeats))
 
 
 def _kernel_only(src_u8: torch.Tensor, dst_u8: torch.Tensor | None, repeats: int, per_graph: int = 10) -> float:

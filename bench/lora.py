@@ -42,6 +42,7 @@ except ImportError:  # run from a source checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+from timing import cuda_ms, cuda_profile, wall_ms  # the sibling module in bench/
 
 from fastvideo3.models.wan.dit import WanDiT, WanDiTConfig
 from fastvideo3.models.wan.fast import FastWanDiT
@@ -86,15 +87,17 @@ def inputs(config: dict, frames: int, height: int, width: int, rows: int, device
 def _once(fn, cuda: bool) -> float:
     if cuda:
         torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        return a.elapsed_time(b)
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
+        return cuda_ms(fn)
+    return wall_ms(fn)
+
+
+def _mode_fields(mode: str, ms: float, ms0: float, lora_runs: list[float], base_runs: list[float]) -> dict:
+    """A row's step times with and without LoRA in one mode (eager or graphs), their overhead and
+    the timings behind them."""
+    return {f"ms_per_step_{mode}": round(ms, 3), f"ms_per_step_no_lora_{mode}": round(ms0, 3),
+            f"overhead_fraction_{mode}": round(ms / ms0 - 1.0, 4),
+            f"timings_{mode}_ms": [round(v, 3) for v in lora_runs],
+            f"timings_no_lora_{mode}_ms": [round(v, 3) for v in base_runs]}
 
 
 def timed(fns: dict, warm: int, iters: int, cuda: bool) -> dict[str, list[float]]:
@@ -335,10 +338,7 @@ def run_shape(args, config, fast, store, rows, frames, height, width, device, dt
     eager = "base" in med
     if eager:
         ms, ms0 = med["lora"], med["base"]
-        row.update({"ms_per_step_eager": round(ms, 3), "ms_per_step_no_lora_eager": round(ms0, 3),
-                    "overhead_fraction_eager": round(ms / ms0 - 1.0, 4),
-                    "timings_eager_ms": [round(v, 3) for v in runs["lora"]],
-                    "timings_no_lora_eager_ms": [round(v, 3) for v in runs["base"]]})
+        row.update(_mode_fields("eager", ms, ms0, runs["lora"], runs["base"]))
         row["variants_ms"] = {n: round(med[n], 3) for n in names}
         row["variants_overhead_fraction"] = {n: round(med[n] / ms0 - 1.0, 4) for n in names}
         # the fields earlier results carried
@@ -346,10 +346,7 @@ def run_shape(args, config, fast, store, rows, frames, height, width, device, dt
         row["overhead_fraction_old_path"] = row["variants_overhead_fraction"].get("old")
     if graphs:
         gms, gms0 = med["lora_graph"], med["base_graph"]
-        row.update({"ms_per_step_graphs": round(gms, 3), "ms_per_step_no_lora_graphs": round(gms0, 3),
-                    "overhead_fraction_graphs": round(gms / gms0 - 1.0, 4),
-                    "timings_graphs_ms": [round(v, 3) for v in runs["lora_graph"]],
-                    "timings_no_lora_graphs_ms": [round(v, 3) for v in runs["base_graph"]]})
+        row.update(_mode_fields("graphs", gms, gms0, runs["lora_graph"], runs["base_graph"]))
     mode = "graphs" if graphs else "eager"
     row["reported_mode"] = mode
     row["ms_per_step"] = row[f"ms_per_step_{mode}"]
@@ -449,12 +446,7 @@ def layer_costs(fast, store, rows, bsz: int, n: int, device, dtype) -> dict:
 
 def kernel_table(fn, top: int = 25) -> dict:
     """GPU kernels of one call of ``fn``: total device ms and the costliest kernels (ms, count)."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
+    prof = cuda_profile(fn)
     rows = []
     for ev in prof.key_averages():
         dev = getattr(ev, "self_device_time_total", None)  # self: an op's kernels count once

@@ -44,9 +44,9 @@ def fleet_fixture(scope: str = "module", **kw: Any):
 
 
 @contextlib.contextmanager
-def running(fleet: LocalFleet, timeout_s: float = START_TIMEOUT_S):
-    """Start ``fleet`` and stop it after the block; logs are printed when anything fails or a
-    process exits with an error."""
+def started(fleet: LocalFleet, timeout_s: float = START_TIMEOUT_S, report_exits: bool = False):
+    """Start ``fleet`` and stop it after the block; logs are printed when anything fails (and,
+    with ``report_exits``, when a process exits with an error)."""
     try:
         fleet.start(timeout_s=timeout_s)
         yield fleet
@@ -55,10 +55,16 @@ def running(fleet: LocalFleet, timeout_s: float = START_TIMEOUT_S):
         raise
     finally:
         codes = fleet.stop()
-        bad = {k: v for k, v in codes.items() if v not in (0, None)}
+        bad = {k: v for k, v in codes.items() if v not in (0, None)} if report_exits else {}
         if bad:
             dump_logs(fleet)
             print(f"fleet processes exited with {bad}")
+
+
+def running(fleet: LocalFleet, timeout_s: float = START_TIMEOUT_S):
+    """Start ``fleet`` and stop it after the block; logs are printed when anything fails or a
+    process exits with an error."""
+    return started(fleet, timeout_s, report_exits=True)
 
 
 def dump_logs(fleet: LocalFleet, lines: int = 30) -> None:

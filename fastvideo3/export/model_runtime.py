@@ -122,7 +122,48 @@ class _Lifetime:
         return last
 
 
-class RuntimeExport:
+class _RefCounted:
+    """The reference-count face of an object whose ``_life`` is a :class:`_Lifetime`."""
+
+    _life: _Lifetime
+
+    def retain(self) -> None:
+        self._life.retain()
+
+    def release(self) -> bool:
+        """Drop one reference; returns True if it was the last one."""
+        return self._life.release()
+
+    @property
+    def refcount(self) -> int:
+        return self._life.count
+
+    @property
+    def released(self) -> bool:
+        return self._life.count == 0
+
+
+class _Identified(_RefCounted):
+    """A reference-counted object carrying a :class:`RuntimeIdentity` in ``_identity`` (readable
+    until its final release)."""
+
+    _identity: RuntimeIdentity
+
+    @property
+    def identity(self) -> RuntimeIdentity:
+        self._life.check()
+        return self._identity
+
+    @property
+    def fingerprint(self) -> int:
+        return self.identity.fingerprint
+
+    @property
+    def fingerprint_hex(self) -> str:
+        return self.identity.fingerprint_hex
+
+
+class RuntimeExport(_Identified):
     """The hand-off struct. Built by :class:`RuntimeBuilder` (or directly, from a full identity).
 
     ``identity.graph_names`` must name exactly the graphs given, and ``identity.regions`` is the
@@ -167,36 +208,7 @@ class RuntimeExport:
             self._streams.clear()
             self._owner = None
 
-    # -- lifetime --------------------------------------------------------------------------
-    def retain(self) -> None:
-        self._life.retain()
-
-    def release(self) -> bool:
-        """Drop one reference; returns True if it was the last one."""
-        return self._life.release()
-
-    @property
-    def refcount(self) -> int:
-        return self._life.count
-
-    @property
-    def released(self) -> bool:
-        return self._life.count == 0
-
     # -- contents (all raise ExportReleased after the final release) -----------------------
-    @property
-    def identity(self) -> RuntimeIdentity:
-        self._life.check()
-        return self._identity
-
-    @property
-    def fingerprint(self) -> int:
-        return self.identity.fingerprint
-
-    @property
-    def fingerprint_hex(self) -> str:
-        return self.identity.fingerprint_hex
-
     @property
     def manifest(self) -> dict[str, Any]:
         """Discovery data. Free to edit: it is not part of the identity."""
@@ -230,7 +242,7 @@ class RuntimeExport:
         return f"RuntimeExport(fingerprint={self.fingerprint_hex}, graphs={sorted(self._graphs)})"
 
 
-class ModelRuntime:
+class ModelRuntime(_Identified):
     """The tickable face of one export. Construct it with :class:`RuntimeBuilder`, never directly."""
 
     def __init__(
@@ -257,39 +269,12 @@ class ModelRuntime:
     def _free(self) -> None:
         self._release_base()
 
-    # -- lifetime --------------------------------------------------------------------------
-    def retain(self) -> None:
-        self._life.retain()
-
-    def release(self) -> bool:
-        return self._life.release()
-
-    @property
-    def refcount(self) -> int:
-        return self._life.count
-
-    @property
-    def released(self) -> bool:
-        return self._life.count == 0
-
-    # -- declaration -----------------------------------------------------------------------
+    # -- lifetime (retain, release, refcount, released: _RefCounted) ------------------------
+    # -- declaration (identity, fingerprint, fingerprint_hex: _Identified) -------------------
     @property
     def export(self) -> RuntimeExport:
         self._life.check()
         return self._export
-
-    @property
-    def identity(self) -> RuntimeIdentity:
-        self._life.check()
-        return self._identity
-
-    @property
-    def fingerprint(self) -> int:
-        return self.identity.fingerprint
-
-    @property
-    def fingerprint_hex(self) -> str:
-        return self.identity.fingerprint_hex
 
     @property
     def regions(self) -> tuple[StateRegion, ...]:

@@ -39,7 +39,7 @@ from fastvideo3.export.errors import (
 from fastvideo3.export.graphs import GraphRunner
 from fastvideo3.export.ports import Direction, UpdateClass, Verbs
 from fastvideo3.export.regions import arena_size, dtype_of
-from fastvideo3.export.model_runtime import ModelRuntime, _Lifetime
+from fastvideo3.export.model_runtime import ModelRuntime, _Lifetime, _RefCounted
 
 #: the export buffer that holds the state regions (their offsets are into it)
 STATE_BUFFER = "state"
@@ -170,7 +170,7 @@ def _exec_handle(bucket: str, handle: Any) -> int | None:
     return int(raw()) if callable(raw) else None
 
 
-class NativeModelRuntime:
+class NativeModelRuntime(_RefCounted):
     """The C structs of one model runtime, alive while a native reference is held.
 
     ``streams`` maps a stream name to a ``torch.cuda.Stream`` (graphs are replayed on the first).
@@ -329,17 +329,7 @@ class NativeModelRuntime:
         for i, (bucket, h) in enumerate(self._graph_handles):
             self._graphs[i].exec_handle = _exec_handle(bucket, h) or None
 
-    # -- lifetime -------------------------------------------------------------------------
-    def retain(self) -> None:
-        self._life.retain()
-
-    def release(self) -> bool:
-        return self._life.release()
-
-    @property
-    def refcount(self) -> int:
-        return self._life.count
-
+    # -- lifetime (retain, release, refcount: _RefCounted) ----------------------------------
     def _free(self) -> None:
         with _ANCHOR_LOCK:
             _ANCHORS.pop(self.key, None)

@@ -136,13 +136,19 @@ class FakeContext:
         return self.gone
 
 
-async def test_client_disconnect_cancels_on_the_fleet():
-    client = FakeClient()
+async def _start_tiny_job(client):
+    """A handler over ``client`` running a tiny job until the client has it: (handler, ctx, job, task)."""
     handler = VideoHandler(client)
     ctx = FakeContext(asyncio.get_running_loop())
     job = VideoJob(card_id="wan-tiny", model="wan-tiny", prompt="x", response_format="b64_json")
     task = asyncio.ensure_future(handler.run(job, ctx))
     await asyncio.to_thread(client.started.wait, 5)
+    return handler, ctx, job, task
+
+
+async def test_client_disconnect_cancels_on_the_fleet():
+    client = FakeClient()
+    handler, ctx, _, task = await _start_tiny_job(client)
     assert handler.in_flight == 1
     ctx.gone.set_result(True)  # Dynamo: the HTTP client went away
     with pytest.raises(Cancelled):
@@ -152,11 +158,7 @@ async def test_client_disconnect_cancels_on_the_fleet():
 
 async def test_abort_cancels_once_and_completion_needs_no_cancel():
     client = FakeClient()
-    handler = VideoHandler(client)
-    ctx = FakeContext(asyncio.get_running_loop())
-    job = VideoJob(card_id="wan-tiny", model="wan-tiny", prompt="x", response_format="b64_json")
-    task = asyncio.ensure_future(handler.run(job, ctx))
-    await asyncio.to_thread(client.started.wait, 5)
+    handler, _, job, task = await _start_tiny_job(client)
     await handler.abort("ctx-1")
     await handler.abort("ctx-1")
     with pytest.raises(Cancelled):

@@ -13,16 +13,9 @@ from fastvideo3.client import FleetClient
 from fastvideo3.errors import InvalidRequest
 from fleet.launcher import LocalFleet
 from tests.fleet_fixture import pool_describe, running
+from tests.helpers_moe import OPTS, PROMPT, moe_dir  # noqa: F401 - moe_dir: the module fixture
 
 pytestmark = pytest.mark.timeout(600)
-OPTS = dict(num_frames=9, height=32, width=48, num_inference_steps=6)
-PROMPT = "a red circle moving left on a white background"
-
-
-@pytest.fixture(scope="module")
-def moe_dir(tmp_path_factory):
-    from fastvideo3.testing.synthetic_layouts import build_wan22_moe_dir
-    return build_wan22_moe_dir(tmp_path_factory.mktemp("moe") / "wan22", seed=2, boundary_ratio=0.875)
 
 
 @pytest.fixture(scope="module")

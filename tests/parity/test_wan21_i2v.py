@@ -17,6 +17,7 @@ from fastvideo3.card import get_card, resolve_card
 from fastvideo3.models.wan.components import load_dit
 from fastvideo3.parity import rel_error
 from fastvideo3.engine import Engine
+from tests.helpers_parity import dit_and_reference
 
 pytestmark = pytest.mark.timeout(600)
 OPTS = dict(num_frames=9, height=32, width=48, num_inference_steps=4)
@@ -64,10 +65,7 @@ def test_directory_resolves_to_the_tiny_i2v_card(i2v_dir):
 
 
 def test_c0_dit_matches_reference(i2v_dir):
-    from diffusers import WanTransformer3DModel
-    card = resolve_card(str(i2v_dir))
-    ours, digest = load_dit(card, "cpu", torch.float32)
-    ref = WanTransformer3DModel.from_pretrained(str(i2v_dir / "transformer")).eval()
+    card, ours, digest, ref = dit_and_reference(i2v_dir)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 36, 3, 4, 6, generator=g)
     t = torch.tensor([977.0, 412.0])

@@ -14,16 +14,9 @@ from fastvideo3.models.wan.components import load_dit
 from fastvideo3.parity import rel_error
 from fastvideo3.request.schema import GenerateRequest, resolve
 from fastvideo3.engine import Engine
+from tests.helpers_moe import OPTS, PROMPT, moe_dir  # noqa: F401 - moe_dir: the module fixture
 
 pytestmark = pytest.mark.timeout(300)
-OPTS = dict(num_frames=9, height=32, width=48, num_inference_steps=6)
-PROMPT = "a red circle moving left on a white background"
-
-
-@pytest.fixture(scope="module")
-def moe_dir(tmp_path_factory):
-    from fastvideo3.testing.synthetic_layouts import build_wan22_moe_dir
-    return build_wan22_moe_dir(tmp_path_factory.mktemp("moe") / "wan22", seed=2, boundary_ratio=0.875)
 
 
 @pytest.fixture(scope="module")
@@ -180,9 +173,8 @@ def test_cost_model_prices_one_expert_per_step():
 @pytest.mark.timeout(300)
 def test_crash_and_resume_with_one_pool_per_expert_is_exact(moe_dir):
     """Checkpoints snapshot the pool of the expert that ran the step; a new scheduler resumes there."""
-    from fastvideo3.runtime.durability.checkpointer import Checkpointer
-    from fastvideo3.runtime.scheduling.scheduler import TERMINAL, CoreScheduler
-    from fastvideo3.state import MemoryData, MemoryStateStore
+    from fastvideo3.state import MemoryData
+    from tests.helpers_resume import checkpointed_schedulers, tick_until_done, tick_until_step
     card = resolve_card(str(moe_dir))
     kw = dict(OPTS, seed=3)
     with Engine(card, keep_latents=True, expert_pools=True) as engine:
@@ -190,16 +182,11 @@ def test_crash_and_resume_with_one_pool_per_expert_is_exact(moe_dir):
         pools = {"encoder": [engine.encoder], **{k: [v] for k, v in engine.denoisers.items()},
                  "decoder": [engine.decoder]}
         data = MemoryData()
-
-        def scheduler():
-            cp = Checkpointer(MemoryStateStore(data=data), every=2)
-            sched = CoreScheduler(pools, checkpoint=cp.checkpoint, admit_hook=cp.register, recover=cp.recover)
-            return sched, cp.attach(sched)
+        scheduler = checkpointed_schedulers(pools, data, every=2)
 
         first, _ = scheduler()
         run = first.submit(engine.resolve(PROMPT, request_id="crashy", **kw), engine.card)
-        while run.driver is None or run.loop_id != "diffusion_denoise" or run.driver.state.step < 5:
-            first.tick()  # the "crash" after step 5: the last checkpoint is the one before the last step
+        tick_until_step(first, run, 5)  # the "crash" after step 5: the last checkpoint is the one before the last step
             # (every=2 writes step 4; the step before the last, 5 of 6, is always written), on the low-noise pool
         del first
         second, cp = scheduler()
@@ -207,7 +194,6 @@ def test_crash_and_resume_with_one_pool_per_expert_is_exact(moe_dir):
         resumed = second.get("crashy")
         assert resumed.resumed and resumed.driver.state.step == OPTS["num_inference_steps"] - 1
         assert cp.latest["crashy"].snapshot_role == "denoiser:transformer_2"
-        while resumed.status not in TERMINAL:
-            second.tick()
+        tick_until_done(second, resumed)
         engine.scheduler = second
         assert torch.equal(engine.result(resumed).latents, ref)

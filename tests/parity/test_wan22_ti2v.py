@@ -10,6 +10,7 @@ from fastvideo3.card import get_card, resolve_card
 from fastvideo3.models.wan.components import latent_shape, load_dit
 from fastvideo3.parity import rel_error
 from fastvideo3.engine import Engine
+from tests.helpers_parity import dit_and_reference
 
 pytestmark = pytest.mark.timeout(300)
 OPTS = dict(num_frames=9, height=64, width=96, num_inference_steps=4)
@@ -22,10 +23,7 @@ def ti2v_dir(tmp_path_factory):
 
 
 def test_c0_dit_matches_reference_with_per_token_timesteps(ti2v_dir):
-    from diffusers import WanTransformer3DModel
-    card = resolve_card(str(ti2v_dir))
-    ours, _ = load_dit(card, "cpu", torch.float32)
-    ref = WanTransformer3DModel.from_pretrained(str(ti2v_dir / "transformer")).eval()
+    card, ours, _, ref = dit_and_reference(ti2v_dir)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 48, 3, 4, 6, generator=g)
     t = torch.tensor([977.0, 412.0])

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fleet_fixture import START_TIMEOUT_S, dump_logs
+from tests.fleet_fixture import started
 from tests.reliability.helpers import BUDGETS
 
 REAL_CARD = "wan-tiny-seeded"
@@ -55,19 +55,13 @@ def real_fleet(real_redis, tmp_path_factory):
     fleet = LocalFleet(REAL_CARD, roles=("encoder", "denoiser", "decoder"), replicas={"denoiser": 2},
                        scheduler_args=sched_args, pool_args={"denoiser": denoiser_args, "encoder": encoder_args},
                        log_dir=tmp_path_factory.mktemp("real-fleet-logs"))
-    try:
-        fleet.start(timeout_s=START_TIMEOUT_S)
+    with started(fleet):
         d0 = fleet.pools["denoiser"][0].target
         fleet.one = fleet.add_scheduler(["--pools", f"denoiser={d0}", "--health-interval", "0.5",
                                          "--health-timeout", "0.5", *BUDGETS], name="scheduler-one")
         fleet.redis = real_redis
         fleet.namespace = REAL_NAMESPACE
         yield fleet
-    except BaseException:
-        dump_logs(fleet)
-        raise
-    finally:
-        fleet.stop()
 
 
 def pool_targets(fleet) -> list[str]:

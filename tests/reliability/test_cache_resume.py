@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 import fastvideo3
-from fastvideo3.runtime.durability.checkpointer import Checkpointer
-from fastvideo3.runtime.scheduling.scheduler import TERMINAL, CoreScheduler
-from fastvideo3.state import MemoryData, MemoryStateStore
+from fastvideo3.state import MemoryData
+from tests.helpers_resume import checkpointed_schedulers, engine_pools, tick_until_done, tick_until_step
 
 KW = dict(num_frames=9, height=32, width=32, num_inference_steps=12, seed=3)
 
@@ -27,18 +26,13 @@ def test_crash_and_resume_with_caching_is_bit_identical(cache):
         ref = engine.generate("a red circle", cache=cache, **KW)
         reused = next(iter(ref.metadata["cache"]["reused_steps"].values()))
         assert any(s < 6 for s in reused) and any(s >= 6 for s in reused)  # reuse on both sides of the crash
-        pools = {"encoder": [engine.encoder], "denoiser": [engine.denoiser], "decoder": [engine.decoder]}
+        pools = engine_pools(engine)
         data = MemoryData()
-
-        def scheduler():
-            cp = Checkpointer(MemoryStateStore(data=data), every=3)
-            sched = CoreScheduler(pools, checkpoint=cp.checkpoint, admit_hook=cp.register, recover=cp.recover)
-            return sched, cp.attach(sched)
+        scheduler = checkpointed_schedulers(pools, data, every=3)
 
         first, _ = scheduler()
         run = first.submit(engine.resolve("a red circle", request_id="crashy", cache=cache, **KW), engine.card)
-        while run.driver is None or run.loop_id != "diffusion_denoise" or run.driver.state.step < 7:
-            first.tick()  # the crash comes after step 7; the last checkpoint is at step 6
+        tick_until_step(first, run, 7)  # the crash comes after step 7; the last checkpoint is at step 6
         assert run.driver.state.plugin_state  # the interceptor's state is in the LoopState
         del first
         engine.denoiser.regions.clear()  # the region (latent and residuals) is lost with the crash
@@ -47,8 +41,7 @@ def test_crash_and_resume_with_caching_is_bit_identical(cache):
         resumed = second.get("crashy")
         assert resumed.resumed and resumed.driver.state.step == 6
         assert engine.denoiser.regions["crashy"].plugin  # the residuals came back from the snapshot
-        while resumed.status not in TERMINAL:
-            second.tick()
+        tick_until_done(second, resumed)
         engine.scheduler = second
         video = engine.result(resumed)
         assert np.array_equal(video.frames, ref.frames)

@@ -17,7 +17,7 @@ import pytest
 
 from fastvideo3.client import FleetClient
 from fastvideo3.errors import AlreadyExists, NotFound
-from tests.fleet_fixture import START_TIMEOUT_S, dump_logs, wait_until
+from tests.fleet_fixture import START_TIMEOUT_S, started, wait_until
 from tests.reliability.helpers import stream
 
 NS = "rel-ids"
@@ -33,14 +33,8 @@ def fake_fleet(real_redis, tmp_path_factory):
                                        "--checkpoint-every", "1"],
                        pool_args={"denoiser": ["--fake-step-seconds", "0.05"]},
                        log_dir=tmp_path_factory.mktemp("ids-logs"))
-    try:
-        fleet.start(timeout_s=START_TIMEOUT_S)
+    with started(fleet):
         yield fleet
-    except BaseException:
-        dump_logs(fleet)
-        raise
-    finally:
-        fleet.stop()
 
 
 def test_an_ended_request_stays_readable_across_a_restart(fake_fleet):

@@ -12,11 +12,10 @@ import fastvideo3
 from fastvideo3.errors import DataLoss
 from fastvideo3.export.errors import FingerprintMismatch
 from fastvideo3.loop.samplers import SamplerHistory
-from fastvideo3.runtime.durability.checkpointer import Checkpointer
 from fastvideo3.runtime.pool.resident import pool_identity, restore_regions, snapshot_regions
 from fastvideo3.runtime.durability.resume import RunRecord
-from fastvideo3.runtime.scheduling.scheduler import TERMINAL, CoreScheduler
 from fastvideo3.state import MemoryData, MemoryStateStore
+from tests.helpers_resume import checkpointed_schedulers, engine_pools, tick_until_done, tick_until_step
 
 KW = dict(num_frames=9, height=32, width=32, num_inference_steps=10, seed=3)
 
@@ -53,25 +52,19 @@ def test_resident_snapshot_is_exact_and_bound_to_the_runtime_identity():
 def test_crash_and_resume_in_process_is_bit_identical():
     with fastvideo3.Engine("wan-tiny-seeded") as engine:
         ref = engine.generate("a red circle", **KW).frames
-        pools = {"encoder": [engine.encoder], "denoiser": [engine.denoiser], "decoder": [engine.decoder]}
+        pools = engine_pools(engine)
         data = MemoryData()
-
-        def scheduler():
-            cp = Checkpointer(MemoryStateStore(data=data), every=3)
-            sched = CoreScheduler(pools, checkpoint=cp.checkpoint, admit_hook=cp.register, recover=cp.recover)
-            return sched, cp.attach(sched)
+        scheduler = checkpointed_schedulers(pools, data, every=3)
 
         first, _ = scheduler()
         run = first.submit(engine.resolve("a red circle", request_id="crashy", **KW), engine.card)
-        while run.driver is None or run.loop_id != "diffusion_denoise" or run.driver.state.step < 7:
-            first.tick()  # the "crash" comes after step 7; the last checkpoint is at step 6
+        tick_until_step(first, run, 7)  # the "crash" comes after step 7; the last checkpoint is at step 6
         del first
         second, cp = scheduler()
         assert cp.resume(engine.card) == ["crashy"]
         resumed = second.get("crashy")
         assert resumed.resumed and resumed.driver.state.step == 6
-        while resumed.status not in TERMINAL:
-            second.tick()
+        tick_until_done(second, resumed)
         engine.scheduler = second  # collect the frames through the same transport
         assert np.array_equal(engine.result(resumed).frames, ref)
         store = MemoryStateStore(data=data)
@@ -87,15 +80,10 @@ def test_crash_and_resume_with_batching_on_is_bit_identical_in_batch_invariant_m
     its denoise state) keeps it bit-identical to its uninterrupted run alone."""
     with fastvideo3.Engine("wan-tiny-seeded", max_batch=4, batch_invariant=True) as engine:
         ref = engine.generate("a red circle", **KW).frames
-        pools = {"encoder": [engine.encoder], "denoiser": [engine.denoiser], "decoder": [engine.decoder]}
+        pools = engine_pools(engine)
         data = MemoryData()
         ctx = {"batch_bucket": 4}
-
-        def scheduler():
-            cp = Checkpointer(MemoryStateStore(data=data), every=3)
-            sched = CoreScheduler(pools, max_batch=4, checkpoint=cp.checkpoint, admit_hook=cp.register,
-                                  recover=cp.recover)
-            return sched, cp.attach(sched)
+        scheduler = checkpointed_schedulers(pools, data, every=3, max_batch=4)
 
         def mate(sched, name, **kw):
             return sched.submit(engine.resolve(name, request_id=name.replace(" ", "-"), **{**KW, **kw}), engine.card,
@@ -105,8 +93,7 @@ def test_crash_and_resume_with_batching_on_is_bit_identical_in_batch_invariant_m
         run = first.submit(engine.resolve("a red circle", request_id="crashy-batched", **KW), engine.card, ctx=ctx)
         mate(first, "mate one", seed=8)
         mate(first, "mate two", seed=9, num_inference_steps=5)
-        while run.driver is None or run.loop_id != "diffusion_denoise" or run.driver.state.step < 7:
-            first.tick()
+        tick_until_step(first, run, 7)
         assert first.counters["multi_request_batches"] >= 5
         del first
         second, cp = scheduler()
@@ -116,8 +103,7 @@ def test_crash_and_resume_with_batching_on_is_bit_identical_in_batch_invariant_m
         mate(second, "mate three", seed=10, num_inference_steps=3)
         resumed = second.get("crashy-batched")
         assert resumed.resumed and resumed.driver.state.step == 6 and resumed.driver.state.batch_bucket == 4
-        while resumed.status not in TERMINAL:
-            second.tick()
+        tick_until_done(second, resumed)
         assert second.counters["multi_request_batches"] >= 1
         engine.scheduler = second
         assert np.array_equal(engine.result(resumed).frames, ref)

@@ -13,7 +13,7 @@ import pytest
 
 from fastvideo3.client import FleetClient
 from fastvideo3.errors import FastVideoError
-from tests.fleet_fixture import START_TIMEOUT_S, dump_logs, pool_describe
+from tests.fleet_fixture import START_TIMEOUT_S, pool_describe, started
 from tests.reliability.conftest import REAL_CARD
 from tests.reliability.helpers import BUDGETS, stream
 
@@ -30,15 +30,9 @@ def ha_fleet(real_redis, tmp_path_factory):
             "--no-batching", *BUDGETS]
     fleet = LocalFleet(REAL_CARD, roles=("encoder", "denoiser", "decoder"), scheduler_args=args, schedulers=2,
                        leader_lease_s=1.5, log_dir=tmp_path_factory.mktemp("ha-logs"))
-    try:
-        fleet.start(timeout_s=START_TIMEOUT_S)
+    with started(fleet):
         fleet.standby = fleet.schedulers[1].target
         yield fleet
-    except BaseException:
-        dump_logs(fleet)
-        raise
-    finally:
-        fleet.stop()
 
 
 def _reattach(target: str, prompt: str, deadline_s: float, **kw):

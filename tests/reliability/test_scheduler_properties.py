@@ -32,7 +32,7 @@ from fastvideo3.runtime.scheduling.scheduler import TERMINAL, CoreScheduler
 from fastvideo3.state import MemoryStateStore
 from fastvideo3.telemetry.hooks import SchedulerTelemetry
 from fastvideo3.telemetry.tracing import init_tracing
-from services.common.fake import fake_ref
+from tests.helpers_fake_pool import fake_result
 
 CARD = resolve_card("wan-tiny-seeded")
 MAX_RUNNING, MAX_QUEUED = 3, 4
@@ -62,17 +62,9 @@ class FakePool:
                 self.fail_next.discard(u.request_id)
                 out.append(StepResult(u.unit_id, u.request_id, ok=False, error=ErrorInfo("INTERNAL", "injected")))
                 continue
-            outputs = {}
-            if u.kind == "encoder_chunk":
-                outputs = {n: fake_ref(self.role, u.request_id, n, [1, 8, 4]) for n in u.params["prompts"]}
-            elif u.kind == "diffusion_step":
+            if u.kind == "diffusion_step":
                 self.regions[u.request_id] = u.params["step"] + 1
-                if u.params["final"]:
-                    outputs = {"latents": fake_ref(self.role, u.request_id, "z", [1, *u.params["latent_shape"]])}
-            elif u.kind == "vae_tile":
-                outputs = {"frames": fake_ref(self.role, u.request_id, "f", [9, 8, 8, 3], "uint8")}
-            out.append(StepResult(u.unit_id, u.request_id, outputs=outputs, metrics={"latent_norm": 1.0},
-                                  measured_seconds=0.01))
+            out.append(fake_result(self.role, u))
         return out
 
     def release(self, request_id):

@@ -11,6 +11,7 @@ import torch
 from fastvideo3.models.wan.components import keep_reference_fp32
 from fastvideo3.models.wan.dit import WanDiT, WanDiTConfig
 from fastvideo3.models.wan.fast import FastWanDiT
+from tests.helpers_dit import tiny_card_dit_bf16
 
 pytestmark = pytest.mark.timeout(120)
 CUDA = torch.cuda.is_available()
@@ -84,22 +85,11 @@ def test_taps_and_limits_match_the_reference():
         FastWanDiT(model, kernels="torch")(torch.randn(1, 16, 1, 2, 80), t[:1], text)
 
 
-def _tiny_card_dit_bf16() -> WanDiT:
-    """The tiny cards' DiT config (patch (1, 4, 4), 9 heads of 32) with seeded weights, all bf16."""
-    from fastvideo3.models.wan.cards import TINY_DIT
-    torch.manual_seed(0)
-    model = WanDiT(WanDiTConfig.from_dict(TINY_DIT))
-    for name, p in model.named_parameters():
-        if p.ndim >= 2 and "scale_shift_table" not in name:
-            torch.nn.init.normal_(p, std=0.05)
-    return model.to(torch.bfloat16).eval().requires_grad_(False)
-
-
 def test_fast_matches_module_on_the_tiny_card_config_bf16():
     # Regression: on a CPU with AMX, oneDNN's bf16 convolution got this config's (1, 4, 4) patch
     # embedding wrong, so the module path was 1.34 (relative) from the fast path's GEMM.
     import copy
-    model = _tiny_card_dit_bf16()
+    model = tiny_card_dit_bf16()
     g = torch.Generator().manual_seed(9)
     x = torch.randn(1, 16, 3, 16, 16, generator=g).bfloat16()
     t = torch.tensor([600.0])

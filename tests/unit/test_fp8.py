@@ -16,36 +16,19 @@ from fastvideo3.kernels import fp8 as fp8k
 from fastvideo3.kernels.fp8 import (
     E4M3, bias_gelu_quant, dequantize, fp8_linear, qk_scale_bound, quantize_rows, quantize_weight,
 )
+from tests.helpers_dit import tiny_card_dit_bf16
+from tests.helpers_fp8 import E4M3_GRID, ref_e4m3
 
 pytestmark = pytest.mark.timeout(120)
 
 
 # ------------------------------------------------------------------ a reference e4m3, from the bits
-def e4m3_values() -> torch.Tensor:
-    """Every finite non-negative e4m3 (float8_e4m3fn) value, from its definition: 1 sign, 4
-    exponent bits (bias 7), 3 mantissa bits; exponent 0 is subnormal; S.1111.111 is NaN."""
-    vals = []
-    for e in range(16):
-        for m in range(8):
-            if e == 15 and m == 7:
-                continue  # NaN
-            vals.append((m / 8) * 2.0**-6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7))
-    return torch.tensor(sorted(set(vals)), dtype=torch.float64)
-
-
-GRID = e4m3_values()
+GRID = E4M3_GRID
 
 
 def ref_quantize(v: torch.Tensor) -> torch.Tensor:
-    """Round to the nearest e4m3 value, ties to the even code, saturating at 448."""
-    a = v.double().abs().clamp(max=448.0)
-    hi = torch.searchsorted(GRID, a).clamp(max=len(GRID) - 1)
-    lo = (hi - 1).clamp(min=0)
-    d_lo, d_hi = a - GRID[lo], GRID[hi] - a
-    pick = torch.where(d_lo < d_hi, lo, hi)
-    tie = d_lo == d_hi
-    pick = torch.where(tie & (lo % 2 == 0), lo, torch.where(tie, hi, pick))  # codes are index order
-    return (GRID[pick] * v.sign()).float()
+    """Round to the nearest e4m3 value, ties to the even code, saturating at 448 (float32)."""
+    return ref_e4m3(v).float()
 
 
 def test_reference_grid_is_e4m3():
@@ -149,17 +132,6 @@ def test_qk_scale_bound_never_saturates():
 
 
 # --------------------------------------------------------------------------- the FP8 DiT on a CPU
-def _tiny_dit(seed: int = 0):
-    from fastvideo3.models.wan.cards import TINY_DIT
-    from fastvideo3.models.wan.dit import WanDiT, WanDiTConfig
-    torch.manual_seed(seed)
-    m = WanDiT(WanDiTConfig.from_dict(TINY_DIT))
-    for name, p in m.named_parameters():
-        if p.ndim >= 2 and "scale_shift_table" not in name:
-            torch.nn.init.normal_(p, std=0.05)
-    return m.to(torch.bfloat16).eval().requires_grad_(False)
-
-
 def _inputs():
     g = torch.Generator().manual_seed(9)
     return (torch.randn(1, 16, 3, 16, 16, generator=g).bfloat16(), torch.tensor([600.0]),
@@ -172,7 +144,7 @@ def test_fp8_dit_close_to_bf16_and_fast_path_agrees():
     from fastvideo3.models.wan.fast_fp8 import Fp8FastWanDiT
     from fastvideo3.models.wan.fp8 import FP8_LINEARS, Fp8Linear, quantize_dit_
     x, t, text = _inputs()
-    model = _tiny_dit()
+    model = tiny_card_dit_bf16()
     ref = FastWanDiT(model, share_weights=False)(x, t, text).float()
     quantize_dit_(model)
     for name in FP8_LINEARS:
@@ -195,9 +167,9 @@ def test_fp8_dit_close_to_bf16_and_fast_path_agrees():
 def test_card_fp8_options_reach_the_fast_path():
     from fastvideo3.models.wan.fast import FastWanDiT
     from fastvideo3.models.wan.fp8 import quantize_dit_
-    fast = FastWanDiT(quantize_dit_(_tiny_dit(), "token", "bf16", "fast"))
+    fast = FastWanDiT(quantize_dit_(tiny_card_dit_bf16(), "token", "bf16", "fast"))
     assert fast.fast_accum and not fast.fp8_attention and not fast.per_tensor
-    fast = FastWanDiT(quantize_dit_(_tiny_dit(), "tensor"))
+    fast = FastWanDiT(quantize_dit_(tiny_card_dit_bf16(), "tensor"))
     assert not fast.fast_accum and fast.per_tensor
 
 
@@ -205,9 +177,9 @@ def test_per_tensor_activation_scaling_runs_and_differs():
     from fastvideo3.models.wan.fast import FastWanDiT
     from fastvideo3.models.wan.fp8 import quantize_dit_
     x, t, text = _inputs()
-    ref = FastWanDiT(_tiny_dit(), share_weights=False)(x, t, text).float()
-    tok = FastWanDiT(quantize_dit_(_tiny_dit(), "token"))(x, t, text).float()
-    ten = FastWanDiT(quantize_dit_(_tiny_dit(), "tensor"))(x, t, text).float()
+    ref = FastWanDiT(tiny_card_dit_bf16(), share_weights=False)(x, t, text).float()
+    tok = FastWanDiT(quantize_dit_(tiny_card_dit_bf16(), "token"))(x, t, text).float()
+    ten = FastWanDiT(quantize_dit_(tiny_card_dit_bf16(), "tensor"))(x, t, text).float()
     assert not torch.equal(tok, ten)
     assert float((ten - ref).norm() / ref.norm()) < 0.1
 
@@ -226,7 +198,7 @@ def test_prequantized_checkpoint_loads_by_key_map(tmp_path):
     from fastvideo3.models.wan.dit import WanDiT, WanDiTConfig
     from fastvideo3.models.wan.fp8 import fp8_skeleton_, quantize_dit_, wan_dit_fp8_key_map
     cfg = WanDiTConfig.from_dict(TINY_DIT)
-    src = quantize_dit_(_tiny_dit())
+    src = quantize_dit_(tiny_card_dit_bf16())
     _write_checkpoint(tmp_path / "transformer", src, TINY_DIT)
     table = wan_dit_fp8_key_map(cfg)
     assert "blocks.0.attn1.to_q.weight_scale" in table and "proj_out.weight_scale" not in table
@@ -254,7 +226,7 @@ def test_prequantized_checkpoint_needs_e4m3_weights_and_every_scale(tmp_path):
     from fastvideo3.models.wan.dit import WanDiT, WanDiTConfig
     from fastvideo3.models.wan.fp8 import fp8_skeleton_, quantize_dit_
     cfg = WanDiTConfig.from_dict(TINY_DIT)
-    _write_checkpoint(tmp_path / "transformer", quantize_dit_(_tiny_dit()), TINY_DIT)
+    _write_checkpoint(tmp_path / "transformer", quantize_dit_(tiny_card_dit_bf16()), TINY_DIT)
     path = tmp_path / "transformer" / "diffusion_pytorch_model.safetensors"
     state = load_file(str(path))
     for broken, needle in (
@@ -382,7 +354,7 @@ def test_load_dit_reads_a_prequantized_directory(tmp_path, monkeypatch):
     from fastvideo3.models.wan import components
     from fastvideo3.models.wan.fp8 import Fp8Linear, quantize_dit_
     monkeypatch.setattr(components, "require_fp8_device", lambda card, device: None)
-    src = quantize_dit_(_tiny_dit())
+    src = quantize_dit_(tiny_card_dit_bf16())
     _write_checkpoint(tmp_path / "transformer", src, TINY_DIT)
     data = get_card("wan2.1-t2v-1.3b-fp8").model_dump(mode="json")
     data["components"]["transformer"].update(config=TINY_DIT, key_map="wan_dit_diffusers_fp8_v1")

@@ -1,5 +1,5 @@
 """FP8 self-attention's quantization on the CPU: the Q/K/V scales of each scheme (``bound``,
-``amax``, ``smooth_k``) against a reference written here, saturation, the round trip, and
+``amax``, ``smooth_k``) against a reference e4m3 (tests/helpers_fp8.py), saturation, the round trip, and
 SageAttention's K smoothing (softmax is invariant to it; it shrinks the score error when K shares
 an offset). The FlashAttention-3 call itself is GPU-only (test_fp8_cuda.py)."""
 from __future__ import annotations
@@ -13,33 +13,12 @@ from fastvideo3.kernels import qk_norm_rope
 from fastvideo3.kernels.fp8 import ATTENTION_SCALES, E4M3, qk_scale_bound, qkv_fp8
 from fastvideo3.kernels.fused import RopeGrid
 from fastvideo3.models.wan.dit import rope_tables
+from tests.helpers_fp8 import ref_e4m3
 
 pytestmark = pytest.mark.timeout(120)
 
 HEADS, HD, GRID = 4, 32, (2, 4, 6)
 D, N = HEADS * HD, 2 * 4 * 6
-
-
-# ------------------------------------------------------------------ a reference e4m3, from the bits
-def _grid() -> torch.Tensor:
-    vals = {(m / 8) * 2.0**-6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
-            for e in range(16) for m in range(8) if not (e == 15 and m == 7)}
-    return torch.tensor(sorted(vals), dtype=torch.float64)
-
-
-E4M3_GRID = _grid()
-
-
-def ref_e4m3(v: torch.Tensor) -> torch.Tensor:
-    """Nearest e4m3 value (ties to the even code), saturating at 448."""
-    a = v.double().abs().clamp(max=448.0)
-    hi = torch.searchsorted(E4M3_GRID, a).clamp(max=len(E4M3_GRID) - 1)
-    lo = (hi - 1).clamp(min=0)
-    d_lo, d_hi = a - E4M3_GRID[lo], E4M3_GRID[hi] - a
-    pick = torch.where(d_lo < d_hi, lo, hi)
-    tie = d_lo == d_hi
-    pick = torch.where(tie & (lo % 2 == 0), lo, torch.where(tie, hi, pick))
-    return E4M3_GRID[pick] * v.double().sign()
 
 
 # ------------------------------------------------------------------------------------ inputs

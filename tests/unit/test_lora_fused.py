@@ -16,18 +16,13 @@ from fastvideo3.kernels.fused import add_norm, triton_available
 from fastvideo3.kernels.lora_grouped import lora_group_delta_, lora_widen
 from fastvideo3.kernels.lora_norm import lora_add_norm, lora_add_norm_next
 from fastvideo3.kernels.lora_shrink import choose_split, lora_shrink_split
+from tests.helpers_lora import INTERPRET, kernel_device, norm_operands, triton_mark
 
 ROOT = Path(__file__).resolve().parents[2]
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-TRITON = pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()),
-                            reason="needs a GPU, or the Triton interpreter (the last test runs it in a child process)")
+TRITON = triton_mark("needs a GPU, or the Triton interpreter (the last test runs it in a child process)")
 pytestmark = pytest.mark.timeout(120)
 SLOTS = [2, -1, 0, 2, 1]
 SCALES = [0.7, 0.0, 1.0, -0.5, 2.0]
-
-
-def _device():
-    return "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 
 
 def _plan(rows, device):
@@ -68,7 +63,7 @@ def test_choose_split_only_where_tokens_are_few_and_the_input_long():
 @TRITON
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_split_shrink_matches_torch_path(dtype):
-    dev = _device()
+    dev = kernel_device()
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     for seed, n, k, groups, split in ((0, 37, 200, 1, 3), (1, 20, 64, 3, 1), (2, 9, 130, 2, 2)):
         g = torch.Generator().manual_seed(seed)
@@ -90,7 +85,7 @@ def test_triton_split_shrink_matches_torch_path(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_expand_alone_matches_the_group_delta(dtype):
     from fastvideo3.kernels.lora_grouped import lora_expand_
-    dev = _device()
+    dev = kernel_device()
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     g = torch.Generator().manual_seed(3)
     x = torch.randn(5, 37, 48, generator=g).to(dev, dtype)
@@ -109,12 +104,7 @@ def _norm_case(dtype, n=37, d=160, rank=16, slots=3, rows=5, seed=0, device="cpu
     g = torch.Generator().manual_seed(seed)
     x_in = torch.randn(rows, n, 96, generator=g).to(device, dtype)
     down = (torch.randn(slots, rank, 96, generator=g) * 0.2).to(device, dtype)
-    up = (torch.randn(slots, d, rank, generator=g) * 0.2).to(device, dtype)
-    x = torch.randn(rows, n, d, generator=g).to(device, dtype)
-    y = torch.randn(rows, n, d, generator=g).to(device, dtype)
-    gate = torch.randn(rows, d, generator=g).to(device, torch.float32)
-    a, b = (torch.randn(rows, d, generator=g) * 0.1).to(device), torch.randn(rows, d, generator=g).to(device)
-    w, bias = torch.randn(d, generator=g).to(device, dtype), torch.randn(d, generator=g).to(device, dtype)
+    up, x, y, gate, a, b, w, bias = norm_operands(g, dtype, n, d, rank, slots, rows, device)
     nd = (torch.randn(slots, next_c, d, generator=g) * 0.1).to(device, dtype)
     return x_in, down, up, x, y, gate, a, b, w, bias, nd
 
@@ -149,7 +139,7 @@ def test_add_norm_next_torch_path_is_expand_norm_then_the_next_shrink():
 def test_triton_add_norm_next_matches_torch_path(dtype):
     """Gated + modulated, ungated + affine; xa or split-K partials; no next, a group's next shrink
     (48 = 3 x 16 columns, padded in the kernel) and a widened next input; a row without an adapter."""
-    dev = _device()
+    dev = kernel_device()
     tol = 1e-4 if dtype == torch.float32 else 5e-2
     cases = ((0, 37, True, True, 0, 0), (1, 20, False, True, 2, 48), (2, 9, True, False, 0, -3),
              (3, 70, True, True, 3, -3))  # wide: as many blocks as the highest slot needs

@@ -15,9 +15,10 @@ import torch
 from fastvideo3.kernels.fused import triton_available
 from fastvideo3.kernels.lora import lora_delta_
 from fastvideo3.kernels.lora_grouped import lora_group_delta_, lora_widen, widen_pays, widen_weight
+from tests.helpers_lora import INTERPRET, kernel_device, norm_operands, triton_mark
 
 ROOT = Path(__file__).resolve().parents[2]
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+TRITON = triton_mark("needs a GPU, or the Triton interpreter: on a CPU the test below runs it in a child process")
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -75,11 +76,10 @@ def test_shape_errors_name_the_operands():
         lora_delta_(x, y, a, b, sl[:2], sc)
 
 
-@pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()),
-                    reason="needs a GPU, or the Triton interpreter: on a CPU the test below runs it in a child process")
+@TRITON
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_kernel_matches_torch_path(dtype):
-    device = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
+    device = kernel_device()
     for seed, n in ((0, 37), (1, 130)):
         x, y, a, b, sl, sc = _case(dtype, n=n, seed=seed, device=device)
         want = lora_delta_(x, y.clone(), a, b, sl, sc, impl="torch")
@@ -128,13 +128,12 @@ def test_group_shape_errors():
         lora_group_delta_(x, y, a, b, sl, sc, groups=3, act="gelu_tanh")
 
 
-@pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()),
-                    reason="needs a GPU, or the Triton interpreter: on a CPU the test below runs it in a child process")
+@TRITON
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_kernel_grouped_matches_torch_path(dtype):
     """The two-pass kernels: a 3-member group (fused QKV), one layer with and without the GELU,
     mixed adapters and a row without one (left bit for bit), short and longer token counts."""
-    device = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
+    device = kernel_device()
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     for seed, n, groups in ((0, 37, 3), (1, 130, 1), (2, 9, 2)):
         x, y, a, b, sl, sc = _group_case(dtype, groups=groups, n=n, seed=seed, device=device)
@@ -177,11 +176,10 @@ def test_widen_pays_where_the_output_is_wide_and_the_extra_rank_small():
     assert not widen_pays(8960, 1536, 128, 2)  # FFN out: the input copy outweighs the output
 
 
-@pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()),
-                    reason="needs a GPU, or the Triton interpreter: on a CPU the test below runs it in a child process")
+@TRITON
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_kernel_widen_matches_torch_path(dtype):
-    device = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
+    device = kernel_device()
     for seed, n in ((0, 37), (1, 130)):
         x, _, a, _, sl, sc = _case(dtype, n=n, seed=seed, device=device)
         want = lora_widen(x, a, sl, sc, blocks=3, impl="torch")
@@ -195,12 +193,7 @@ def test_triton_kernel_widen_matches_torch_path(dtype):
 def _norm_case(dtype, n=37, d=160, rank=16, slots=3, rows=5, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     xa = (torch.randn(rows, n, rank, generator=g) * 0.5).to(device, dtype)
-    up = (torch.randn(slots, d, rank, generator=g) * 0.2).to(device, dtype)
-    x = torch.randn(rows, n, d, generator=g).to(device, dtype)
-    y = torch.randn(rows, n, d, generator=g).to(device, dtype)
-    gate = torch.randn(rows, d, generator=g).to(device, torch.float32)
-    a, b = (torch.randn(rows, d, generator=g) * 0.1).to(device), torch.randn(rows, d, generator=g).to(device)
-    w, bias = torch.randn(d, generator=g).to(device, dtype), torch.randn(d, generator=g).to(device, dtype)
+    up, x, y, gate, a, b, w, bias = norm_operands(g, dtype, n, d, rank, slots, rows, device)
     sl = torch.tensor([2, -1, 0, 2, 1][:rows], dtype=torch.int32, device=device)
     return xa, up, x, y, gate, a, b, w, bias, sl
 
@@ -220,14 +213,13 @@ def test_lora_add_norm_torch_path_is_the_expand_then_add_norm():
     assert torch.allclose(got, want, atol=1e-5) and torch.allclose(x1, x2, atol=1e-6)
 
 
-@pytest.mark.skipif(not (INTERPRET or torch.cuda.is_available()),
-                    reason="needs a GPU, or the Triton interpreter: on a CPU the test below runs it in a child process")
+@TRITON
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_kernel_lora_add_norm_matches_torch_path(dtype):
     """The expand fused into the residual + LayerNorm: gated and modulated, ungated and affine,
     mixed adapters and a row without one, a token count that is not a tile multiple."""
     from fastvideo3.kernels.lora_norm import lora_add_norm
-    device = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
+    device = kernel_device()
     tol = 1e-4 if dtype == torch.float32 else 5e-2
     for seed, n, gated, modulate in ((0, 37, True, True), (1, 20, False, True), (2, 9, True, False)):
         xa, up, x, y, gate, a, b, w, bias, sl = _norm_case(dtype, n=n, seed=seed, device=device)

@@ -6,13 +6,12 @@ from pathlib import Path
 import pytest
 
 from fastvideo3.card import get_card
-from fastvideo3.loop.protocol import StepResult
 from fastvideo3.request.schema import GenerateRequest, resolve
 from fastvideo3.runtime.economy.admission import AdmissionConfig, AdmissionController, SloClass
 from fastvideo3.runtime.economy.cost import CalibratedCostModel
 from fastvideo3.runtime.economy.pricing import Pricer
 from fastvideo3.runtime.scheduling.scheduler import PROGRAM_T2V, TERMINAL, CoreScheduler
-from services.common.fake import fake_ref
+from tests.helpers_fake_pool import fake_result
 
 pytestmark = pytest.mark.timeout(60)
 CARD = get_card("wan-tiny")
@@ -30,15 +29,7 @@ class FakePool:
         out = []
         for u in batch:
             self.seen.append(u.request_id)
-            outputs = {}
-            if u.kind == "encoder_chunk":
-                outputs = {n: fake_ref(self.role, u.request_id, n, [1, 8, 4]) for n in u.params["prompts"]}
-            elif u.kind == "diffusion_step" and u.params["final"]:
-                outputs = {"latents": fake_ref(self.role, u.request_id, "z", [1, *u.params["latent_shape"]])}
-            elif u.kind == "vae_tile":
-                outputs = {"frames": fake_ref(self.role, u.request_id, "f", [9, 8, 8, 3], "uint8")}
-            out.append(StepResult(u.unit_id, u.request_id, outputs=outputs, metrics={"latent_norm": 1.0},
-                                  measured_seconds=0.01))
+            out.append(fake_result(self.role, u))
         return out
 
     def release(self, request_id):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastvideo3.errors import CardError
+from fastvideo3.models.wan.layout import _json  # a diffusers folder's JSON mapping, CardError otherwise
 from fastvideo3.vocab import Program
 
 PIPELINE = "HunyuanVideo15Pipeline"
@@ -69,18 +70,6 @@ class Layout:
     vae: dict
     scheduler: dict
     guider: dict
-
-
-def _json(path: Path, field: str) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CardError(f"{path.parent.name}/{path.name} is missing", field=field) from None
-    except json.JSONDecodeError as e:
-        raise CardError(f"{path.parent.name}/{path.name} is not valid JSON: {e}", field=field) from None
-    if not isinstance(data, dict):
-        raise CardError(f"{path.parent.name}/{path.name} must hold a mapping", field=field)
-    return data
 
 
 def pipeline_class(root: Path) -> str | None:
