@@ -72,8 +72,7 @@ def record_unit_failures(store: list) -> None:
     """Keep the traceback of every WorkUnit an in-process executor fails: the StepResult carries
     only the message, which is not enough to find a fault seen on one machine only."""
     import traceback
-    from fastvideo3.runtime.pool import dit_executor
-from fastvideo3.runtime.pool import executors
+    from fastvideo3.runtime.pool import dit_executor, executors
     fail = executors._fail
 
     def traced(unit, exc):

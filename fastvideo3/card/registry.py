@@ -83,16 +83,15 @@ def load_card_file(path: str | Path) -> ModelCard:
 
 
 def _inherited_buckets(merged: dict) -> dict:
-    """The base card's graph buckets under the file's own limits: kept while the limits accept
-    every bucket shape, else none (the denoiser then runs the card's default shape's buckets) --
-    a file that narrows the limits need not restate buckets it never declared."""
-    from fastvideo3.card.spec import GraphBucketSpec, Limits, check_graph_shapes
+    """The base card's graph buckets under the file's own limits: those whose shapes the limits
+    still accept -- a file that narrows the limits need not restate buckets it never declared."""
+    from fastvideo3.card.spec import GraphBucketSpec, Limits, graph_buckets_within
     try:
-        check_graph_shapes(GraphBucketSpec.model_validate(merged.get("graph_buckets") or {}),
-                           Limits.model_validate(merged.get("limits") or {}))
-    except (ValueError, ValidationError):
-        return {}
-    return merged.get("graph_buckets") or {}
+        spec = GraphBucketSpec.model_validate(merged.get("graph_buckets") or {})
+        lim = Limits.model_validate(merged.get("limits") or {})
+    except ValidationError:
+        return {}  # the limits themselves are refused when the card is validated, naming the field
+    return graph_buckets_within(spec, lim).model_dump(mode="json")
 
 
 def card_validation_error(e: ValidationError) -> CardError:

@@ -279,6 +279,20 @@ def check_graph_shapes(spec: GraphBucketSpec, lim: Limits) -> None:
                                  f"[{lim.min_size}, {hi}]")
 
 
+def graph_buckets_within(spec: GraphBucketSpec, lim: Limits) -> GraphBucketSpec:
+    """The buckets whose shapes a request may ask for under ``lim`` (none when no shape fits):
+    a card whose limits were narrowed keeps the buckets it can still serve."""
+    def fits(shape: GraphShape) -> bool:
+        try:
+            check_graph_shapes(GraphBucketSpec(rows=[1], shapes=[shape]), lim)
+        except ValueError:
+            return False
+        return True
+
+    shapes = [s for s in spec.shapes if fits(s)]
+    return GraphBucketSpec(rows=list(spec.rows), shapes=shapes) if shapes else GraphBucketSpec()
+
+
 class CapabilityMatrix(_Spec):
     tasks: list[TaskName] = Field(default_factory=lambda: [Task.TEXT_TO_VIDEO, Task.VAE_DECODE])
     negative_prompt: bool = True

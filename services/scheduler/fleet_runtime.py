@@ -175,9 +175,9 @@ class FleetRuntime:
         run = ended_run(request_id, kept, self.card_of)
         if run is None:
             return None
-        kept = self._core.retain(run)
-        if kept is not run:  # raced with a submit
-            return kept
+        retained = self._core.retain(run)
+        if retained is not run:  # raced with a submit
+            return retained
         with self._lock:
             self._finished.append(request_id)
             self._ended[request_id] = float(kept["info"].get("ended") or time.time())

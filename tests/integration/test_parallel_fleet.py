@@ -1,8 +1,9 @@
 """A multi-rank denoiser replica in the real fleet (scheduler + pools as processes, gloo ranks).
 
 The denoiser is one replica of N ranks started by its own launcher (``--nproc N --plan P``).
-Its frames equal the embedded single-process engine's within 1e-5 for two plans (Ulysses 2 on
-2 ranks; CFG 2 x Ulysses 2 on 4), step batching still batches requests on it, Describe names
+Its frames equal the embedded single-process engine's within 1e-4 for two plans (Ulysses 2 on
+2 ranks; CFG 2 x Ulysses 2 on 4) -- the fleet batches the three requests' steps, which reorders
+sums only (the plans alone match within 1e-5: tests/unit/test_parallel_plans.py) --, step batching still batches requests on it, Describe names
 the plan, and a rank killed mid-request ends that request (no hang), after which every other
 rank of the replica exits.
 """
@@ -69,7 +70,7 @@ def _check_plan(fleet, embedded, spec: str, world: int) -> None:
     videos = _generate_all(fleet.target)
     for p, v in zip(PROMPTS, videos):
         err = float(np.abs(v.frames - embedded[p]).max())
-        assert err <= 1e-5, (spec, p, err)
+        assert err <= 1e-4, (spec, p, err)  # batched with the other requests, as tests/unit/test_batch_invariant.py
     counters = pool_describe(den.target).counters
     assert counters["max_batch_rows"] > 2, counters  # a forward held more than one request
     with FleetClient(fleet.target) as c:

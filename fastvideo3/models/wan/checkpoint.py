@@ -174,7 +174,7 @@ def card_for_directory(root: Path):
         TINY_I2V_DIT, WAN21_I2V_480P, WAN21_I2V_720P, WAN22_5B_DIT, WAN22_A14B_T2V, WAN_1_3B_DIT, WAN_14B_DIT,
         WAN_I2V_14B_DIT, _wan_real, wan21_i2v, wan22_moe, wan22_ti2v,
     )
-    from fastvideo3.card.spec import Limits, LoopSpec, SamplerSpec
+    from fastvideo3.card.spec import Limits, LoopSpec, SamplerSpec, graph_buckets_within
     from fastvideo3.models.wan.layout import inspect_directory
 
     root = Path(root)
@@ -238,7 +238,9 @@ def card_for_directory(root: Path):
         "max_height": max_px, "max_width": max_px,
         "default_height": min(base.limits.default_height, max_px), "default_width": min(base.limits.default_width, max_px),
     })
-    card = base.model_copy(update={"loops": loops, "limits": Limits.model_validate(lim.model_dump())})
+    limits = Limits.model_validate(lim.model_dump())
+    card = base.model_copy(update={"loops": loops, "limits": limits,
+                                   "graph_buckets": graph_buckets_within(base.graph_buckets, limits)})
     return bind_checkpoint(card, root)
 
 

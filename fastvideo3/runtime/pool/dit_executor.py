@@ -150,7 +150,9 @@ class DenoiserExecutor(_Base):
         self.batching = batching
         self.regions: dict[str, Region] = {}
         #: (request, input name) -> the pulled tensor, or the error pulling it raised (see prefetch)
-        self._staged: dict[tuple[str, str], object] = {}
+        #: (request id, input name, owner, buffer id) -> the prefetched tensor, or the pull's error; keyed by
+        #: the ref too, so a request whose input was made again never gets the old one's pull
+        self._staged: dict[tuple[str, str, str, str], object] = {}
         self.counters.update({"forwards": 0, "rows": 0, "max_batch_rows": 0, "padding_rows": 0,
                               "graph_forwards": 0, "eager_forwards": 0})
         self.fault_hook = None  # test hook: fn(unit, latent) -> latent, to inject numeric faults
@@ -179,7 +181,7 @@ class DenoiserExecutor(_Base):
             if name.startswith(HANDOFF_PREFIX):
                 continue
             if name not in reg.embeds:  # fetched once per request, reused across steps (fetch validates the ref)
-                fetched = self._staged.pop((unit.request_id, name), None)
+                fetched = self._staged.pop((unit.request_id, name, ref.owner, ref.buffer_id), None)
                 if isinstance(fetched, BaseException):
                     raise fetched
                 if fetched is None:
@@ -196,7 +198,7 @@ class DenoiserExecutor(_Base):
         for unit in batch:
             reg = self.regions.get(unit.request_id)
             for name, ref in unit.inputs.items():
-                key = (unit.request_id, name)
+                key = (unit.request_id, name, ref.owner, ref.buffer_id)
                 if name.startswith(HANDOFF_PREFIX) or (reg is not None and name in reg.embeds) or key in self._staged:
                     continue
                 try:

@@ -47,7 +47,6 @@ class Dispatcher:
         """``threads``: a dispatch thread pool (``workers`` threads). ``pipeline_depth``: batches a
         denoiser replica takes at once in pipelined mode. ``background_releases``: Release calls
         run on their own threads (the fleet) instead of the caller's."""
-        self.executors = executors
         self.telemetry = telemetry
         self.pipeline_depth = max(1, int(pipeline_depth))
         self.release_after_s = float(release_after_s)
@@ -55,14 +54,22 @@ class Dispatcher:
         self.busy: dict[int, int] = {}  # id(executor) -> batches of this scheduler in flight
         self.counters: dict[str, float] = {"releases_carried": 0, "release_calls": 0, "releases_flushed": 0,
                                            "double_buffered": 0}
-        self._pool_of = {id(ex): key for key, reps in executors.items() for ex in reps}
         self._pending: dict[int, dict[str, float]] = {}  # id(executor) -> {request id: queued at}
-        self._by_id: dict[int, Executor] = {id(ex): ex for reps in executors.values() for ex in reps}
         self._mu = threading.Lock()
+        self.set_executors(executors)
         self._threads = (ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dispatch") if threads else None)
         self._releaser = (ThreadPoolExecutor(max_workers=2, thread_name_prefix="release")
                           if background_releases else None)
         self._releasing: set[Future] = set()
+
+    def set_executors(self, executors: Mapping[str, list[Executor]]) -> None:
+        """Take a new replica table (e.g. wrapped executors); ids owed to a replica that left it
+        are dropped with it."""
+        with self._mu:
+            self.executors = executors
+            self._pool_of = {id(ex): key for key, reps in executors.items() for ex in reps}
+            self._by_id = {id(ex): ex for reps in executors.values() for ex in reps}
+            self._pending = {k: v for k, v in self._pending.items() if k in self._by_id}
 
     # -- capacity ----------------------------------------------------------------------
     def depth(self, executor: Any) -> int:

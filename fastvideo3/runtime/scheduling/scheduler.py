@@ -72,7 +72,6 @@ class CoreScheduler:
         ``snapshots`` (pipelined; the Checkpointer): checkpoint snapshots the applied results ask
         for are taken by the batch's dispatch thread outside the lock (``take_snapshots``,
         ``run_snapshot``, ``finish_snapshot``), while their requests wait at the step boundary."""
-        self.executors = executors
         self.admit_hook = admit_hook
         self.pipelined = pipelined
         self.split_min_units = int(split_min_units) if pipelined else 0
@@ -91,6 +90,19 @@ class CoreScheduler:
                                telemetry=telemetry, load=self.dispatcher.load)
         self.dispatcher.telemetry = self.planner.telemetry
         self._ended: dict[str, Ended] = {}  # pipelined: ended requests waiting for release_ended
+
+    # -- the replica table -------------------------------------------------------------
+    @property
+    def executors(self) -> dict[str, list[Executor]]:
+        return self.planner.executors
+
+    @executors.setter
+    def executors(self, executors: dict[str, list[Executor]]) -> None:
+        """Replace the replica table (e.g. with wrapped executors): the planner and the
+        dispatcher both take it."""
+        with self._lock:
+            self.planner.executors = executors
+            self.dispatcher.set_executors(executors)
 
     # -- what the planner holds --------------------------------------------------------
     @property
