@@ -7,9 +7,11 @@ mapping, Describe — is here and is the same for every role.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -259,78 +261,69 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
         self.counters["describe_rpcs"] += 1
         return self.description()
 
-    def Snapshot(self, request, context):  # noqa: N802
-        """A request's resident regions, bound to this pool's runtime fingerprint."""
-        import hashlib
-
-        from fastvideo3.errors import FastVideoError, InvalidRequest
+    @contextmanager
+    def _rpc(self, context):
+        """The frame of the state and adapter RPCs: counted as work (a draining pool finishes
+        it), and a FastVideoError becomes the call's status."""
+        from fastvideo3.errors import FastVideoError
         from services.common.errors import abort
         try:
             with self.host.work():
-                if not request.request_id:
-                    raise InvalidRequest("must not be empty", field="request_id")
-                if not is_resumable(self.executor):
-                    context.abort(grpc_status("UNIMPLEMENTED"), f"a {self.cfg.role} pool keeps no resident state")
-                blob = self.executor.snapshot(request.request_id)
-                self.counters["snapshots"] = self.counters.get("snapshots", 0) + 1
-                from fastvideo3.export.regions import Snapshot
-                names = [r.name for r in Snapshot.from_bytes(blob).regions]
-                return pool_pb2.SnapshotResponse(request_id=request.request_id, blob=blob,
-                                                 runtime_fingerprint=self.fingerprint, regions=names,
-                                                 checksum="sha256:" + hashlib.sha256(blob).hexdigest())
+                yield
         except FastVideoError as e:
             abort(context, e)
+
+    def _resident_state(self, request, context) -> None:
+        """Snapshot and Restore name a request of a pool that keeps resident state."""
+        from fastvideo3.errors import InvalidRequest
+        if not request.request_id:
+            raise InvalidRequest("must not be empty", field="request_id")
+        if not is_resumable(self.executor):
+            context.abort(grpc_status("UNIMPLEMENTED"), f"a {self.cfg.role} pool keeps no resident state")
+
+    def Snapshot(self, request, context):  # noqa: N802
+        """A request's resident regions, bound to this pool's runtime fingerprint."""
+        from fastvideo3.export.regions import Snapshot
+        with self._rpc(context):
+            self._resident_state(request, context)
+            blob = self.executor.snapshot(request.request_id)
+            self.counters["snapshots"] = self.counters.get("snapshots", 0) + 1
+            names = [r.name for r in Snapshot.from_bytes(blob).regions]
+            return pool_pb2.SnapshotResponse(request_id=request.request_id, blob=blob,
+                                             runtime_fingerprint=self.fingerprint, regions=names,
+                                             checksum="sha256:" + hashlib.sha256(blob).hexdigest())
 
     def Restore(self, request, context):  # noqa: N802
         """Load a snapshot; FAILED_PRECONDITION unless it was written under this fingerprint."""
-        import hashlib
-
-        from fastvideo3.errors import DataLoss, FastVideoError, InvalidRequest
+        from fastvideo3.errors import DataLoss
         from fastvideo3.export.errors import FingerprintMismatch
-        from services.common.errors import abort
-        try:
-            with self.host.work():
-                if not request.request_id:
-                    raise InvalidRequest("must not be empty", field="request_id")
-                if not is_resumable(self.executor):
-                    context.abort(grpc_status("UNIMPLEMENTED"), f"a {self.cfg.role} pool keeps no resident state")
-                if request.runtime_fingerprint and request.runtime_fingerprint != self.fingerprint:
-                    raise FingerprintMismatch(f"snapshot from runtime {request.runtime_fingerprint}",
-                                              field="runtime_fingerprint", limit=self.fingerprint)
-                if request.checksum and request.checksum != "sha256:" + hashlib.sha256(request.blob).hexdigest():
-                    raise DataLoss("snapshot checksum mismatch", field="checksum")
-                self.executor.restore(request.request_id, request.blob)
-                self.counters["restores"] = self.counters.get("restores", 0) + 1
-                return pool_pb2.RestoreResponse(request_id=request.request_id)
-        except FastVideoError as e:
-            abort(context, e)
+        with self._rpc(context):
+            self._resident_state(request, context)
+            if request.runtime_fingerprint and request.runtime_fingerprint != self.fingerprint:
+                raise FingerprintMismatch(f"snapshot from runtime {request.runtime_fingerprint}",
+                                          field="runtime_fingerprint", limit=self.fingerprint)
+            if request.checksum and request.checksum != "sha256:" + hashlib.sha256(request.blob).hexdigest():
+                raise DataLoss("snapshot checksum mismatch", field="checksum")
+            self.executor.restore(request.request_id, request.blob)
+            self.counters["restores"] = self.counters.get("restores", 0) + 1
+            return pool_pb2.RestoreResponse(request_id=request.request_id)
 
     # -- adapters (denoiser pools) ---------------------------------------------------------
     def LoadAdapter(self, request, context):  # noqa: N802
         """Load a LoRA while serving; reading the file takes no step lock (see the executor)."""
-        from fastvideo3.errors import FastVideoError
         from fastvideo3.v1 import adapter_pb2
-        from services.common.errors import abort
-        try:
-            with self.host.work():
-                info = self._adapter_executor(context).load_adapter(request.adapter_id, request.path or None)
-                log.info("adapter %s loaded (version %s)", info["id"], info["version"])
-                return adapter_pb2.AdapterInfo(adapter_id=info["id"], version=info["version"], rank=info["rank"],
-                                               bytes=info["bytes"], replicas=[self.replica_id])
-        except FastVideoError as e:
-            abort(context, e)
+        with self._rpc(context):
+            info = self._adapter_executor(context).load_adapter(request.adapter_id, request.path or None)
+            log.info("adapter %s loaded (version %s)", info["id"], info["version"])
+            return adapter_pb2.AdapterInfo(adapter_id=info["id"], version=info["version"], rank=info["rank"],
+                                           bytes=info["bytes"], replicas=[self.replica_id])
 
     def UnloadAdapter(self, request, context):  # noqa: N802
-        from fastvideo3.errors import FastVideoError
         from fastvideo3.v1 import adapter_pb2
-        from services.common.errors import abort
-        try:
-            with self.host.work():
-                versions = self._adapter_executor(context).unload_adapter(request.adapter_id, request.wait_s)
-                log.info("adapter %s unloaded (%s)", request.adapter_id, ", ".join(versions))
-                return adapter_pb2.UnloadAdapterResponse(adapter_id=request.adapter_id, versions=versions)
-        except FastVideoError as e:
-            abort(context, e)
+        with self._rpc(context):
+            versions = self._adapter_executor(context).unload_adapter(request.adapter_id, request.wait_s)
+            log.info("adapter %s unloaded (%s)", request.adapter_id, ", ".join(versions))
+            return adapter_pb2.UnloadAdapterResponse(adapter_id=request.adapter_id, versions=versions)
 
     def _adapter_executor(self, context):
         if not isinstance(self.executor, TakesAdapters):
