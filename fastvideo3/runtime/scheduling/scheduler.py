@@ -36,6 +36,17 @@ from fastvideo3.vocab import RunStatus
 __all__ = ["CoreScheduler", "Event", "PROGRAM_T2V", "RETRYABLE_CODES", "RequestRun", "TERMINAL"]
 
 
+def _planner_attr(name: str, *, settable: bool = False) -> property:
+    """The planner's attribute ``name``, as an attribute of the scheduler that owns it."""
+    def read(self):
+        return getattr(self.planner, name)
+
+    def write(self, value) -> None:
+        setattr(self.planner, name, value)
+
+    return property(read, write if settable else None, doc=f"The planner's ``{name}``.")
+
+
 class CoreScheduler:
     def __init__(
         self,
@@ -104,54 +115,17 @@ class CoreScheduler:
             self.planner.executors = executors
             self.dispatcher.set_executors(executors)
 
-    # -- what the planner holds --------------------------------------------------------
-    @property
-    def runs(self):
-        return self.planner.runs
-
-    @property
-    def counters(self) -> dict[str, float]:
-        return self.planner.counters
-
-    @property
-    def batch_sizes(self):
-        return self.planner.batch_sizes
-
-    @property
-    def max_batch(self) -> int:
-        return self.planner.max_batch
-
-    @property
-    def max_running(self) -> int:
-        return self.planner.max_running
-
-    @property
-    def max_queued(self) -> int:
-        return self.planner.max_queued
-
-    @property
-    def telemetry(self):
-        return self.planner.telemetry
-
-    @property
-    def admission(self):
-        return self.planner.admission
-
-    @property
-    def pricer(self):
-        return self.planner.pricer
-
-    @pricer.setter
-    def pricer(self, value) -> None:
-        self.planner.pricer = value
-
-    @property
-    def on_event(self):
-        return self.planner.on_event
-
-    @on_event.setter
-    def on_event(self, value) -> None:
-        self.planner.on_event = value
+    # -- what the planner holds (read, and where settable set, through the scheduler) ------
+    runs = _planner_attr("runs")
+    counters = _planner_attr("counters")
+    batch_sizes = _planner_attr("batch_sizes")
+    max_batch = _planner_attr("max_batch")
+    max_running = _planner_attr("max_running")
+    max_queued = _planner_attr("max_queued")
+    telemetry = _planner_attr("telemetry")
+    admission = _planner_attr("admission")
+    pricer = _planner_attr("pricer", settable=True)
+    on_event = _planner_attr("on_event", settable=True)
 
     @property
     def inflight(self) -> dict[int, int]:
