@@ -21,7 +21,7 @@ demo: $(STAMP)
 
 test: $(STAMP) redis chromium $(VENV)/bin/helm
 	$(PY) protos/generate.py --check
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 install: $(STAMP)
 
