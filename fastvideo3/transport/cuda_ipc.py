@@ -272,7 +272,6 @@ class CudaIpcTransport(TransportBase):
         self._table: _Table | None = None  # owner side, made on first publish
         self._free_slots = list(range(TABLE_SLOTS - 1, -1, -1))
         self._epoch = 0
-        self._gen = 0
         self._tables: dict[str, _Table] = {}  # reader side, by name
         self._maps: dict[tuple[str, int], torch.Tensor] = {}  # (table, epoch) -> mapped slab
         self._pins: dict[tuple[str, int], int] = {}  # (table, slot) -> live views pinning it
@@ -359,9 +358,7 @@ class CudaIpcTransport(TransportBase):
                 csum = "fsum64:" + digest
             if device.type == "cuda":
                 torch.cuda.current_stream(device).synchronize()  # readers copy on their own streams
-            with self._lock2:
-                self._gen += 1
-                gen = self._gen
+            gen = self._next_generation()
             self._table.write(ipc.slot, generation=gen)
         except BaseException:
             pool.give_back(slab)

@@ -106,6 +106,8 @@ class TransportBase:
         self._counters = dict.fromkeys(_COUNTERS, 0)
         self._seq = itertools.count()
         self._closed = False
+        self._generations = itertools.count(1)
+        self._generation_lock = threading.Lock()
 
     # ------------------------------------------------------------------ backend hooks
     def _publish(self, buffer_id: str, tensor: torch.Tensor, csum_algo: str) -> tuple[Any, str, dict]:
@@ -135,6 +137,20 @@ class TransportBase:
 
     def _backend_stats(self) -> dict[str, Any]:
         return {}
+
+    # ------------------------------------------------------------------ slab helpers
+    def _next_generation(self) -> int:
+        """A published buffer's generation: never reused by this owner, so a reader tells the
+        buffer its ref names from a released slab that now holds another."""
+        with self._generation_lock:
+            return next(self._generations)
+
+    def _stage(self, data: torch.Tensor, tensor: torch.Tensor, csum_algo: str) -> tuple[str, int]:
+        """Copy ``tensor``'s bytes into ``data`` (a uint8 view of a slab, exactly their length),
+        checksum the staged copy and give it its generation: (checksum, generation)."""
+        if data.numel():
+            data.copy_(_checksum.byte_view(tensor))
+        return _checksum.compute(data, csum_algo), self._next_generation()
 
     # ------------------------------------------------------------------ owner side
     def publish(self, request_id: str, name: str, tensor: torch.Tensor) -> TensorRef:

@@ -224,8 +224,6 @@ class NixlTransport(TransportBase):
         self._max_cached = max_cached_bytes
         self._pools: dict[tuple[str, str], SlabPool] = {}  # (role, device) -> pool
         self._pools_lock = threading.Lock()
-        self._gen = 0
-        self._gen_lock = threading.Lock()
         self._peers: set[str] = set()
         self._peers_lock = threading.Lock()
         # (xfer handle, (buffers, cleanups)) of transfers NIXL could not cancel
@@ -301,13 +299,7 @@ class NixlTransport(TransportBase):
         slab = pool.acquire(slab_bytes_needed(nbytes))
         try:
             buf = slab.handle.buf
-            data = buf[:nbytes]
-            if nbytes:
-                data.copy_(_checksum.byte_view(tensor))
-            csum = _checksum.compute(data, csum_algo)
-            with self._gen_lock:
-                self._gen += 1
-                gen = self._gen
+            csum, gen = self._stage(buf[:nbytes], tensor, csum_algo)
             off = trailer_offset(nbytes)
             trailer = torch.frombuffer(bytearray(pack_trailer(gen, nbytes)), dtype=torch.uint8)
             buf[off:off + TRAILER_BYTES].copy_(trailer)

@@ -87,7 +87,6 @@ class ShmTransport(TransportBase):
         self._prefix = f"fv3-{uuid.uuid4().hex[:10]}"
         self._names = 0
         self._names_lock = threading.Lock()
-        self._gen = 0
         self._slabs = SlabPool(self._create_segment, lambda seg: seg.destroy(),
                                max_cached_bytes=max_cached_bytes)
 
@@ -106,13 +105,7 @@ class ShmTransport(TransportBase):
         slab = self._slabs.acquire(slab_bytes_needed(nbytes))
         try:
             seg: _Segment = slab.handle
-            data = seg.u8[:nbytes]
-            if nbytes:
-                data.copy_(_checksum.byte_view(tensor))
-            csum = _checksum.compute(data, csum_algo)
-            with self._names_lock:
-                self._gen += 1
-                gen = self._gen
+            csum, gen = self._stage(seg.u8[:nbytes], tensor, csum_algo)
             off = trailer_offset(nbytes)
             seg.mm[off:off + TRAILER_BYTES] = pack_trailer(gen, nbytes)
         except BaseException:
