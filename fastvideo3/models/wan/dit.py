@@ -332,11 +332,7 @@ class WanDiT(nn.Module):
     def embed(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor,
               image: torch.Tensor | None = None) -> "DitStage":
         """Patch embedding, condition embedding and RoPE: what every block range needs."""
-        _, _, f, h, w = latents.shape
-        pt, ph, pw = self.cfg.patch_size
-        ff, hh, ww = f // pt, h // ph, w // pw
-        if max(ff, hh, ww) > self.cfg.rope_max_seq_len:
-            raise ValueError(f"latent grid {ff}x{hh}x{ww} exceeds rope_max_seq_len {self.cfg.rope_max_seq_len}")
+        ff, hh, ww = latent_grid(self.cfg, latents)
         x = self.patch_embedding(latents).flatten(2).transpose(1, 2).contiguous()
         if self.cfg.image_to_video and image is None:
             raise ValueError("an image-to-video DiT needs the image's hidden states (image=)")
@@ -357,14 +353,27 @@ class WanDiT(nn.Module):
         return _layer_norm_fp32(x, blk.eps) * (1 + scale) + shift
 
     def head(self, stage: "DitStage", x: torch.Tensor) -> torch.Tensor:
-        b = x.shape[0]
-        ff, hh, ww = stage.grid
-        pt, ph, pw = self.cfg.patch_size
         shift, scale = (self.scale_shift_table + stage.temb.unsqueeze(1)).chunk(2, dim=1)
         x = (_layer_norm_fp32(x, self.cfg.eps) * (1 + scale) + shift).type_as(x)
-        x = self.proj_out(x)
-        x = x.reshape(b, ff, hh, ww, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
-        return x.flatten(6, 7).flatten(4, 5).flatten(2, 3)
+        return unpatchify(self.proj_out(x), stage.grid, self.cfg.patch_size)
+
+
+def latent_grid(cfg: WanDiTConfig, latents: torch.Tensor) -> tuple[int, int, int]:
+    """The token grid ``(F/pt, H/ph, W/pw)`` of ``latents [B, C, F, H, W]``; one past the RoPE tables is refused."""
+    _, _, f, h, w = latents.shape
+    pt, ph, pw = cfg.patch_size
+    ff, hh, ww = f // pt, h // ph, w // pw
+    if max(ff, hh, ww) > cfg.rope_max_seq_len:
+        raise ValueError(f"latent grid {ff}x{hh}x{ww} exceeds rope_max_seq_len {cfg.rope_max_seq_len}")
+    return ff, hh, ww
+
+
+def unpatchify(x: torch.Tensor, grid: tuple[int, int, int], patch_size: tuple[int, int, int]) -> torch.Tensor:
+    """The head's tokens ``[B, N, C*pt*ph*pw]`` back to latents ``[B, C, F, H, W]``."""
+    ff, hh, ww = grid
+    pt, ph, pw = patch_size
+    x = x.reshape(x.shape[0], ff, hh, ww, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
+    return x.flatten(6, 7).flatten(4, 5).flatten(2, 3)
 
 
 @dataclass

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from fastvideo3.kernels import add_norm, attention, attention_available, qk_norm_rope, triton_available
 from fastvideo3.kernels.fused import RopeGrid
-from fastvideo3.models.wan.dit import Tap, WanDiT
+from fastvideo3.models.wan.dit import Tap, WanDiT, latent_grid, unpatchify
 from fastvideo3.models.wan.lora import cross_kv, self_attn_qkv
 
 # The backends "auto" picks for bf16/fp16 on CUDA, in order of preference, from the H200
@@ -176,36 +176,77 @@ class FastWanDiT:
     @torch.no_grad()
     def forward(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, tap: Tap = None,
                 image: torch.Tensor | None = None):
-        dit, cfg, impl = self.base, self.cfg, self.kernels
-        b, c, f, h, w = latents.shape
-        pt, ph, pw = cfg.patch_size
-        ff, hh, ww = f // pt, h // ph, w // pw
-        if max(ff, hh, ww) > cfg.rope_max_seq_len:
-            raise ValueError(f"latent grid {ff}x{hh}x{ww} exceeds rope_max_seq_len {cfg.rope_max_seq_len}")
-        n, d, eps = ff * hh * ww, cfg.inner_dim, cfg.eps
-        heads, hd = self.heads, self.head_dim
+        stage, temb = self._stage(latents, timestep, text, image)
+        if tap:
+            tap("patch_embed", stage.x.clone())
+            tap("temb", temb)
+        lora = self.lora if self.lora is not None and self.lora.active else None
+        # the fresh residual stream is updated in place; the last norm's output feeds the head
+        _, hidden = self._blocks(stage, stage.x, 0, len(self.blocks), lora, tap)
+        return self._project_out(hidden, stage.grid, tap)
 
+    # -- the forward in stages (block-range interceptors run between them) ----------------
+    # The same math as ``forward``; a range starts by norming its input again (the fused
+    # residual+norm rounds the residual first, so the recomputed norm is the same value).
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @torch.no_grad()
+    def embed(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor,
+              image: torch.Tensor | None = None) -> "FastStage":
+        return self._stage(latents, timestep, text, image)[0]
+
+    @torch.no_grad()
+    def run_blocks(self, stage: "FastStage", x: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        # the residual stream is updated in place; the caller keeps its input
+        return self._blocks(stage, x.clone(), start, end)[0]
+
+    @torch.no_grad()
+    def modulated_input(self, stage: "FastStage", x: torch.Tensor) -> torch.Tensor:
+        m = stage.mod[0]
+        return F.layer_norm(x.float(), (x.shape[-1],), eps=self.cfg.eps) * (1 + m[:, 1].unsqueeze(1)) + m[:, 0].unsqueeze(1)
+
+    @torch.no_grad()
+    def head(self, stage: "FastStage", x: torch.Tensor) -> torch.Tensor:
+        hidden = add_norm(x, None, None, stage.final[:, 1], stage.final[:, 0], modulate=True, eps=self.cfg.eps,
+                          impl=self.kernels)
+        return self._project_out(hidden, stage.grid)
+
+    # -- the pieces both the forward and its stages run ---------------------------------
+    def _stage(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor,
+               image: torch.Tensor | None) -> tuple["FastStage", torch.Tensor]:
+        """The block inputs of one forward, and ``temb`` (the forward taps it)."""
+        dit, cfg = self.base, self.cfg
+        b, c = latents.shape[:2]
+        ff, hh, ww = latent_grid(cfg, latents)
+        pt, ph, pw = cfg.patch_size
+        n, d = ff * hh * ww, cfg.inner_dim
         patches = latents.reshape(b, c, ff, pt, hh, ph, ww, pw).permute(0, 2, 4, 6, 1, 3, 5, 7)
         x = F.linear(patches.reshape(b, n, -1), self.patch_w, self.patch_b)
         temb, temb6, ctx = dit.condition_embedder(timestep, text)
-        if tap:
-            tap("patch_embed", x.clone())
-            tap("temb", temb)
         mod = self.mod_table + temb6.float().view(1, b, 6, d)  # [layers, B, 6, D]: shift, scale, gate, c_*
         final = dit.scale_shift_table.float() + temb.float().unsqueeze(1)  # [B, 2, D]: shift, scale
         k_all, v_all = self._cross_kv(ctx)
-        ki_all, vi_all = self._image_kv(image)
         rope = RopeGrid(dit.rope_cos, dit.rope_sin, (ff, hh, ww), *self.rope_split)
+        return FastStage(x, mod, final, k_all, v_all, rope, (ff, hh, ww), *self._image_kv(image)), temb
 
-        hidden = add_norm(x, None, None, mod[0, :, 1], mod[0, :, 0], modulate=True, eps=eps, impl=impl)
-        for i, blk in enumerate(self.blocks):
-            m = mod[i]
+    def _blocks(self, stage: "FastStage", x: torch.Tensor, start: int, end: int, lora=None,
+                tap: Tap = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Blocks ``[start, end)`` on the residual stream ``x`` (updated in place): ``(x, hidden)``,
+        ``hidden`` the last block's fused norm (the next block's input, or the head's)."""
+        impl, eps, d = self.kernels, self.cfg.eps, self.cfg.inner_dim
+        heads, hd = self.heads, self.head_dim
+        b, n, _ = x.shape
+        mod, final = stage.mod, stage.final
+        hidden = add_norm(x, None, None, mod[start, :, 1], mod[start, :, 0], modulate=True, eps=eps, impl=impl)
+        for i in range(start, end):
+            blk, m = self.blocks[i], mod[i]
             # self-attention: fused QKV, QK-norm + RoPE, attention on strided views
             qkv = F.linear(hidden, blk.qkv_w, blk.qkv_b)
-            lora = self.lora if self.lora is not None and self.lora.active else None
             if lora:
                 lora.delta_group_(f"blocks.{i}.attn1.qkv", self_attn_qkv(i), hidden, qkv)
-            qk = qk_norm_rope(qkv, blk.qk_norm, parts=2, eps=eps, heads=heads, rope=rope, impl=impl)
+            qk = qk_norm_rope(qkv, blk.qk_norm, parts=2, eps=eps, heads=heads, rope=stage.rope, impl=impl)
             o = attention(qk[..., :d].view(b, n, heads, hd), qk[..., d:].view(b, n, heads, hd),
                           qkv[..., 2 * d:].view(b, n, heads, hd), self.attention)
             # the LoRA delta of a layer feeding a residual + norm goes into that pass (delta_add_norm)
@@ -228,9 +269,9 @@ class FastWanDiT:
             else:
                 q = F.linear(hidden, blk.q2_w, blk.q2_b)
             q = qk_norm_rope(q, blk.q2_norm, parts=1, eps=eps, heads=heads, impl=impl)
-            o = attention(q.view(b, n, heads, hd), k_all[i], v_all[i], self.cross_attention)
-            if ki_all is not None:
-                o = o + attention(q.view(b, n, heads, hd), ki_all[i], vi_all[i], self.cross_attention)
+            o = attention(q.view(b, n, heads, hd), stage.k_all[i], stage.v_all[i], self.cross_attention)
+            if stage.ki_all is not None:
+                o = o + attention(q.view(b, n, heads, hd), stage.ki_all[i], stage.vi_all[i], self.cross_attention)
             y = F.linear(o.reshape(b, n, d), blk.out2_w, blk.out2_b)
             if lora:
                 hidden = lora.delta_add_norm(f"blocks.{i}.attn2.to_out.0", o.reshape(b, n, d), y, x, None, m[:, 4],
@@ -256,91 +297,15 @@ class FastWanDiT:
                 hidden = add_norm(x, y, m[:, 5], scale, shift, modulate=True, eps=eps, impl=impl)
             if tap:
                 tap(f"block.{i}", x.clone())
+        return x, hidden
 
-        out = F.linear(hidden, dit.proj_out.weight, dit.proj_out.bias)
-        out = out.reshape(b, ff, hh, ww, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
-        out = out.flatten(6, 7).flatten(4, 5).flatten(2, 3)
+    def _project_out(self, hidden: torch.Tensor, grid: tuple[int, int, int], tap: Tap = None) -> torch.Tensor:
+        """The head's projection of the final norm's output, unpatchified to latents."""
+        out = unpatchify(F.linear(hidden, self.base.proj_out.weight, self.base.proj_out.bias), grid,
+                         self.cfg.patch_size)
         if tap:
             tap("output", out)
         return out
-
-    # -- the forward in stages (block-range interceptors run between them) ----------------
-    # The same math as ``forward``; a range starts by norming its input again (the fused
-    # residual+norm rounds the residual first, so the recomputed norm is the same value).
-    @property
-    def num_blocks(self) -> int:
-        return len(self.blocks)
-
-    @torch.no_grad()
-    def embed(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor,
-              image: torch.Tensor | None = None) -> "FastStage":
-        dit, cfg = self.base, self.cfg
-        b, c, f, h, w = latents.shape
-        pt, ph, pw = cfg.patch_size
-        ff, hh, ww = f // pt, h // ph, w // pw
-        if max(ff, hh, ww) > cfg.rope_max_seq_len:
-            raise ValueError(f"latent grid {ff}x{hh}x{ww} exceeds rope_max_seq_len {cfg.rope_max_seq_len}")
-        n, d = ff * hh * ww, cfg.inner_dim
-        patches = latents.reshape(b, c, ff, pt, hh, ph, ww, pw).permute(0, 2, 4, 6, 1, 3, 5, 7)
-        x = F.linear(patches.reshape(b, n, -1), self.patch_w, self.patch_b)
-        temb, temb6, ctx = dit.condition_embedder(timestep, text)
-        mod = self.mod_table + temb6.float().view(1, b, 6, d)
-        final = dit.scale_shift_table.float() + temb.float().unsqueeze(1)
-        k_all, v_all = self._cross_kv(ctx)
-        rope = RopeGrid(dit.rope_cos, dit.rope_sin, (ff, hh, ww), *self.rope_split)
-        return FastStage(x, mod, final, k_all, v_all, rope, (ff, hh, ww), *self._image_kv(image))
-
-    @torch.no_grad()
-    def run_blocks(self, stage: "FastStage", x: torch.Tensor, start: int, end: int) -> torch.Tensor:
-        impl, eps, d = self.kernels, self.cfg.eps, self.cfg.inner_dim
-        heads, hd = self.heads, self.head_dim
-        x = x.clone()  # the residual stream is updated in place below; the caller keeps its input
-        b, n, _ = x.shape
-        mod, final = stage.mod, stage.final
-        hidden = add_norm(x, None, None, mod[start, :, 1], mod[start, :, 0], modulate=True, eps=eps, impl=impl)
-        for i in range(start, end):
-            blk, m = self.blocks[i], mod[i]
-            qkv = F.linear(hidden, blk.qkv_w, blk.qkv_b)
-            qk = qk_norm_rope(qkv, blk.qk_norm, parts=2, eps=eps, heads=heads, rope=stage.rope, impl=impl)
-            o = attention(qk[..., :d].view(b, n, heads, hd), qk[..., d:].view(b, n, heads, hd),
-                          qkv[..., 2 * d:].view(b, n, heads, hd), self.attention)
-            y = F.linear(o.reshape(b, n, d), blk.out_w, blk.out_b)
-            if blk.norm2_w is not None:
-                hidden = add_norm(x, y, m[:, 2], blk.norm2_w, blk.norm2_b, modulate=False, eps=eps, impl=impl)
-            else:
-                if lora:
-                    lora.delta_(f"blocks.{i}.attn1.to_out.0", o.reshape(b, n, d), y)
-                x.copy_((x.float() + y.float() * m[:, 2].unsqueeze(1)).to(x.dtype))
-                hidden = x.clone()
-            q = qk_norm_rope(F.linear(hidden, blk.q2_w, blk.q2_b), blk.q2_norm, parts=1, eps=eps, heads=heads,
-                             impl=impl)
-            o = attention(q.view(b, n, heads, hd), stage.k_all[i], stage.v_all[i], self.cross_attention)
-            if stage.ki_all is not None:
-                o = o + attention(q.view(b, n, heads, hd), stage.ki_all[i], stage.vi_all[i], self.cross_attention)
-            y = F.linear(o.reshape(b, n, d), blk.out2_w, blk.out2_b)
-            hidden = add_norm(x, y, None, m[:, 4], m[:, 3], modulate=True, eps=eps, impl=impl)
-            y = F.linear(self._gelu_linear(hidden, blk.ff1_w, blk.ff1_b), blk.ff2_w, blk.ff2_b)
-            scale, shift = (mod[i + 1, :, 1], mod[i + 1, :, 0]) if i + 1 < len(self.blocks) else (
-                final[:, 1], final[:, 0])
-            hidden = add_norm(x, y, m[:, 5], scale, shift, modulate=True, eps=eps, impl=impl)
-        return x
-
-    @torch.no_grad()
-    def modulated_input(self, stage: "FastStage", x: torch.Tensor) -> torch.Tensor:
-        m = stage.mod[0]
-        return F.layer_norm(x.float(), (x.shape[-1],), eps=self.cfg.eps) * (1 + m[:, 1].unsqueeze(1)) + m[:, 0].unsqueeze(1)
-
-    @torch.no_grad()
-    def head(self, stage: "FastStage", x: torch.Tensor) -> torch.Tensor:
-        dit, cfg = self.base, self.cfg
-        b = x.shape[0]
-        ff, hh, ww = stage.grid
-        pt, ph, pw = cfg.patch_size
-        hidden = add_norm(x, None, None, stage.final[:, 1], stage.final[:, 0], modulate=True, eps=cfg.eps,
-                          impl=self.kernels)
-        out = F.linear(hidden, dit.proj_out.weight, dit.proj_out.bias)
-        out = out.reshape(b, ff, hh, ww, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
-        return out.flatten(6, 7).flatten(4, 5).flatten(2, 3)
 
     def _cross_kv(self, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Every block's normed cross-attention K and its V: two [layers, B, T, H, head_dim] tensors."""
@@ -349,10 +314,7 @@ class FastWanDiT:
         kv = self._kv_projection(ctx).view(b, t, layers, 2, d)
         if self.lora is not None and self.lora.active:
             self.lora.delta_group_("cross_kv", cross_kv(layers), ctx, kv.view(b, t, layers * 2 * d))
-        k = F.rms_norm(kv[:, :, :, 0].float(), (d,), eps=self.cfg.eps) * self.k_norm
-        k = k.to(ctx.dtype).permute(2, 0, 1, 3).contiguous().view(layers, b, t, self.heads, self.head_dim)
-        v = kv[:, :, :, 1].permute(2, 0, 1, 3).contiguous().view(layers, b, t, self.heads, self.head_dim)
-        return k, v
+        return self._split_kv(kv, self.k_norm, ctx.dtype)
 
     def _image_kv(self, image: torch.Tensor | None):
         """Every block's normed image K and its V ([layers, B, T_img, H, head_dim] each), or
@@ -367,8 +329,13 @@ class FastWanDiT:
         b, t, d = ctx.shape
         layers = len(self.blocks)
         kv = F.linear(ctx, self.ikv_w, self.ikv_b).view(b, t, layers, 2, d)
-        k = F.rms_norm(kv[:, :, :, 0].float(), (d,), eps=self.cfg.eps) * self.ik_norm
-        k = k.to(ctx.dtype).permute(2, 0, 1, 3).contiguous().view(layers, b, t, self.heads, self.head_dim)
+        return self._split_kv(kv, self.ik_norm, ctx.dtype)
+
+    def _split_kv(self, kv: torch.Tensor, k_norm: torch.Tensor, dtype: torch.dtype):
+        """``kv [B, T, layers, 2, D]`` -> every block's RMS-normed K and its V, [layers, B, T, H, head_dim] each."""
+        b, t, layers, _, d = kv.shape
+        k = F.rms_norm(kv[:, :, :, 0].float(), (d,), eps=self.cfg.eps) * k_norm
+        k = k.to(dtype).permute(2, 0, 1, 3).contiguous().view(layers, b, t, self.heads, self.head_dim)
         v = kv[:, :, :, 1].permute(2, 0, 1, 3).contiguous().view(layers, b, t, self.heads, self.head_dim)
         return k, v
 

@@ -30,7 +30,6 @@ from fastvideo3.kernels.fp8 import (
     E4M3, attention_fp8, bias_gelu_quant, fp8_attention_available, fp8_linear, qk_scale_bound, qkv_fp8,
     quantize_rows,
 )
-from fastvideo3.kernels.fused import RopeGrid
 from fastvideo3.models.wan.dit import Tap, WanDiT
 from fastvideo3.models.wan.fast import FastWanDiT
 
@@ -116,6 +115,7 @@ class Fp8FastWanDiT(FastWanDiT):
         self.kv = _fuse8([lin for blk in dit.blocks for lin in (blk.attn2.to_k, blk.attn2.to_v)], share)
         self.k_norm = torch.stack([blk.attn2.norm_k.weight.detach().float() for blk in dit.blocks])
         self.mod_table = torch.stack([blk.scale_shift_table.detach().float() for blk in dit.blocks])
+        self.ikv_w = self.ikv_b = self.ik_norm = None  # no image K/V: the FP8 cards are text-to-video
 
     # -----------------------------------------------------------------------------------
     def _quant(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,25 +142,15 @@ class Fp8FastWanDiT(FastWanDiT):
                 image: torch.Tensor | None = None):
         if image is not None:  # the FP8 cards are text-to-video: no image cross-attention to quantize
             raise ValueError("the FP8 fast path has no image conditioning")
-        dit, cfg, impl = self.base, self.cfg, self.kernels
-        b, c, f, h, w = latents.shape
-        pt, ph, pw = cfg.patch_size
-        ff, hh, ww = f // pt, h // ph, w // pw
-        if max(ff, hh, ww) > cfg.rope_max_seq_len:
-            raise ValueError(f"latent grid {ff}x{hh}x{ww} exceeds rope_max_seq_len {cfg.rope_max_seq_len}")
-        n, d, eps = ff * hh * ww, cfg.inner_dim, cfg.eps
-        heads, hd = self.heads, self.head_dim
-
-        patches = latents.reshape(b, c, ff, pt, hh, ph, ww, pw).permute(0, 2, 4, 6, 1, 3, 5, 7)
-        x = F.linear(patches.reshape(b, n, -1).to(self.dtype), self.patch_w, self.patch_b)
-        temb, temb6, ctx = dit.condition_embedder(timestep, text)
+        cfg, impl = self.cfg, self.kernels
+        # the patch embedding reads the activation dtype
+        stage, temb = self._stage(latents.to(self.dtype), timestep, text, None)
         if tap:
-            tap("patch_embed", x.clone())
+            tap("patch_embed", stage.x.clone())
             tap("temb", temb)
-        mod = self.mod_table + temb6.float().view(1, b, 6, d)
-        final = dit.scale_shift_table.float() + temb.float().unsqueeze(1)
-        k_all, v_all = self._cross_kv(ctx)
-        rope = RopeGrid(dit.rope_cos, dit.rope_sin, (ff, hh, ww), *self.rope_split)
+        x, mod, final, k_all, v_all, rope = stage.x, stage.mod, stage.final, stage.k_all, stage.v_all, stage.rope
+        b, n, d = x.shape
+        eps, heads, hd = cfg.eps, self.heads, self.head_dim
 
         hq = self._norm_fp8(x, None, None, mod[0, :, 1], mod[0, :, 0], modulate=True)
         hidden = None
@@ -199,9 +189,4 @@ class Fp8FastWanDiT(FastWanDiT):
             if tap:
                 tap(f"block.{i}", x.clone())
 
-        out = F.linear(hidden, dit.proj_out.weight, dit.proj_out.bias)
-        out = out.reshape(b, ff, hh, ww, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
-        out = out.flatten(6, 7).flatten(4, 5).flatten(2, 3)
-        if tap:
-            tap("output", out)
-        return out
+        return self._project_out(hidden, stage.grid, tap)
