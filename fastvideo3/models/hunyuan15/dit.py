@@ -23,20 +23,20 @@ the ByT5 rows, each embedding in the leading channels and its attention mask in 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
-from typing import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastvideo3.models.common import DitConfigBase, FeedForward, Linear2, Tap, gelu_tanh, timestep_embedding
 from fastvideo3.vocab import Program
-
-Tap = Callable[[str, torch.Tensor], None] | None
 
 
 @dataclass(frozen=True)
-class HunyuanDiTConfig:
+class HunyuanDiTConfig(DitConfigBase):
+    tuple_fields = ("rope_axes_dim",)
+
     in_channels: int = 65
     out_channels: int = 32
     num_attention_heads: int = 16
@@ -58,18 +58,6 @@ class HunyuanDiTConfig:
     #: rows of each encoder in the packed text conditioning (the pipeline's tokenizer lengths)
     text_len: int = 1000
     text_len_2: int = 256
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "HunyuanDiTConfig":
-        known = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in d.items() if k in known}
-        if "rope_axes_dim" in kw:
-            kw["rope_axes_dim"] = tuple(kw["rope_axes_dim"])
-        return cls(**kw)
-
-    @property
-    def inner_dim(self) -> int:
-        return self.num_attention_heads * self.attention_head_dim
 
     @property
     def ffn_dim(self) -> int:
@@ -126,14 +114,6 @@ def valid_first(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torc
     return x, torch.gather(mask, 1, order), [int(c) for c in counts]
 
 
-def timestep_embedding(t: torch.Tensor, dim: int = 256) -> torch.Tensor:
-    """Sinusoidal embedding, cos first (flip_sin_to_cos), no frequency shift."""
-    half = dim // 2
-    exponent = -math.log(10000) * torch.arange(half, dtype=torch.float32, device=t.device) / half
-    emb = t[:, None].float() * torch.exp(exponent)[None, :]
-    return torch.cat([torch.cos(emb), torch.sin(emb)], dim=-1)
-
-
 def rope_grid(cfg: HunyuanDiTConfig, f: int, h: int, w: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin ``[1, f*h*w, 1, head_dim]`` for the (t, h, w) token grid, each frequency twice, fp32."""
     cos, sin = [], []
@@ -165,35 +145,6 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: list[in
 
 def _sdpa(q, k, v):
     return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
-
-
-class _Linear2(nn.Module):
-    """linear_1 -> act -> linear_2 (names match the checkpoint)."""
-
-    def __init__(self, d_in: int, d_out: int, act: nn.Module):
-        super().__init__()
-        self.linear_1 = nn.Linear(d_in, d_out)
-        self.act = act
-        self.linear_2 = nn.Linear(d_out, d_out)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_2(self.act(self.linear_1(x)))
-
-
-class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden: int, act: Callable[[torch.Tensor], torch.Tensor]):
-        super().__init__()
-        # net.0.proj / net.2 mirror the checkpoint layout (net.1 is a parameter-free dropout)
-        self.net = nn.ModuleList([nn.Module(), nn.Identity(), nn.Linear(hidden, dim)])
-        self.net[0].proj = nn.Linear(dim, hidden)
-        self.act = act
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net[2](self.act(self.net[0].proj(x)))
-
-
-def _gelu_tanh(x):
-    return F.gelu(x, approximate="tanh")
 
 
 class RefinerAttention(nn.Module):
@@ -231,8 +182,8 @@ class TokenRefiner(nn.Module):
         super().__init__()
         d = cfg.inner_dim
         self.time_text_embed = nn.Module()
-        self.time_text_embed.timestep_embedder = _Linear2(256, d, nn.SiLU())
-        self.time_text_embed.text_embedder = _Linear2(cfg.text_embed_dim, d, nn.SiLU())
+        self.time_text_embed.timestep_embedder = Linear2(256, d, d, nn.SiLU())
+        self.time_text_embed.text_embedder = Linear2(cfg.text_embed_dim, d, d, nn.SiLU())
         self.proj_in = nn.Linear(cfg.text_embed_dim, d)
         self.token_refiner = nn.Module()
         self.token_refiner.refiner_blocks = nn.ModuleList(
@@ -313,8 +264,8 @@ class Block(nn.Module):
         self.norm1, self.norm1_context = nn.Module(), nn.Module()
         self.norm1.linear, self.norm1_context.linear = nn.Linear(d, 6 * d), nn.Linear(d, 6 * d)
         self.attn = JointAttention(d, cfg.num_attention_heads)
-        self.ff = FeedForward(d, cfg.ffn_dim, _gelu_tanh)
-        self.ff_context = FeedForward(d, cfg.ffn_dim, _gelu_tanh)
+        self.ff = FeedForward(d, cfg.ffn_dim, gelu_tanh)
+        self.ff_context = FeedForward(d, cfg.ffn_dim, gelu_tanh)
 
     def forward(self, x, ctx, temb, rope, keys):
         shift, scale, gate, m_shift, m_scale, m_gate = _ada(self.norm1.linear, temb)
@@ -354,7 +305,7 @@ class HunyuanDiT(nn.Module):
         self.context_embedder = TokenRefiner(cfg)
         self.context_embedder_2 = ByT5Projection(cfg.text_embed_2_dim, d)
         self.time_embed = nn.Module()
-        self.time_embed.timestep_embedder = _Linear2(256, d, nn.SiLU())
+        self.time_embed.timestep_embedder = Linear2(256, d, d, nn.SiLU())
         self.cond_type_embed = nn.Embedding(3, d)
         self.transformer_blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.num_layers)])
         self.norm_out = nn.Module()

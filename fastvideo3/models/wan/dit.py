@@ -19,17 +19,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-Tap = Callable[[str, torch.Tensor], None] | None
+from fastvideo3.models.common import DitConfigBase, FeedForward, Linear2, Tap, gelu_tanh, timestep_embedding
 
 
 @dataclass(frozen=True)
-class WanDiTConfig:
+class WanDiTConfig(DitConfigBase):
+    tuple_fields = ("patch_size",)
+
     patch_size: tuple[int, int, int] = (1, 2, 2)
     num_attention_heads: int = 12
     attention_head_dim: int = 128
@@ -47,18 +48,6 @@ class WanDiTConfig:
     image_dim: int | None = None
     added_kv_proj_dim: int | None = None
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "WanDiTConfig":
-        known = {f for f in cls.__dataclass_fields__}
-        kw = {k: v for k, v in d.items() if k in known}
-        if "patch_size" in kw:
-            kw["patch_size"] = tuple(kw["patch_size"])
-        return cls(**kw)
-
-    @property
-    def inner_dim(self) -> int:
-        return self.num_attention_heads * self.attention_head_dim
-
     @property
     def image_to_video(self) -> bool:
         return self.image_dim is not None
@@ -68,14 +57,6 @@ def _layer_norm_fp32(x: torch.Tensor, eps: float, weight=None, bias=None) -> tor
     w = weight.float() if weight is not None else None
     b = bias.float() if bias is not None else None
     return F.layer_norm(x.float(), (x.shape[-1],), w, b, eps)
-
-
-def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """Sinusoidal embedding, cos first (flip_sin_to_cos), no frequency shift."""
-    half = dim // 2
-    exponent = -math.log(10000) * torch.arange(half, dtype=torch.float32, device=t.device) / half
-    emb = t[:, None].float() * torch.exp(exponent)[None, :]
-    return torch.cat([torch.cos(emb), torch.sin(emb)], dim=-1)
 
 
 def rope_tables(head_dim: int, max_len: int, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,27 +83,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return out.type_as(x)
 
 
-class _Linear2(nn.Module):
-    """linear_1 -> act -> linear_2 (names match the checkpoint)."""
-
-    def __init__(self, d_in: int, d_hidden: int, d_out: int, act: nn.Module):
-        super().__init__()
-        self.linear_1 = nn.Linear(d_in, d_hidden)
-        self.act = act
-        self.linear_2 = nn.Linear(d_hidden, d_out)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_2(self.act(self.linear_1(x)))
-
-
 class ConditionEmbedder(nn.Module):
     def __init__(self, cfg: WanDiTConfig):
         super().__init__()
         dim = cfg.inner_dim
         self.freq_dim = cfg.freq_dim
-        self.time_embedder = _Linear2(cfg.freq_dim, dim, dim, nn.SiLU())
+        self.time_embedder = Linear2(cfg.freq_dim, dim, dim, nn.SiLU())
         self.time_proj = nn.Linear(dim, dim * 6)
-        self.text_embedder = _Linear2(cfg.text_dim, dim, dim, nn.GELU(approximate="tanh"))
+        self.text_embedder = Linear2(cfg.text_dim, dim, dim, nn.GELU(approximate="tanh"))
         self.image_embedder = ImageEmbedder(cfg.image_dim, dim) if cfg.image_dim is not None else None
 
     def forward(self, timestep: torch.Tensor, text: torch.Tensor):
@@ -146,7 +114,7 @@ class ImageEmbedder(nn.Module):
     def __init__(self, image_dim: int, dim: int):
         super().__init__()
         self.norm1 = nn.LayerNorm(image_dim, eps=1e-5)
-        self.ff = FeedForward(image_dim, image_dim, out=dim, approximate="none")
+        self.ff = FeedForward(image_dim, image_dim, F.gelu, out=dim)
         self.norm2 = nn.LayerNorm(dim, eps=1e-5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -201,18 +169,6 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return o.transpose(1, 2).flatten(2, 3).type_as(q)
 
 
-class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden: int, out: int | None = None, approximate: str = "tanh"):
-        super().__init__()
-        # net.0.proj / net.2 mirror the checkpoint layout (net.1 is a parameter-free dropout)
-        self.approximate = approximate
-        self.net = nn.ModuleList([nn.Module(), nn.Identity(), nn.Linear(hidden, out or dim)])
-        self.net[0].proj = nn.Linear(dim, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net[2](F.gelu(self.net[0].proj(x), approximate=self.approximate))
-
-
 class _AffineNorm(nn.Module):
     """fp32 LayerNorm with affine parameters (the cross-attention norm)."""
 
@@ -234,7 +190,7 @@ class Block(nn.Module):
         self.attn1 = Attention(dim, cfg.num_attention_heads, cfg.eps)
         self.attn2 = Attention(dim, cfg.num_attention_heads, cfg.eps, cfg.added_kv_proj_dim)
         self.norm2 = _AffineNorm(dim, cfg.eps) if cfg.cross_attn_norm else None
-        self.ffn = FeedForward(dim, cfg.ffn_dim)
+        self.ffn = FeedForward(dim, cfg.ffn_dim, gelu_tanh)
         self.scale_shift_table = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
     def forward(self, x, text, temb6, rope, img=None):
