@@ -11,10 +11,9 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from fastvideo3.errors import CardError
-from fastvideo3.models.wan.checkpoint import safetensors_files
+from fastvideo3.models.checkpoint import checked_tensors, same_value, slug
 from fastvideo3.vocab import LoopId
 
 
@@ -86,20 +85,9 @@ def load_dit_weights(module: torch.nn.Module, folder: Path, cfg, key_map: str, d
         raise CardError(f"unknown key map {key_map!r}", field=f"components.{component}.key_map",
                         limit=", ".join(KEY_MAPS))
     table = KEY_MAPS[key_map](cfg)
-    state: dict[str, torch.Tensor] = {}
     unexpected: list[str] = []
-    for path in safetensors_files(folder):
-        with safe_open(str(path), framework="pt", device="cpu") as fh:
-            for key in fh.keys():
-                if key not in table:
-                    unexpected.append(key)
-                    continue
-                name, shape = table[key]
-                got = tuple(fh.get_slice(key).get_shape())
-                if got != shape:
-                    raise CardError(f"tensor {key} has shape {list(got)}, the card's config expects {list(shape)}",
-                                    field=f"{component}.{key}")
-                state[name] = fh.get_tensor(key).to(device=device, dtype=dtype)
+    state = {name: t.to(device=device, dtype=dtype)
+             for _, name, t in checked_tensors(folder, table, component, unexpected)}
     if unexpected:
         raise CardError(f"checkpoint has {len(unexpected)} tensor(s) key map {key_map} does not know, e.g. "
                         f"{unexpected[0]}", field=f"{component}.{unexpected[0]}")
@@ -132,10 +120,10 @@ def card_for_directory(root: Path):
     found = None
     for card in builtin_cards().values():
         dit = card.components["transformer"].config
-        if all(_same(tcfg.get(k, v), v) for k, v in dit.items()) and card.components["vae"].config == vcfg:
+        if all(same_value(tcfg.get(k, v), v) for k, v in dit.items()) and card.components["vae"].config == vcfg:
             found = card
             break
-    base = found or hunyuan15_card(f"hunyuan15-custom-{_slug(root.name)}", f"HunyuanVideo-1.5 architecture from "
+    base = found or hunyuan15_card(f"hunyuan15-custom-{slug(root.name)}", f"HunyuanVideo-1.5 architecture from "
                                    f"{root.name}", tcfg, vcfg, flow_shift=5.0, guidance=6.0,
                                    limits=builtin_cards()["hunyuanvideo-1.5-480p-t2v"].limits)
     data = base.model_dump(mode="json")
@@ -146,17 +134,6 @@ def card_for_directory(root: Path):
     data["limits"]["default_guidance"] = float(layout.guider.get("guidance_scale", 7.5))
     from fastvideo3.card.spec import ModelCard
     return bind_checkpoint(ModelCard.model_validate(data), root)
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return list(a) == list(b)
-    return a == b
-
-
-def _slug(name: str) -> str:
-    s = "".join(c if c.isalnum() or c in "._-" else "-" for c in name).strip("-._")
-    return (s or "dir")[:64]
 
 
 def read_config(folder: Path, name: str = "config.json") -> dict:

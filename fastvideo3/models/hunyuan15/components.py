@@ -19,7 +19,7 @@ import torch
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import CardError
 from fastvideo3.models.hunyuan15.dit import HunyuanDiT, HunyuanDiTConfig, pack_text
-from fastvideo3.models.wan.checkpoint import DTYPES, check_config, safetensors_files, weights_digest
+from fastvideo3.models.checkpoint import DTYPES, check_config, safetensors_files, weights_digest
 
 #: the pipeline's system prompt (HunyuanVideo15Pipeline.system_message, its spacing included)
 SYSTEM_MESSAGE = (

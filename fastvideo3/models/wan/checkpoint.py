@@ -8,20 +8,15 @@ built on the meta device, so a checkpoint is read once and never copied through 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from fastvideo3.errors import CardError
+from fastvideo3.models.checkpoint import checked_tensors, slug
 from fastvideo3.models.wan.fp8 import wan_dit_fp8_key_map
 from fastvideo3.vocab import LoopId, Sampler
-
-#: precision -> the dtype weights load in and activations run in; under fp8_e4m3 that is bf16
-#: (the block Linears are then quantized to e4m3: fastvideo3.models.wan.fp8)
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.bfloat16}
 
 
 def wan_dit_key_map(cfg) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -82,64 +77,27 @@ KEY_MAPS = {"wan_dit_diffusers_v1": wan_dit_key_map, "wan_dit_diffusers_fp8_v1":
 FP8_KEY_MAPS = ("wan_dit_diffusers_fp8_v1",)
 
 
-def safetensors_files(folder: Path) -> list[Path]:
-    index = sorted(folder.glob("*.safetensors.index.json"))
-    if index:
-        weight_map = json.loads(index[0].read_text())["weight_map"]
-        return [folder / name for name in sorted(set(weight_map.values()))]
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise CardError(f"no safetensors weights in {folder.name}/", field=f"checkpoint.{folder.name}")
-    return files
-
-
-def weights_digest(files: list[Path]) -> str:
-    """A cheap digest of weight files: names, sizes and safetensors headers (which hold every
-    tensor's dtype, shape and byte offsets). Reading the bodies would cost a full pass."""
-    h = hashlib.sha256()
-    for p in files:
-        with open(p, "rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            h.update(p.name.encode())
-            h.update(str(p.stat().st_size).encode())
-            h.update(fh.read(min(n, 1 << 26)))
-    return "sha256:" + h.hexdigest()
-
-
 def load_dit_weights(module: torch.nn.Module, folder: Path, cfg, key_map: str, dtype: torch.dtype, device,
                      component: str = "transformer") -> None:
     """Load a transformer folder into ``module`` (built on the meta device) strictly by key map."""
     table = KEY_MAPS[key_map](cfg)
-    files = safetensors_files(folder)
     seen: set[str] = set()
     state: dict[str, torch.Tensor] = {}
     unexpected: list[str] = []
-    for path in files:
-        with safe_open(str(path), framework="pt", device="cpu") as fh:
-            for key in fh.keys():
-                if key not in table:
-                    unexpected.append(key)
-                    continue
-                name, shape = table[key]
-                sl = fh.get_slice(key)
-                got = tuple(sl.get_shape())
-                if got != shape:
-                    raise CardError(f"tensor {key} has shape {list(got)}, the card's config expects {list(shape)}",
-                                    field=f"{component}.{key}")
-                t = fh.get_tensor(key)
-                want = dtype
-                if key.endswith(".weight_scale"):
-                    want = torch.float32
-                elif f"{key}_scale" in table and t.dtype != torch.float8_e4m3fn:
-                    raise CardError(f"tensor {key} is {str(t.dtype).removeprefix('torch.')}; key map {key_map} "
-                                    "expects e4m3 (float8_e4m3fn) next to its weight_scale", field=f"{component}.{key}")
-                elif t.dtype == torch.float8_e4m3fn:
-                    if key_map not in FP8_KEY_MAPS:
-                        raise CardError(f"tensor {key} is e4m3 but key map {key_map} loads bf16 weights",
-                                        field=f"{component}.{key}")
-                    want = t.dtype
-                state[name] = t.to(device=device, dtype=want) if (t.dtype != want or str(device) != "cpu") else t
-                seen.add(key)
+    for key, name, t in checked_tensors(folder, table, component, unexpected):
+        want = dtype
+        if key.endswith(".weight_scale"):
+            want = torch.float32
+        elif f"{key}_scale" in table and t.dtype != torch.float8_e4m3fn:
+            raise CardError(f"tensor {key} is {str(t.dtype).removeprefix('torch.')}; key map {key_map} "
+                            "expects e4m3 (float8_e4m3fn) next to its weight_scale", field=f"{component}.{key}")
+        elif t.dtype == torch.float8_e4m3fn:
+            if key_map not in FP8_KEY_MAPS:
+                raise CardError(f"tensor {key} is e4m3 but key map {key_map} loads bf16 weights",
+                                field=f"{component}.{key}")
+            want = t.dtype
+        state[name] = t.to(device=device, dtype=want) if (t.dtype != want or str(device) != "cpu") else t
+        seen.add(key)
     if unexpected:
         raise CardError(f"checkpoint has {len(unexpected)} tensor(s) the key map does not know, e.g. {unexpected[0]}",
                         field=component)
@@ -148,21 +106,6 @@ def load_dit_weights(module: torch.nn.Module, folder: Path, cfg, key_map: str, d
         raise CardError(f"checkpoint lacks {len(missing)} tensor(s) the card requires, e.g. {missing[0]}",
                         field=component)
     module.load_state_dict(state, strict=True, assign=True)
-
-
-def check_config(component: str, expected: dict, actual: dict) -> None:
-    """Refuse a checkpoint whose architecture config disagrees with its card, naming the field."""
-    for k, v in expected.items():
-        if k not in actual:
-            continue
-        a = actual[k]
-        if isinstance(v, (list, tuple)) and isinstance(a, (list, tuple)):
-            same = list(v) == list(a)
-        else:
-            same = v == a
-        if not same:
-            raise CardError(f"checkpoint {component}/config.json has {k}={a!r}, the card declares {v!r}",
-                            field=f"components.{component}.config.{k}")
 
 
 def card_for_directory(root: Path):
@@ -192,8 +135,8 @@ def card_for_directory(root: Path):
     for mid, ref in refs:
         if all(arch.get(k) == (list(v) if isinstance(v, tuple) else v) for k, v in ref.items() if k != "rope_max_seq_len"):
             found = (mid, ref)
-    mid, ref = found or ((f"wan22-custom-{_slug(root.name)}" if moe or ti2v else f"wan-i2v-custom-{_slug(root.name)}"
-                          if i2v else f"wan-custom-{_slug(root.name)}"), arch)
+    mid, ref = found or ((f"wan22-custom-{slug(root.name)}" if moe or ti2v else f"wan-i2v-custom-{slug(root.name)}"
+                          if i2v else f"wan-custom-{slug(root.name)}"), arch)
     kind = "2.2 two-expert" if moe else "2.2 TI2V" if ti2v else "2.1 I2V" if i2v else "2.1"
     desc = f"{mid} from {root.name}" if found else f"Wan{kind} architecture from {root.name}"
     if moe:
@@ -242,8 +185,3 @@ def card_for_directory(root: Path):
     card = base.model_copy(update={"loops": loops, "limits": limits,
                                    "graph_buckets": graph_buckets_within(base.graph_buckets, limits)})
     return bind_checkpoint(card, root)
-
-
-def _slug(name: str) -> str:
-    s = "".join(c if c.isalnum() or c in "._-" else "-" for c in name).strip("-._")
-    return (s or "dir")[:64]

@@ -17,9 +17,8 @@ import torch
 
 from fastvideo3.card.spec import Fp8Spec, ModelCard
 from fastvideo3.errors import CardError, FailedPrecondition
-from fastvideo3.models.wan.checkpoint import (
-    DTYPES, FP8_KEY_MAPS, check_config, load_dit_weights, safetensors_files, weights_digest,
-)
+from fastvideo3.models.checkpoint import DTYPES, check_config, safetensors_files, weights_digest
+from fastvideo3.models.wan.checkpoint import FP8_KEY_MAPS, load_dit_weights
 from fastvideo3.models.wan.dit import WanDiT, WanDiTConfig
 from fastvideo3.models.wan.family import WEIGHTS_DIR
 
@@ -84,6 +83,16 @@ def _seeded_digest(card: ModelCard, component: str) -> str:
     return "seeded:" + hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
+def _load_local(card: ModelCard, component: str, module: torch.nn.Module) -> str:
+    """A seeded or shipped component's digest; a shipped one's weights loaded into ``module``
+    (a seeded one keeps the weights it was built with)."""
+    if card.components[component].source == "shipped":
+        path = shipped_path(card, component)
+        load_shipped(module, path)
+        return shipped_digest(path)
+    return _seeded_digest(card, component)
+
+
 def _seed_for(card: ModelCard, component: str) -> int:
     # one independent stream per component so adding a component never shifts another's weights
     h = hashlib.sha256(f"{card.checkpoint.seed}:{component}".encode()).digest()
@@ -143,12 +152,7 @@ class TextEncoder:
             torch.manual_seed(_seed_for(card, "text_encoder"))
             self.model = UMT5EncoderModel(UMT5Config(**cfg))
             self.tokenizer = ByteTokenizer()
-            if spec.source == "shipped":
-                path = shipped_path(card, "text_encoder")
-                load_shipped(self.model, path)
-                self.digest = shipped_digest(path)
-            else:
-                self.digest = _seeded_digest(card, "text_encoder")
+            self.digest = _load_local(card, "text_encoder", self.model)
         else:
             folder = _root(card, spec.subfolder or "text_encoder")
             self.model = UMT5EncoderModel.from_pretrained(str(folder), local_files_only=True, dtype=dtype)
@@ -308,12 +312,7 @@ class VideoDecoder:
         if spec.source in ("seeded", "shipped"):
             torch.manual_seed(_seed_for(card, "vae"))
             self.model = build_vae(spec.config)
-            if spec.source == "shipped":
-                path = shipped_path(card, "vae")
-                load_shipped(self.model, path)
-                self.digest = shipped_digest(path)
-            else:
-                self.digest = _seeded_digest(card, "vae")
+            self.digest = _load_local(card, "vae", self.model)
         else:
             from diffusers import AutoencoderKLWan
             from fastvideo3.models.wan.layout import check_vae_fields

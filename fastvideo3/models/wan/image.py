@@ -23,7 +23,7 @@ import torch
 
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import CardError
-from fastvideo3.models.wan.checkpoint import safetensors_files, weights_digest
+from fastvideo3.models.checkpoint import safetensors_files, weights_digest
 
 #: the image encoder classes the layout implements (their vision towers are the same modules)
 IMAGE_ENCODER_CLASSES = ("CLIPVisionModel", "CLIPVisionModelWithProjection")
