@@ -9,7 +9,7 @@ from pathlib import Path
 from fastvideo3.card.family import register_family
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.models.hunyuan15 import flops
-from fastvideo3.models.wan.flops import StepShape
+from fastvideo3.models.flops import StepShape
 
 
 def latent_stride(card: ModelCard) -> tuple[int, int, int]:

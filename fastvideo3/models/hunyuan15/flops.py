@@ -24,17 +24,15 @@ it the joint attention.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
-from fastvideo3.errors import InvalidRequest
-from fastvideo3.models.wan.flops import ComponentCost, DitForwardCost, ResidentMemory, StepShape
+from fastvideo3.models.flops import ComponentCost, DitForwardCost, DitShape, ResidentMemory, StepShape, linear_cost
 
 BYT5_HIDDEN = 2048
 
 
 @dataclass(frozen=True)
-class DitConfig:
+class DitConfig(DitShape):
     """The shape of a HunyuanVideo-1.5 DiT (what the FLOP formula needs)."""
 
     #: the model family whose formulas price this config (fastvideo3.card.family)
@@ -55,17 +53,8 @@ class DitConfig:
     text_len_2: int = 256
 
     @property
-    def hidden(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
     def ffn_dim(self) -> int:
         return int(self.hidden * self.mlp_ratio)
-
-    @property
-    def patch_volume(self) -> int:
-        pt, ph, pw = self.patch_size
-        return pt * ph * pw
 
     def param_count(self) -> int:
         """Every parameter of the checkpoint (the image projection included): 8.33e9 at 480p/720p."""
@@ -82,11 +71,6 @@ class DitConfig:
         head = lin(d, 2 * d) + lin(d, self.out_channels * self.patch_volume)
         return (self.num_layers * block + refiner + byt5 + image + patch + lin(256, d) + lin(d, d) + 3 * d + head)
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["patch_size"] = list(self.patch_size)
-        return d
-
 
 def dit_forward_cost(config: DitConfig, shape: StepShape, *, weight_bytes_per_param: int = 2,
                      act_bytes: int = 2) -> DitForwardCost:
@@ -95,15 +79,10 @@ def dit_forward_cost(config: DitConfig, shape: StepShape, *, weight_bytes_per_pa
     flash-style (Q, K, V read once, O written once)."""
     d, f, nl = config.hidden, config.ffn_dim, config.num_layers
     t1, t2 = config.text_len, config.text_len_2
-    n, tok = shape.sequences, shape.tokens(config)
-    if tok <= 0:
-        raise InvalidRequest("latent smaller than one patch", field="shape", limit=str(config.patch_size))
+    n, tok = shape.sequences, shape.require_tokens(config)
     wb, ab = weight_bytes_per_param, act_bytes
     joint = tok + t1 + t2
-
-    def lin(tokens: int, d_in: int, d_out: int, count: int = 1) -> ComponentCost:
-        return ComponentCost(flops=count * n * 2.0 * tokens * d_in * d_out,
-                             bytes=count * (d_in * d_out * wb + n * tokens * (d_in + d_out) * ab))
+    lin = linear_cost(n, wb, ab)
 
     def core(tokens: int) -> ComponentCost:
         return ComponentCost(n * 2 * 2.0 * tokens * tokens * d, n * 4.0 * tokens * d * ab)
@@ -141,8 +120,7 @@ def dit_resident_memory(config: DitConfig, shape: StepShape, *, sampler_history:
                         embed_bytes: int = 2) -> ResidentMemory:
     """Weights, the fp32 latent, the sampler's latent-sized buffers and the packed text
     conditioning of every CFG branch."""
-    latent = shape.batch * config.out_channels * shape.latent_frames * shape.latent_height \
-        * shape.latent_width * latent_bytes
+    latent = shape.latent_bytes(config.out_channels, latent_bytes)
     width = max(config.text_dim, config.text_dim_2) + 1
     embeds = shape.sequences * (config.text_len + config.text_len_2) * width * embed_bytes
     return ResidentMemory(config.param_count() * weight_bytes_per_param, latent, latent * sampler_history, embeds)

@@ -29,11 +29,14 @@ Wan2.1 1.3B at 81 x 480 x 832 (latent 21 x 60 x 104, L = 32,760) this is about 2
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
+from fastvideo3.models.flops import ComponentCost, DitForwardCost, DitShape, ResidentMemory, StepShape, linear_cost
+
+
 @dataclass(frozen=True)
-class DitConfig:
+class DitConfig(DitShape):
     """The shape of a Wan-style DiT (what the FLOP formula needs, nothing more)."""
 
     #: the model family whose formulas price this config (fastvideo3.card.family)
@@ -52,15 +55,6 @@ class DitConfig:
     #: image-to-video: the image encoder's width and token count (CLIP ViT-H/14: 1280, 257); None for T2V
     image_dim: int | None = None
     image_len: int = 0
-
-    @property
-    def hidden(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def patch_volume(self) -> int:
-        pt, ph, pw = self.patch_size
-        return pt * ph * pw
 
     def param_count(self) -> int:
         """Parameter count, biases and norm affines included (Wan2.1 1.3B gives ~1.42e9)."""
@@ -85,73 +79,9 @@ class DitConfig:
     def wan21_14b(cls) -> "DitConfig":
         return cls(num_layers=40, num_heads=40, head_dim=128, ffn_dim=13824)
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["patch_size"] = list(self.patch_size)
-        return d
-
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "DitConfig":
         return cls(**{**d, "patch_size": tuple(d.get("patch_size", (1, 2, 2)))})
-
-
-@dataclass(frozen=True)
-class StepShape:
-    """One denoise step: ``batch`` samples, each run ``cfg_branches`` times, on one latent size."""
-
-    latent_frames: int
-    latent_height: int
-    latent_width: int
-    batch: int = 1
-    cfg_branches: int = 1
-
-    @classmethod
-    def from_video(cls, frames: int, height: int, width: int, *, batch: int = 1, cfg_branches: int = 1,
-                   stride: tuple[int, int, int] = (4, 8, 8)) -> "StepShape":
-        """Latent shape of a Wan VAE (causal in time: ``1 + (frames - 1) / 4``)."""
-        st, sh, sw = stride
-        return cls(1 + (frames - 1) // st, height // sh, width // sw, batch, cfg_branches)
-
-    @property
-    def sequences(self) -> int:
-        return self.batch * self.cfg_branches
-
-    def tokens(self, config: DitConfig) -> int:
-        """Tokens per sequence: L = (F/pt) * (H/ph) * (W/pw)."""
-        pt, ph, pw = config.patch_size
-        return (self.latent_frames // pt) * (self.latent_height // ph) * (self.latent_width // pw)
-
-    def key(self) -> str:
-        return f"f{self.latent_frames}h{self.latent_height}w{self.latent_width}b{self.batch}c{self.cfg_branches}"
-
-
-@dataclass(frozen=True)
-class ComponentCost:
-    flops: float
-    bytes: float  # weights read once per forward plus activations read and written
-
-    def __add__(self, other: "ComponentCost") -> "ComponentCost":
-        return ComponentCost(self.flops + other.flops, self.bytes + other.bytes)
-
-    def scaled(self, k: float) -> "ComponentCost":
-        return ComponentCost(self.flops * k, self.bytes * k)
-
-
-@dataclass(frozen=True)
-class DitForwardCost:
-    """Work of one DiT call over all ``batch * cfg_branches`` sequences, per component."""
-
-    components: dict[str, ComponentCost]
-    tokens: int
-    weight_bytes: float
-
-    @property
-    def flops(self) -> float:
-        return sum(c.flops for c in self.components.values())
-
-    @property
-    def bytes(self) -> float:
-        return sum(c.bytes for c in self.components.values())
 
 
 def dit_forward_cost(config: DitConfig, shape: StepShape, *, weight_bytes_per_param: int = 2,
@@ -163,19 +93,10 @@ def dit_forward_cost(config: DitConfig, shape: StepShape, *, weight_bytes_per_pa
     flash-style: Q, K, V read once, O written once, no L x L matrix in memory.
     """
     d, f, t, nl = config.hidden, config.ffn_dim, config.text_len, config.num_layers
-    n, tok = shape.sequences, shape.tokens(config)
-    if tok <= 0:
-        raise InvalidRequest("latent smaller than one patch", field="shape", limit=str(config.patch_size))
+    n, tok = shape.sequences, shape.require_tokens(config)
     wb, ab = weight_bytes_per_param, act_bytes
     pv_in, pv_out = config.in_channels * config.patch_volume, config.out_channels * config.patch_volume
-
-    def lin(tokens: int, d_in: int, d_out: int, count: int = 1) -> ComponentCost:
-        """``count`` linear layers, tokens x d_in -> tokens x d_out, per sequence."""
-        return ComponentCost(
-            flops=count * n * 2.0 * tokens * d_in * d_out,
-            bytes=count * (d_in * d_out * wb + n * tokens * (d_in + d_out) * ab),
-        )
-
+    lin = linear_cost(n, wb, ab)
     self_core = ComponentCost(n * 2 * 2.0 * tok * tok * d, n * 4.0 * tok * d * ab)
     cross_core = ComponentCost(n * 2 * 2.0 * tok * t * d, n * (2.0 * tok * d + 2.0 * t * d) * ab)
     components = {
@@ -216,32 +137,12 @@ def dit_peak_activation_bytes(config: DitConfig, shape: StepShape, *, act_bytes:
     return int(residual + max(attn_phase, ffn_phase) + context)
 
 
-@dataclass(frozen=True)
-class ResidentMemory:
-    """Bytes that stay on the device across steps. ``per_request`` is what admission reserves;
-    the weights are charged once to the pool (its memory budget is net of them)."""
-
-    weights: int
-    latent: int
-    sampler_history: int
-    text_embeds: int
-
-    @property
-    def per_request(self) -> int:
-        return self.latent + self.sampler_history + self.text_embeds
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.per_request
-
-
 def dit_resident_memory(config: DitConfig, shape: StepShape, *, sampler_history: int = 2,
                         weight_bytes_per_param: int = 2, latent_bytes: int = 4,
                         embed_bytes: int = 2) -> ResidentMemory:
     """Weights, the fp32 latent, ``sampler_history`` latent-sized sampler buffers (multistep
     samplers keep past model outputs) and the prompt embeddings of every CFG branch."""
-    latent = shape.batch * config.out_channels * shape.latent_frames * shape.latent_height \
-        * shape.latent_width * latent_bytes
+    latent = shape.latent_bytes(config.out_channels, latent_bytes)
     embeds = shape.sequences * config.text_len * config.text_dim * embed_bytes
     if config.image_dim:  # the image's hidden states and its conditioning latent (mask + image latent)
         embeds += config.image_len * config.image_dim * embed_bytes + latent // config.out_channels * (
