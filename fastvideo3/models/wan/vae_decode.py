@@ -79,12 +79,8 @@ def cuda_flags(device: str):
     if not str(device).startswith("cuda"):
         yield
         return
-    prev = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = True
-    try:
+    with _flag(torch.backends.cudnn, "benchmark", True):
         yield
-    finally:
-        torch.backends.cudnn.benchmark = prev
 
 
 def contiguous_inputs(model) -> None:
@@ -104,9 +100,16 @@ def cpu_batch_invariant():
     convolutions run ATen's own kernels (one GEMM per sample), whatever the batch; with
     :func:`contiguous_inputs` the rows are bit-identical. The setting is process-wide for the
     block's duration (the decoder holds its lock; an embedded Engine dispatches one pool at a time)."""
-    prev = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = False
+    with _flag(torch.backends.mkldnn, "enabled", False):
+        yield
+
+
+@contextlib.contextmanager
+def _flag(backend, name: str, value: bool):
+    """A torch.backends flag set for the block's duration, restored after."""
+    prev = getattr(backend, name)
+    setattr(backend, name, value)
     try:
         yield
     finally:
-        torch.backends.mkldnn.enabled = prev
+        setattr(backend, name, prev)
