@@ -20,6 +20,7 @@ import statistics
 import time
 
 import torch
+from timing import synced_seconds  # the sibling module in bench/
 
 GOAL_DECODE_S = 1.5
 
@@ -31,17 +32,7 @@ def _sync(device: str) -> None:
 
 def _time(fn, device: str, repeats: int) -> tuple[float, float, object]:
     """(first call s, median of ``repeats`` later calls s, last output)."""
-    _sync(device)
-    t0 = time.perf_counter()
-    out = fn()
-    _sync(device)
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
+    first, times, out = synced_seconds(fn, repeats, lambda: _sync(device))
     return first, statistics.median(times) if times else first, out
 
 

@@ -1,6 +1,7 @@
 """Timing helpers the benchmarks in bench/ share: CUDA-event and wall-clock milliseconds of one
-call, the medians of repeated calls, and a CUDA profile of one call. Imported as the sibling module
-``timing`` (bench/ is on sys.path when a bench script runs)."""
+call, the medians of repeated calls, synchronised wall-clock seconds of repeated calls, and a
+CUDA profile of one call. Imported as the sibling module ``timing`` (bench/ is on sys.path when a
+bench script runs)."""
 from __future__ import annotations
 
 import time
@@ -31,6 +32,24 @@ def cuda_times(fn, warmup: int, iters: int) -> list[float]:
         fn()
     torch.cuda.synchronize()
     return [cuda_ms(fn) for _ in range(iters)]
+
+
+def synced_seconds(fn, repeats: int, sync) -> tuple[float, list[float], object]:
+    """Seconds of a first call of ``fn`` and of ``repeats`` later calls, each between two
+    ``sync()`` calls, and the last output. One output is alive at a time (large ones add up)."""
+    sync()
+    t0 = time.perf_counter()
+    out = fn()
+    sync()
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        del out
+        t0 = time.perf_counter()
+        out = fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return first, times, out
 
 
 def upper_median(times: list[float]) -> float:

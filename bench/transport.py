@@ -39,6 +39,7 @@ if str(ROOT) not in sys.path:
 from fastvideo3.transport import available_backends, make_transport  # noqa: E402
 from fastvideo3.transport import checksum as _checksum  # noqa: E402
 from fastvideo3.transport.ref import TensorRef  # noqa: E402
+from timing import synced_seconds  # noqa: E402 - the sibling module in bench/
 
 MiB = 1 << 20
 # (label, backend, fetch kwargs, reader cfg)
@@ -112,15 +113,7 @@ def _sync(device: torch.device) -> None:
 
 
 def _median_time(fn, repeats: int, device: torch.device) -> float:
-    fn()  # warm-up
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-        del out
+    _, times, _ = synced_seconds(fn, repeats, lambda: _sync(device))  # the first call: a warm-up
     return statistics.median(times)
 
 

@@ -14,6 +14,7 @@ every process log is printed (pytest shows it with the failure).
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from typing import Any, Callable
 
@@ -41,6 +42,27 @@ def fleet_fixture(scope: str = "module", **kw: Any):
             yield fleet
 
     return _fleet
+
+
+def traced_fleet_fixtures(traced_pools: tuple[str, ...], trace_scheduler: bool, **kw: Any):
+    """Module fixtures ``(trace_file, fleet)``: a started fleet whose ``traced_pools`` (and, with
+    ``trace_scheduler``, its scheduler) write spans to ``trace_file``. Bind both names as returned."""
+
+    @pytest.fixture(scope="module")
+    def trace_file(tmp_path_factory):
+        return tmp_path_factory.mktemp("traces") / "spans.jsonl"
+
+    @pytest.fixture(scope="module")
+    def fleet(trace_file, tmp_path_factory):
+        args = ["--trace-file", str(trace_file)]
+        f = LocalFleet(scheduler_args=list(args) if trace_scheduler else [],
+                       pool_args={r: list(args) for r in traced_pools},
+                       log_dir=tmp_path_factory.mktemp("logs"), **kw)
+        f.start(timeout_s=START_TIMEOUT_S)
+        yield f
+        f.stop()
+
+    return trace_file, fleet
 
 
 @contextlib.contextmanager
@@ -124,3 +146,28 @@ def resident_total(fleet: LocalFleet, role: str | None = None) -> int:
     """Resident buffers + regions over every replica (of one role, or all)."""
     roles = [role] if role else list(fleet.pools)
     return sum(pool_describe(p.target).resident_buffers for r in roles for p in fleet.pools[r])
+
+
+def generate_concurrently(target: str, requests: list[dict], timeout_s: float = 300.0) -> list:
+    """Run ``requests`` (FleetClient.generate keyword arguments, ``prompt`` among them, npy
+    output) at once, one client and thread each; their results in order. Fails on any error."""
+    from fastvideo3.client import FleetClient
+    results: list = [None] * len(requests)
+    errors: list = []
+
+    def one(i: int) -> None:
+        try:
+            with FleetClient(target, timeout_s=timeout_s) as c:
+                r = dict(requests[i])
+                results[i] = c.generate(r.pop("prompt"), output_format="npy", **r)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append((i, e))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout_s)
+    assert not errors, errors
+    assert all(r is not None for r in results)
+    return results

@@ -8,6 +8,8 @@ directory. ``RedisServer(kind="process")`` always gives the process form, whose 
 
 ``redis_url`` is a session-scoped pytest fixture built on it; wire it into a conftest with
 ``from tests.redis_server import redis_url``. Tests sharing it keep apart by namespace.
+``redis_process_fixture(scope)`` makes a fixture of a server process of its own (one a test may
+stop or freeze).
 Tests never use a Redis that was already running on the machine.
 """
 from __future__ import annotations
@@ -206,3 +208,14 @@ def redis_url() -> Iterator[str]:
     """URL of a Redis server started for this test session (see ``RedisServer``)."""
     with RedisServer() as server:
         yield server.url
+
+
+def redis_process_fixture(scope: str = "function"):
+    """A pytest fixture of ``scope`` yielding a ``RedisServer(kind="process")`` of its own."""
+
+    @pytest.fixture(scope=scope)
+    def _server() -> Iterator[RedisProcess]:
+        with RedisServer(kind="process") as server:
+            yield server
+
+    return _server

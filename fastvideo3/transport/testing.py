@@ -153,20 +153,21 @@ def fault_suite(backend: str, owner_cfg: dict, reader, *, device: str = "cpu") -
             finally:
                 owner.call("release", "r4")
 
-        def corrupted():
-            ref = owner.publish("r5", "x", x, device)
-            owner.call("corrupt", ref.to_dict())
+        def fetch_fails(request_id, exc_types, what, *, deadline_s=30, before=lambda ref: None):
+            """Publish ``x``, run ``before(ref)``, expect the fetch to raise; release either way."""
+            ref = owner.publish(request_id, "x", x, device)
+            before(ref)
             try:
-                return expect(DataLoss, lambda: reader.fetch(ref, deadline_s=30), "corrupted buffer")
+                return expect(exc_types, lambda: reader.fetch(ref, deadline_s=deadline_s), what)
             finally:
-                owner.call("release", "r5")
+                owner.call("release", request_id)
+
+        def corrupted():
+            return fetch_fails("r5", DataLoss, "corrupted buffer",
+                               before=lambda ref: owner.call("corrupt", ref.to_dict()))
 
         def deadline():
-            ref = owner.publish("r6", "x", x, device)
-            try:
-                return expect(DeadlineExceeded, lambda: reader.fetch(ref, deadline_s=0), "deadline_s=0")
-            finally:
-                owner.call("release", "r6")
+            return fetch_fails("r6", DeadlineExceeded, "deadline_s=0", deadline_s=0)
 
         def hung_owner():
             ref = owner.publish("r7", "x", x, device)

@@ -14,7 +14,7 @@ import pytest
 
 from fastvideo3.client import FleetClient
 from fastvideo3.errors import InvalidRequest
-from tests.fleet_fixture import fleet_fixture, pool_describe, resident_total, wait_until
+from tests.fleet_fixture import fleet_fixture, generate_concurrently, pool_describe, resident_total, wait_until
 
 fleet = fleet_fixture(scope="module", replicas={"denoiser": 2})
 
@@ -64,28 +64,6 @@ def no_batching_target(fleet):
     return fleet.add_scheduler(["--no-batching"], name="scheduler-nobatch")
 
 
-def _run_concurrently(target: str, requests: list[dict]) -> list:
-    results: list = [None] * len(requests)
-    errors: list = []
-
-    def one(i: int) -> None:
-        try:
-            with FleetClient(target, timeout_s=300) as c:
-                r = dict(requests[i])
-                results[i] = c.generate(r.pop("prompt"), output_format="npy", **r)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append((i, e))
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(requests))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not errors, errors
-    assert all(r is not None for r in results)
-    return results
-
-
 @pytest.mark.timeout(240)
 def test_every_process_went_not_serving_then_serving(fleet):
     for p in fleet.processes():
@@ -95,7 +73,7 @@ def test_every_process_went_not_serving_then_serving(fleet):
 
 @pytest.mark.timeout(300)
 def test_concurrent_requests_batch_across_requests_and_match_embedded(fleet, embedded_frames):
-    videos = _run_concurrently(fleet.target, REQUESTS)
+    videos = generate_concurrently(fleet.target, REQUESTS)
     with FleetClient(fleet.target) as c:
         counters = c.describe()["counters"]
     assert counters["diffusion_step.multi_request_batches"] >= 1, counters
@@ -113,7 +91,7 @@ def test_concurrent_requests_batch_across_requests_and_match_embedded(fleet, emb
 
 @pytest.mark.timeout(300)
 def test_without_batching_outputs_are_bit_identical_to_embedded(fleet, embedded_frames, no_batching_target):
-    videos = _run_concurrently(no_batching_target, REQUESTS)
+    videos = generate_concurrently(no_batching_target, REQUESTS)
     with FleetClient(no_batching_target) as c:
         counters = c.describe()["counters"]
     assert counters["diffusion_step.max_batch_units"] == 1, counters
@@ -136,10 +114,10 @@ def test_batch_invariant_alone_and_with_three_batch_mates_bit_identical(fleet, i
     mates = [dict(me, prompt="a blue square", seed=22, num_inference_steps=2),
              dict(me, prompt="waves at sunset", seed=23, num_inference_steps=4, guidance_scale=3.0),
              dict(me, prompt="a green ball", seed=24)]
-    alone = _run_concurrently(invariant_target, [me])[0]
+    alone = generate_concurrently(invariant_target, [me])[0]
     with FleetClient(invariant_target) as c:
         before = c.describe()["counters"].get("diffusion_step.multi_request_batches", 0)
-    together = _run_concurrently(invariant_target, [me, *mates])[0]
+    together = generate_concurrently(invariant_target, [me, *mates])[0]
     with FleetClient(invariant_target) as c:
         desc = c.describe()
     assert desc["counters"]["diffusion_step.multi_request_batches"] > before  # it shared batches

@@ -9,25 +9,13 @@ import pytest
 from fastvideo3.client import FleetClient
 from fastvideo3.telemetry import names as N
 from fastvideo3.vocab import UnitKind
-from tests.fleet_fixture import pool_describe
+from tests.fleet_fixture import pool_describe, traced_fleet_fixtures
 
 pytestmark = pytest.mark.timeout(400)
 
-
-@pytest.fixture(scope="module")
-def trace_file(tmp_path_factory):
-    return tmp_path_factory.mktemp("traces") / "spans.jsonl"
-
-
-@pytest.fixture(scope="module")
-def fleet(trace_file, tmp_path_factory):
-    from fleet.launcher import LocalFleet
-    f = LocalFleet(roles=("encoder", "denoiser", "decoder"),
-                   pool_args={"denoiser": ["--trace-file", str(trace_file)]},  # --graph-buckets: its default
-                   log_dir=tmp_path_factory.mktemp("logs"))
-    f.start(timeout_s=240)
-    yield f
-    f.stop()
+# the denoiser's --graph-buckets is left at its default
+trace_file, fleet = traced_fleet_fixtures(("denoiser",), trace_scheduler=False,
+                                          roles=("encoder", "denoiser", "decoder"))
 
 
 def test_a_cpu_pool_says_it_captured_nothing_and_its_steps_say_eager(fleet, trace_file):

@@ -19,7 +19,7 @@ import pytest
 
 from fastvideo3.client import FleetClient
 from fastvideo3.errors import FastVideoError
-from tests.fleet_fixture import fleet_fixture, pool_describe, wait_until
+from tests.fleet_fixture import fleet_fixture, generate_concurrently, pool_describe, wait_until
 
 fleet = fleet_fixture(scope="module", replicas={"denoiser": 1}, roles=("encoder", "denoiser", "decoder"),
                       pool_args={"denoiser": ["--nproc", "2", "--plan", "ulysses2", "--dist-timeout", "30"]})
@@ -43,31 +43,13 @@ def _parallel(target: str) -> dict:
     return plain(pool_describe(target).parallel)
 
 
-def _generate_all(target: str) -> list:
-    results, errors = [None] * len(PROMPTS), []
-
-    def one(i: int) -> None:
-        try:
-            with FleetClient(target, timeout_s=240) as c:
-                results[i] = c.generate(PROMPTS[i], seed=10 + i, output_format="npy", **REQ)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append((i, e))
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=240)
-    assert not errors, errors
-    return results
-
-
 def _check_plan(fleet, embedded, spec: str, world: int) -> None:
     den = fleet.pools["denoiser"][0]
     par = _parallel(den.target)
     assert (par["spec"], par["world"], par["backend"]) == (spec, world, "gloo")
     assert len(par["rank_pids"]) == world
-    videos = _generate_all(fleet.target)
+    videos = generate_concurrently(fleet.target, [dict(prompt=p, seed=10 + i, **REQ) for i, p in enumerate(PROMPTS)],
+                                   timeout_s=240)
     for p, v in zip(PROMPTS, videos):
         err = float(np.abs(v.frames - embedded[p]).max())
         assert err <= 1e-4, (spec, p, err)  # batched with the other requests, as tests/unit/test_batch_invariant.py

@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from fastvideo3.errors import InvalidRequest, Unavailable
 from fastvideo3.state import INFLIGHT, Checkpoint, MemoryData, MemoryStateStore, StateStore, StoreConfig
 from fastvideo3.state.redis_store import RedisStateStore
-from tests.redis_server import RedisServer, redis_url  # noqa: F401  (redis_url is a fixture)
+from tests.redis_server import redis_process_fixture, redis_url  # noqa: F401  (redis_url is a fixture)
 
 TTL_S = 30.0
 
@@ -407,10 +407,7 @@ def test_racing_checkpoints_and_end_leave_no_unexpiring_key(backend: Backend, ns
 # --- Redis only: outages -------------------------------------------------------------------
 
 
-@pytest.fixture
-def own_server() -> Iterator[object]:
-    with RedisServer(kind="process") as server:
-        yield server
+own_server = redis_process_fixture()
 
 
 def _outage_calls(store: StateStore) -> list[tuple[str, Callable[[], object]]]:

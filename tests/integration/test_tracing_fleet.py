@@ -2,31 +2,16 @@
 are the parents of the pools' execute spans (W3C context through gRPC metadata + WorkUnit)."""
 import json
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 
 from fastvideo3.client import FleetClient
-from tests.fleet_fixture import fleet_fixture, wait_until
+from tests.fleet_fixture import traced_fleet_fixtures
 
 pytestmark = pytest.mark.timeout(400)
 
-
-@pytest.fixture(scope="module")
-def trace_file(tmp_path_factory):
-    return tmp_path_factory.mktemp("traces") / "spans.jsonl"
-
-
-@pytest.fixture(scope="module")
-def fleet(trace_file, tmp_path_factory):
-    from fleet.launcher import LocalFleet
-    args = ["--trace-file", str(trace_file)]
-    f = LocalFleet(roles=("encoder", "denoiser", "decoder"), scheduler_args=args,
-                   pool_args={r: list(args) for r in ("encoder", "denoiser", "decoder")},
-                   log_dir=tmp_path_factory.mktemp("logs"))
-    f.start(timeout_s=240)
-    yield f
-    f.stop()
+ROLES = ("encoder", "denoiser", "decoder")
+trace_file, fleet = traced_fleet_fixtures(ROLES, trace_scheduler=True, roles=ROLES)
 
 
 def _spans(path):

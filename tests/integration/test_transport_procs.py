@@ -1,11 +1,12 @@
 """Transport backends across real processes: an owner process publishes, this process fetches.
 
-The owner runs in a ``spawn``ed process driven over a Pipe (every wait is a pipe poll with a
-timeout, never a sleep). Hung peers are made real with SIGSTOP; dead ones with SIGKILL.
+The owner runs in a ``spawn``ed process driven over a Pipe (fastvideo3.transport.testing's
+OwnerProcess: every wait is a pipe poll with a timeout, never a sleep). Hung peers are made
+real with SIGSTOP; dead ones with SIGKILL.
 """
 from __future__ import annotations
 
-import multiprocessing as mp
+import contextlib
 import os
 import signal
 import time
@@ -15,6 +16,7 @@ import torch
 
 from fastvideo3.errors import DataLoss, DeadlineExceeded, NotFound, Unavailable
 from fastvideo3.transport import TensorRef, available_backends, make_transport
+from fastvideo3.transport.testing import OwnerProcess
 
 CROSS_PROCESS = [b for b in ("shm", "grpc", "nixl") if b in available_backends()]
 OWNER_CFG = {"shm": {}, "grpc": {"listen": "127.0.0.1:0"}, "nixl": {}}
@@ -31,93 +33,31 @@ TENSORS = {
 }
 
 
-def _owner_main(backend: str, cfg: dict, conn) -> None:
-    from fastvideo3.transport import make_transport as _make
-    from fastvideo3.transport.testing import corrupt
-
-    transport = _make(backend, owner="owner", **cfg)
-    conn.send(("ready", os.getpid()))
-    while True:
-        cmd, *args = conn.recv()
-        try:
-            if cmd == "publish":
-                reply = transport.publish(*args).to_dict()
-            elif cmd == "corrupt":
-                reply = corrupt(transport, TensorRef.from_dict(args[0]))
-            elif cmd == "release":
-                reply = transport.release(args[0])
-            elif cmd == "stats":
-                reply = transport.stats()
-            elif cmd == "close":
-                transport.close()
-                reply = transport.stats()
-            else:
-                raise ValueError(cmd)
-            conn.send(("ok", reply))
-        except Exception as exc:  # report, keep serving
-            conn.send(("err", repr(exc)))
-        if cmd == "close":
-            return
-
-
-class Owner:
-    """A spawned owner process and the pipe that drives it."""
-
-    def __init__(self, backend: str) -> None:
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_owner_main, args=(backend, OWNER_CFG[backend], child), daemon=True)
-        self.proc.start()
-        kind, self.pid = self._recv(READY_TIMEOUT_S)
-        assert kind == "ready"
-
-    def _recv(self, timeout: float):
-        if not self.conn.poll(timeout):
-            raise TimeoutError("owner process did not answer")
-        return self.conn.recv()
-
-    def call(self, *msg, timeout: float = 30.0):
-        self.conn.send(msg)
-        kind, value = self._recv(timeout)
-        if kind != "ok":
-            raise RuntimeError(value)
-        return value
-
-    def publish(self, request_id: str, name: str, tensor: torch.Tensor) -> TensorRef:
-        return TensorRef.from_dict(self.call("publish", request_id, name, tensor))
-
-    def stop(self) -> None:
-        if self.proc.is_alive():
-            os.kill(self.proc.pid, signal.SIGCONT)
-            try:
-                self.call("close", timeout=10)
-            except Exception:
-                pass
-        self.proc.join(10)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(5)
+@contextlib.contextmanager
+def _owner_and_reader(backend: str):
+    """A spawned owner process of ``backend`` and a reader transport in this process."""
+    owner = OwnerProcess(backend, OWNER_CFG[backend], ready_timeout_s=READY_TIMEOUT_S)
+    reader = make_transport(backend, owner="reader")
+    try:
+        yield owner, reader
+    finally:
+        reader.close()
+        owner.stop()
 
 
 @pytest.fixture(scope="module", params=CROSS_PROCESS)
 def shared(request):
     """(owner process, reader transport) shared by this module's non-destructive tests: one
     spawn per backend keeps the suite fast on a small, busy host."""
-    owner = Owner(request.param)
-    reader = make_transport(request.param, owner="reader")
-    yield owner, reader
-    reader.close()
-    owner.stop()
+    with _owner_and_reader(request.param) as pair:
+        yield pair
 
 
 @pytest.fixture(params=CROSS_PROCESS)
 def fresh(request):
     """A private (owner, reader) for tests that stop, kill or close the owner."""
-    owner = Owner(request.param)
-    reader = make_transport(request.param, owner="reader")
-    yield owner, reader
-    reader.close()
-    owner.stop()
+    with _owner_and_reader(request.param) as pair:
+        yield pair
 
 
 @pytest.mark.timeout(60)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import pytest
 
 from tests.fleet_fixture import started
+from tests.redis_server import redis_process_fixture
 from tests.reliability.helpers import BUDGETS
 
 REAL_CARD = "wan-tiny-seeded"
@@ -33,11 +34,7 @@ DENOISER_FAULTS = ["nan:nan-victim@2", "oom:oom-victim@1", "raise:raise-victim@2
 ENCODER_FAULTS = ["corrupt:xfer-corrupt", "drop:xfer-drop", f"stall:xfer-stall@{STALL_S}"]
 
 
-@pytest.fixture(scope="session")
-def real_redis():
-    from tests.redis_server import RedisServer
-    with RedisServer(kind="process") as server:
-        yield server
+real_redis = redis_process_fixture("session")
 
 
 @pytest.fixture(scope="session")

@@ -80,6 +80,13 @@ def once_at_step(step: int, action, phase: str = "denoise"):
     return hook
 
 
+def stream_killing_scheduler(fleet, prompt: str, *, at_step: int = 10, **kw) -> Outcome:
+    """:func:`stream` on ``fleet``'s main scheduler, SIGKILLing that scheduler when the request
+    reports denoise step ``at_step`` (the stream dies with it)."""
+    sched = fleet.process("scheduler")
+    return stream(fleet.target, prompt, on_event=once_at_step(at_step, lambda: fleet.kill(sched)), **kw)
+
+
 def run_all(jobs: list[tuple[str, str, dict]], **common) -> list[Outcome]:
     """Run ``(target, prompt, kwargs)`` jobs concurrently; outcomes in job order."""
     results: list[Outcome | None] = [None] * len(jobs)

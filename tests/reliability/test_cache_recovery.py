@@ -10,7 +10,7 @@ import pytest
 
 from fastvideo3.errors import Unavailable
 from tests.fleet_fixture import pool_describe
-from tests.reliability.helpers import SMALL, pool_units, sched_counters, stream
+from tests.reliability.helpers import SMALL, pool_units, sched_counters, stream, stream_killing_scheduler
 
 STEPS = 24
 CACHE = {"policy": "dbcache", "front_blocks": 1, "back_blocks": 1, "threshold": 0.3, "warmup_steps": 2,
@@ -34,13 +34,8 @@ def test_scheduler_sigkill_with_caching_resumes_bit_identical(balanced):
     sched = fleet.process("scheduler")
     denoisers = [p.target for p in fleet.pools["denoiser"]]
     units_before = pool_units(denoisers)
-
-    def kill_at_step(out, ev):
-        if ev.kind == "progress" and ev.data["phase"] == "denoise" and ev.data["step"] == 10:
-            fleet.kill(sched)
-
-    first = stream(fleet.target, prompt, seed=seed, num_inference_steps=STEPS, cache=CACHE,
-                   request_id="cache-resume-1", on_event=kill_at_step, **SMALL)
+    first = stream_killing_scheduler(fleet, prompt, seed=seed, num_inference_steps=STEPS, cache=CACHE,
+                                     request_id="cache-resume-1", **SMALL)
     assert isinstance(first.error, Unavailable) and first.state is None
     fleet.restart(sched)
     resumed = stream(fleet.target, prompt, seed=seed, num_inference_steps=STEPS, cache=CACHE,

@@ -19,7 +19,8 @@ from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.v1 import pool_pb2
 from services.common import convert
 from tests.fleet_fixture import health, pool_describe, pool_stub, running, wait_until
-from tests.redis_server import RedisServer
+from tests.redis_server import redis_process_fixture
+from tests.reliability.conftest import pool_targets
 from tests.reliability.helpers import (
     BUDGETS, SMALL, assert_pools_balanced, once_at_step, pool_units, run_all, sched_counters, sched_pools,
     store_leftovers, stream,
@@ -29,10 +30,7 @@ ENC_S, STEP_S, DEC_S = 0.3, 0.05, 0.4
 HANG_STEP_S = 1.0
 
 
-@pytest.fixture(scope="module")
-def redis_proc():
-    with RedisServer(kind="process") as server:
-        yield server
+redis_proc = redis_process_fixture("module")  # this module stops and freezes it
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +48,6 @@ def fleet(tmp_path_factory, redis_proc):
                                          "--state-timeout", "0.5", "--checkpoint-every", "1", *BUDGETS],
                                         name="scheduler-redis")
         yield f
-
-
-def _targets(f) -> list[str]:
-    return [p.target for procs in f.pools.values() for p in procs]
 
 
 def _status(target: str, rid: str) -> dict:
@@ -111,10 +105,10 @@ def test_client_disconnect_cancels_server_side_and_issues_no_more_units(fleet, p
     if blocker is not None:
         blocker.join(timeout=60)
     # no further WorkUnit: a barrier request of known size moves the pools' counters by exactly its own units
-    units = pool_units(_targets(fleet))
+    units = pool_units(pool_targets(fleet))
     assert stream(fleet.target, "barrier", num_inference_steps=3, **SMALL).state == "SUCCEEDED"
-    assert pool_units(_targets(fleet)) - units == 1 + 3 + 1
-    assert_pools_balanced(_targets(fleet))
+    assert pool_units(pool_targets(fleet)) - units == 1 + 3 + 1
+    assert_pools_balanced(pool_targets(fleet))
 
 
 # -- RELIABILITY 8 and 10: backpressure and memory-aware admission --------------------------------
@@ -148,11 +142,11 @@ def test_past_the_queue_bound_refused_fast_with_retry_hint_and_queued_ones_compl
 
 @pytest.mark.timeout(60)
 def test_work_over_the_memory_budget_is_refused_before_its_first_step(fleet):
-    units = pool_units(_targets(fleet))
+    units = pool_units(pool_targets(fleet))
     out = stream(fleet.sched_q, "too large", num_frames=33, height=128, width=128, num_inference_steps=4)
     assert out.state == "FAILED" and out.error_event["code"] == "RESOURCE_EXHAUSTED", out.error_event
     assert out.error_event["field"] == "memory"
-    assert pool_units(_targets(fleet)) == units  # refused before any WorkUnit
+    assert pool_units(pool_targets(fleet)) == units  # refused before any WorkUnit
     assert stream(fleet.sched_q, "fits", num_inference_steps=2, **SMALL).state == "SUCCEEDED"
 
 
@@ -161,7 +155,7 @@ def test_work_over_the_memory_budget_is_refused_before_its_first_step(fleet):
 @pytest.mark.timeout(180)
 def test_state_store_outage_fails_admissions_fast_and_in_flight_requests_end(fleet, redis_proc):
     target, steps = fleet.sched_redis, 40
-    units = pool_units(_targets(fleet))
+    units = pool_units(pool_targets(fleet))
     started = threading.Barrier(3, timeout=30)
     at_step_3 = once_at_step(3, started.wait)
     paused_at: list[float] = []
@@ -197,7 +191,7 @@ def test_state_store_outage_fails_admissions_fast_and_in_flight_requests_end(fle
         redis_proc.resume()
     wait_until(lambda: sched_counters(target)["state.pending_ends"] == 0, 10, "deferred ends written")
     assert store_leftovers(redis_proc.url, "rel-fake") == []  # nothing orphaned
-    assert pool_units(_targets(fleet)) - units == 2 * (1 + steps + 1)  # no duplicate work
+    assert pool_units(pool_targets(fleet)) - units == 2 * (1 + steps + 1)  # no duplicate work
     # down (refused connections): refused at once, and admitted again once it is back
     redis_proc.stop()
     t0 = time.monotonic()

@@ -34,7 +34,7 @@ from tests.fleet_fixture import pool_describe, pool_stub, wait_until
 from tests.reliability.conftest import REAL_CARD, pool_targets
 from tests.reliability.helpers import (
     SMALL, once_at_step, pool_error, pool_units, release_everywhere, run_all, sched_counters, sched_pools, store_keys,
-    stream,
+    stream, stream_killing_scheduler,
 )
 
 STEPS = 24
@@ -58,13 +58,8 @@ def test_scheduler_sigkill_mid_denoise_resumes_bit_identical(balanced):
     sched = fleet.process("scheduler")
     denoisers = [p.target for p in fleet.pools["denoiser"]]
     units_before = pool_units(denoisers)
-
-    def kill_at_step(out, ev):
-        if ev.kind == "progress" and ev.data["phase"] == "denoise" and ev.data["step"] == 10:
-            fleet.kill(sched)
-
-    first = stream(fleet.target, "a red circle moving left", seed=11, num_inference_steps=STEPS,
-                   request_id="resume-1", on_event=kill_at_step, **SMALL)
+    first = stream_killing_scheduler(fleet, "a red circle moving left", seed=11, num_inference_steps=STEPS,
+                                     request_id="resume-1", **SMALL)
     assert isinstance(first.error, Unavailable) and first.state is None  # the stream died with it
     assert max(first.denoise_steps()) >= 10
     fleet.restart(sched)

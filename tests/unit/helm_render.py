@@ -1,7 +1,8 @@
 """Render the fastvideo3 Helm chart with a real `helm` binary and index the objects.
 
 `helm` comes from deploy/scripts/install-helm.sh (into .venv/bin) or from PATH. The chart
-tests use `render()` to run `helm template` and get the parsed manifests back.
+tests use `render()` to run `helm template` and get the parsed manifests back, and
+`render_error()` for the message of a render that must fail.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+import pytest
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +38,17 @@ def find_helm() -> str | None:
         return found
     local = REPO_ROOT / ".venv" / "bin" / "helm"
     return str(local) if local.is_file() and os.access(local, os.X_OK) else None
+
+
+def require_helm() -> str:
+    """:func:`find_helm`, or the test fails (in CI, where helm is installed) or is skipped."""
+    path = find_helm()
+    if path is None:
+        message = f"no helm binary; run {INSTALL_HINT}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
 
 
 def _run(helm: str, args: list[str]) -> str:
@@ -70,6 +83,21 @@ def render(
         args.append("--skip-schema-validation")
     docs = yaml.safe_load_all(_run(helm, args))
     return [d for d in docs if d]
+
+
+def render_error(
+    helm: str,
+    values_files: Iterable[str | Path] = (),
+    set_values: Iterable[str] = (),
+    *,
+    skip_schema: bool = False,
+) -> str:
+    """The message of the :class:`HelmError` that :func:`render` with these arguments must raise."""
+    try:
+        render(helm, values_files, set_values, skip_schema=skip_schema)
+    except HelmError as err:
+        return str(err)
+    raise AssertionError("helm rendered the chart; a failure was expected")
 
 
 def lint(helm: str, values_files: Iterable[str | Path] = ()) -> str:

@@ -17,24 +17,15 @@ from fastvideo3.runtime.scheduling.run import Batch, Ended
 from fastvideo3.runtime.scheduling.scheduler import CoreScheduler
 from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.telemetry.hooks import SchedulerTelemetry
-from services.common.fake import fake_ref
+from tests.helpers_fake_pool import fake_outputs
 
 pytestmark = pytest.mark.timeout(120)
 CARD = get_card("wan-tiny")
 
 
 def results_for(batch) -> list[StepResult]:
-    out = []
-    for u in batch:
-        outputs = {}
-        if u.kind == "encoder_chunk":
-            outputs = {n: fake_ref(u.role, u.request_id, n, [1, 8, 4]) for n in u.params["prompts"]}
-        elif u.kind == "diffusion_step" and u.params["final"]:
-            outputs = {"latents": fake_ref(u.role, u.request_id, "z", [1, *u.params["latent_shape"]])}
-        elif u.kind == "vae_tile":
-            outputs = {"frames": fake_ref(u.role, u.request_id, "f", [9, 8, 8, 3], "uint8")}
-        out.append(StepResult(u.unit_id, u.request_id, outputs=outputs, metrics={"latent_norm": 1.0}))
-    return out
+    return [StepResult(u.unit_id, u.request_id, outputs=fake_outputs(u.role, u), metrics={"latent_norm": 1.0})
+            for u in batch]
 
 
 class Pool:

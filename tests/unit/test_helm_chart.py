@@ -22,13 +22,13 @@ import yaml
 
 try:
     from helm_render import (
-        CHART_DIR, INSTALL_HINT, NAMESPACE, REPO_ROOT, VALUES_DIR, HelmError, Rendered,
-        deep_merge, find_helm, lint, load_values, name, render,
+        CHART_DIR, NAMESPACE, REPO_ROOT, VALUES_DIR, Rendered,
+        deep_merge, lint, load_values, name, render, render_error, require_helm,
     )
 except ImportError:  # tests/unit imported as a package
     from tests.unit.helm_render import (  # type: ignore[no-redef]
-        CHART_DIR, INSTALL_HINT, NAMESPACE, REPO_ROOT, VALUES_DIR, HelmError, Rendered,
-        deep_merge, find_helm, lint, load_values, name, render,
+        CHART_DIR, NAMESPACE, REPO_ROOT, VALUES_DIR, Rendered,
+        deep_merge, lint, load_values, name, render, render_error, require_helm,
     )
 
 ROLES = ("encoder", "denoiser", "decoder", "reward")
@@ -52,13 +52,7 @@ timeout = pytest.mark.timeout(60)
 
 @pytest.fixture(scope="module")
 def helm() -> str:
-    path = find_helm()
-    if path is None:
-        message = f"no helm binary; run {INSTALL_HINT}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
+    return require_helm()
 
 
 _cache: dict[str, Rendered] = {}
@@ -424,10 +418,9 @@ FAILS = [
 @pytest.mark.parametrize(("sets", "message"), FAILS, ids=[m[:40] for _, m in FAILS])
 def test_template_fail_names_the_field(helm: str, sets: list[str], message: str) -> None:
     # Without the schema, so the template's own checks are what fails.
-    with pytest.raises(HelmError) as err:
-        render(helm, set_values=sets, skip_schema=True)
-    assert message in str(err.value)
-    assert "execution error" in str(err.value)
+    err = render_error(helm, set_values=sets, skip_schema=True)
+    assert message in err
+    assert "execution error" in err
 
 
 @timeout
@@ -440,9 +433,8 @@ def test_template_fail_names_the_field(helm: str, sets: list[str], message: str)
     ],
 )
 def test_schema_failure_names_the_field(helm: str, sets: list[str], where: str) -> None:
-    with pytest.raises(HelmError) as err:
-        render(helm, set_values=sets)
-    assert where in str(err.value)
+    err = render_error(helm, set_values=sets)
+    assert where in err
 
 
 @timeout
@@ -451,9 +443,8 @@ def test_parallel_denoiser_pod_runs_one_process_per_gpu(helm: str) -> None:
     c = container(r.get("Deployment", name("denoiser")), "denoiser")
     assert "--nproc=4" in c["args"] and "--plan=cfg2xulysses2" in c["args"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 4
-    with pytest.raises(HelmError) as err:
-        render(helm, set_values=["pools.denoiser.plan=ulysses2xfoo"])
-    assert "/pools/denoiser/plan" in str(err.value)
+    err = render_error(helm, set_values=["pools.denoiser.plan=ulysses2xfoo"])
+    assert "/pools/denoiser/plan" in err
 
 
 @timeout
@@ -555,6 +546,5 @@ def test_scheduler_replicas_elect_a_leader_through_the_state_store(helm: str) ->
     c = container(dep, "scheduler")
     assert "--leader-lease=3" in c["args"] and any(a.startswith("--advertise=$(POD_IP):") for a in c["args"])
     assert "POD_IP" in env_of(c) and any(a.startswith("--state-store=") for a in c["args"])
-    with pytest.raises(HelmError) as err:  # two replicas without a shared store would admit twice
-        render(helm, set_values=["scheduler.replicas=2", "redis.enabled=false"])
-    assert "scheduler.replicas > 1 needs a shared state store" in str(err.value)
+    err = render_error(helm, set_values=["scheduler.replicas=2", "redis.enabled=false"])  # two replicas without a shared store would admit twice
+    assert "scheduler.replicas > 1 needs a shared state store" in err

@@ -4,12 +4,10 @@ with the field named. The chart-wide checks in test_helm_chart.py (Kubernetes sc
 resources and probes on every container) cover its objects too."""
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from tests.unit.helm_render import (
-    NAMESPACE, VALUES_DIR, HelmError, Rendered, find_helm, load_values, name, render,
+    NAMESPACE, VALUES_DIR, Rendered, load_values, name, render, render_error, require_helm,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -17,12 +15,7 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture(scope="module")
 def helm() -> str:
-    path = find_helm()
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("no helm binary")
-        pytest.skip("no helm binary; run deploy/scripts/install-helm.sh")
-    return path
+    return require_helm()
 
 
 def gateway_container(r: Rendered) -> dict:
@@ -89,9 +82,8 @@ def test_gateway_can_be_turned_off(helm):
      "gateway has no image"),
 ])
 def test_template_checks_name_the_field(helm, files, sets, message):
-    with pytest.raises(HelmError) as err:
-        render(helm, files, set_values=sets, skip_schema=True)
-    assert message in str(err.value)
+    err = render_error(helm, files, set_values=sets, skip_schema=True)
+    assert message in err
 
 
 @pytest.mark.parametrize(("sets", "where"), [
@@ -101,6 +93,5 @@ def test_template_checks_name_the_field(helm, files, sets, message):
     (["gateway.colour=red"], "colour"),
 ])
 def test_schema_rejects_bad_gateway_values(helm, sets, where):
-    with pytest.raises(HelmError) as err:
-        render(helm, set_values=sets)
-    assert where in str(err.value)
+    err = render_error(helm, set_values=sets)
+    assert where in err

@@ -2,18 +2,17 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import yaml
 
 try:
     from helm_render import (
-        CHART_DIR, INSTALL_HINT, VALUES_DIR, HelmError, Rendered, deep_merge, find_helm, load_values, name, render,
+        CHART_DIR, VALUES_DIR, Rendered, deep_merge, load_values, name, render, render_error, require_helm,
     )
 except ImportError:  # tests/unit imported as a package
     from tests.unit.helm_render import (  # type: ignore[no-redef]
-        CHART_DIR, INSTALL_HINT, VALUES_DIR, HelmError, Rendered, deep_merge, find_helm, load_values, name, render,
+        CHART_DIR, VALUES_DIR, Rendered, deep_merge, load_values, name, render, render_error, require_helm,
     )
 
 ROLES = ("encoder", "denoiser", "decoder", "reward")
@@ -23,13 +22,7 @@ timeout = pytest.mark.timeout(60)
 
 @pytest.fixture(scope="module")
 def helm() -> str:
-    found = find_helm()
-    if found is None:  # as in test_helm_chart.py: required in CI
-        message = f"no helm binary; run {INSTALL_HINT}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
+    return require_helm()
 
 
 def _pod(r: Rendered, role: str) -> tuple[dict, dict]:
@@ -112,9 +105,8 @@ FAILS = [
 @timeout
 @pytest.mark.parametrize(("sets", "message"), FAILS, ids=[m[:40] for _, m in FAILS])
 def test_template_fail_names_the_transport_field(helm: str, sets: list[str], message: str) -> None:
-    with pytest.raises(HelmError) as err:
-        render(helm, set_values=sets, skip_schema=True)
-    assert message in str(err.value) and "execution error" in str(err.value)
+    err = render_error(helm, set_values=sets, skip_schema=True)
+    assert message in err and "execution error" in err
 
 
 @timeout

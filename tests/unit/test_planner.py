@@ -18,7 +18,7 @@ from fastvideo3.runtime.economy.admission import AdmissionConfig, AdmissionContr
 from fastvideo3.runtime.economy.cost import CalibratedCostModel
 from fastvideo3.runtime.scheduling.planner import PROGRAM_T2V, TERMINAL, Planner, RequestRun
 from fastvideo3.runtime.economy.pricing import Pricer
-from services.common.fake import fake_ref
+from tests.helpers_fake_pool import fake_result
 
 pytestmark = pytest.mark.timeout(60)
 CARD = get_card("wan-tiny")
@@ -42,18 +42,7 @@ class Replica:
 
 def answer(batch) -> list[StepResult]:
     """The results a pool would send back: references the loops expect."""
-    out = []
-    for u in batch.work:
-        outputs = {}
-        if u.kind == "encoder_chunk":
-            outputs = {n: fake_ref(u.role, u.request_id, n, [1, 8, 4]) for n in u.params["prompts"]}
-        elif u.kind == "diffusion_step" and u.params["final"]:
-            outputs = {"latents": fake_ref(u.role, u.request_id, "z", [1, *u.params["latent_shape"]])}
-        elif u.kind == "vae_tile":
-            outputs = {"frames": fake_ref(u.role, u.request_id, "f", [9, 8, 8, 3], "uint8")}
-        out.append(StepResult(u.unit_id, u.request_id, outputs=outputs, metrics={"latent_norm": 1.0},
-                              measured_seconds=0.01))
-    return out
+    return [fake_result(u.role, u) for u in batch.work]
 
 
 def _req(rid: str, steps: int = 3, **kw):
