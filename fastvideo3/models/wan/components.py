@@ -347,8 +347,14 @@ class VideoDecoder:
             from fastvideo3.models.wan.vae_decode import chunked_decode, cuda_flags
             with cuda_flags(self.device):
                 video = chunked_decode(self.model, z, self.time_chunk)
-        else:
+        elif str(self.device).startswith("cuda") or z.shape[0] == 1:
             video = self.model.decode(z, return_dict=False)[0]  # [B, 3, F, H, W] in [-1, 1]
+        else:
+            # a CPU's kernels round a batch's rows differently from one sample's (oneDNN blocks
+            # by batch size; a vectorised elementwise loop's scalar tail moves with the tensor's
+            # length) and batching buys a CPU little: each row decoded as if alone is bit-equal
+            # to decoding it alone, on any CPU
+            video = torch.cat([self.model.decode(z[i:i + 1], return_dict=False)[0] for i in range(z.shape[0])])
         frames = (video / 2 + 0.5).clamp(0, 1)
         return frames.permute(0, 2, 3, 4, 1).float().cpu()  # [B, F, H, W, 3]
 

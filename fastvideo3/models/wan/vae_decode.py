@@ -83,27 +83,6 @@ def cuda_flags(device: str):
         yield
 
 
-def contiguous_inputs(model) -> None:
-    """Hand every RMS norm and convolution a contiguous input. The attention block's output is
-    channels-last for a batch and contiguous for one sample, and a channel reduction or a 1x1
-    convolution over the two layouts rounds differently; contiguous inputs compute the same way
-    at any batch size."""
-    for m in model.modules():
-        if type(m).__name__ == "WanRMS_norm" or isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d)):
-            m.register_forward_pre_hook(lambda mod, args: (args[0].contiguous(), *args[1:]))
-
-
-@contextlib.contextmanager
-def cpu_batch_invariant():
-    """On a CPU, oneDNN picks its convolution blocking by batch size, so a latent decoded in a
-    batch differs in the last bits from the same latent decoded alone. Within this block the
-    convolutions run ATen's own kernels (one GEMM per sample), whatever the batch; with
-    :func:`contiguous_inputs` the rows are bit-identical. The setting is process-wide for the
-    block's duration (the decoder holds its lock; an embedded Engine dispatches one pool at a time)."""
-    with _flag(torch.backends.mkldnn, "enabled", False):
-        yield
-
-
 @contextlib.contextmanager
 def _flag(backend, name: str, value: bool):
     """A torch.backends flag set for the block's duration, restored after."""

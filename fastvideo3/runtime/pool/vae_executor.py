@@ -5,8 +5,8 @@ units of one shape signature). The executor fetches every unit's latent, groups 
 shape and decodes each group in one VAE call, ``max_decode_batch`` latents at a time; a call that
 runs out of device memory is split in halves and retried, down to one latent, before the unit
 fails with RESOURCE_EXHAUSTED. Each request's frames are its own row of the batched call, equal to
-decoding it alone (bit-equal in fp32 on a CPU, where the convolutions run batch-invariant
-kernels: tests/unit/test_vae_batch.py; within rounding on CUDA).
+decoding it alone (within rounding on CUDA; bit-equal on a CPU, where a family's decoder
+decodes a call's rows one by one: tests/unit/test_vae_batch.py).
 
 The VAE runs in the card's decode precision (``precision.vae_cuda`` / ``precision.vae_cpu``, fp32
 unless the card allows bf16) unless the pool is given another; on CUDA it takes the fast decode
@@ -73,9 +73,6 @@ class DecoderExecutor(_Base):
         self.max_decode_batch = max_decode_batch
         self.vae = family_module(card).VideoDecoder(card, self.device, self.dtype, fast=fast)
         self.weights_digest = self.vae.digest
-        if not self.device.startswith("cuda"):
-            from fastvideo3.models.wan.vae_decode import contiguous_inputs
-            contiguous_inputs(self.vae.model)
         self.counters.update({"decode_calls": 0, "decoded_latents": 0, "max_decode_batch_seen": 0, "oom_splits": 0})
 
     def _frames_dtype(self, unit) -> str:
@@ -140,12 +137,7 @@ class DecoderExecutor(_Base):
 
     def _decode(self, latents: list[torch.Tensor]) -> torch.Tensor:
         z = latents[0] if len(latents) == 1 else torch.cat([x.to(latents[0].device) for x in latents])
-        if self.device.startswith("cuda"):
-            frames = self.vae.decode(z)  # [B, F, H, W, 3] float32 in [0, 1]
-        else:  # a row of the batch bit-equal to decoding it alone
-            from fastvideo3.models.wan.vae_decode import cpu_batch_invariant
-            with cpu_batch_invariant():
-                frames = self.vae.decode(z)
+        frames = self.vae.decode(z)  # [B, F, H, W, 3] float32 in [0, 1]
         self.counters["decode_calls"] += 1
         self.counters["decoded_latents"] += len(latents)
         self.counters["max_decode_batch_seen"] = max(self.counters["max_decode_batch_seen"], len(latents))
