@@ -1,14 +1,18 @@
 """What the LoRA kernel tests share: whether the Triton kernels can run here (a GPU, or the
-Triton interpreter under ``TRITON_INTERPRET=1``), the device they run on, and the operands of the
-expand fused into the residual + LayerNorm."""
+Triton interpreter under ``TRITON_INTERPRET=1``), the device they run on, the child process that
+runs them under the interpreter, and the operands of the expand fused into the residual + LayerNorm."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def triton_mark(reason: str):
@@ -19,6 +23,18 @@ def triton_mark(reason: str):
 def kernel_device() -> str:
     """Where the Triton kernels run: the GPU, or the CPU under the interpreter."""
     return "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
+
+
+def run_under_interpreter(select: str, files: list[str], passed: int) -> None:
+    """Run the ``-k select`` tests of ``files`` in a child process under ``TRITON_INTERPRET=1``
+    (Triton decides when a kernel is first defined) and check that ``passed`` of them pass, none
+    skipped."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", select, *files],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert f"{passed} passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
 
 
 def norm_operands(g: torch.Generator, dtype, n: int, d: int, rank: int, slots: int, rows: int, device: str):

@@ -27,6 +27,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from fastvideo3.kernels import fused
+
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
 #: a row (or channel) whose amax is below this is scaled as if its amax were this (no 0/0)
@@ -145,6 +147,25 @@ def fp8_linear(xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scal
 def _kernels():
     import triton
     import triton.language as tl
+    global act_chunk, store_e4m3  # the kernels' helpers: globals, where Triton's interpreter looks
+    fused._rms_norm_rope()
+
+    @triton.jit
+    def act_chunk(x_ptr, b_ptr, rows, rmask, cc, K, GELU: tl.constexpr):
+        # columns cc of the rows (bias + tanh-GELU first with GELU), fp32, and their mask
+        m = rmask[:, None] & (cc < K)[None, :]
+        x = tl.load(x_ptr + rows[:, None] * K + cc[None, :], mask=m, other=0.0).to(tl.float32)
+        if GELU:  # bias + tanh-GELU: x * (1 + tanh(u)) / 2
+            x = x + tl.load(b_ptr + cc, mask=cc < K, other=0.0).to(tl.float32)[None, :]
+            u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+            x = tl.where(m, 0.5 * x * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)), 0.0)
+        return x, m
+
+    @triton.jit
+    def store_e4m3(q_ptr, rows, cc, K, x, inv, m):
+        q = tl.clamp(x * inv[:, None], -448.0, 448.0)
+        tl.store(q_ptr + rows[:, None] * K + cc[None, :], q.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
+                 mask=m)
 
     @triton.jit
     def rows_kernel(x_ptr, b_ptr, q_ptr, s_ptr, M, K, GELU: tl.constexpr, ROWS: tl.constexpr,
@@ -155,40 +176,20 @@ def _kernels():
         rmask = rows < M
         cols = tl.arange(0, CHUNK)
         if NCHUNK == 1:
-            m = rmask[:, None] & (cols < K)[None, :]
-            x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=m, other=0.0).to(tl.float32)
-            if GELU:  # bias + tanh-GELU: x * (1 + tanh(u)) / 2
-                x = x + tl.load(b_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)[None, :]
-                u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-                x = tl.where(m, 0.5 * x * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)), 0.0)
+            x, m = act_chunk(x_ptr, b_ptr, rows, rmask, cols, K, GELU)
             amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-12)
-            q = tl.clamp(x * (448.0 / amax)[:, None], -448.0, 448.0)
-            tl.store(q_ptr + rows[:, None] * K + cols[None, :],
-                     q.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m)
+            store_e4m3(q_ptr, rows, cols, K, x, 448.0 / amax, m)
         else:
             amax = tl.zeros([ROWS], dtype=tl.float32)
             for c in range(NCHUNK):
-                cc = c * CHUNK + cols
-                m = rmask[:, None] & (cc < K)[None, :]
-                x = tl.load(x_ptr + rows[:, None] * K + cc[None, :], mask=m, other=0.0).to(tl.float32)
-                if GELU:
-                    x = x + tl.load(b_ptr + cc, mask=cc < K, other=0.0).to(tl.float32)[None, :]
-                    u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-                    x = tl.where(m, 0.5 * x * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)), 0.0)
+                x, m = act_chunk(x_ptr, b_ptr, rows, rmask, c * CHUNK + cols, K, GELU)
                 amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
             amax = tl.maximum(amax, 1e-12)
             inv = 448.0 / amax
             for c in range(NCHUNK):
                 cc = c * CHUNK + cols
-                m = rmask[:, None] & (cc < K)[None, :]
-                x = tl.load(x_ptr + rows[:, None] * K + cc[None, :], mask=m, other=0.0).to(tl.float32)
-                if GELU:
-                    x = x + tl.load(b_ptr + cc, mask=cc < K, other=0.0).to(tl.float32)[None, :]
-                    u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-                    x = tl.where(m, 0.5 * x * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)), 0.0)
-                q = tl.clamp(x * inv[:, None], -448.0, 448.0)
-                tl.store(q_ptr + rows[:, None] * K + cc[None, :],
-                         q.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m)
+                x, m = act_chunk(x_ptr, b_ptr, rows, rmask, cc, K, GELU)
+                store_e4m3(q_ptr, rows, cc, K, x, inv, m)
         tl.store(s_ptr + rows, amax / 448.0, mask=rmask)
 
     @triton.jit
@@ -224,20 +225,8 @@ def _kernels():
         mask = offs < D
         x = tl.load(in_ptr + row * 3 * D + part * D + offs, mask=mask, other=0.0).to(tl.float32)
         if part < 2:
-            w = tl.load(w_ptr + part * D + offs, mask=mask, other=0.0).to(tl.float32)
-            rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=1), axis=0) / D + eps)
-            y = x * rstd * w
-            tok = row % rows_per_sample
-            f = tok // (grid_h * grid_w)
-            hh = (tok // grid_w) % grid_h
-            ww = tok % grid_w
-            dh = (pair * 2) % HEAD_DIM
-            pos = tl.where(dh < T_DIM, f, tl.where(dh < T_DIM + H_DIM, hh, ww))
-            pmask = pair * 2 < D
-            c = tl.load(cos_ptr + pos * table_stride + dh, mask=pmask, other=0.0).to(tl.float32)
-            s = tl.load(sin_ptr + pos * table_stride + dh, mask=pmask, other=0.0).to(tl.float32)
-            ye, yo = tl.split(y)
-            x = tl.join(ye * c - yo * s, ye * s + yo * c)
+            x = fused.rms_norm_rope(x, w_ptr, part, pair, offs, mask, row, rows_per_sample, grid_h, grid_w, D, eps,
+                                    cos_ptr, sin_ptr, table_stride, True, HEAD_DIM, T_DIM, H_DIM)
             if SMOOTH:
                 if part == 1:
                     x = x - tl.load(mean_ptr + sample * D + offs, mask=mask, other=0.0)

@@ -23,11 +23,45 @@ def triton_available() -> bool:
 
 
 @functools.lru_cache(maxsize=1)
+def _rms_norm_rope() -> None:
+    """Define ``rms_norm_rope``, a ``@triton.jit`` helper (inlined where called), as a global of
+    this module (Triton's interpreter looks a kernel's helpers up there): RMSNorm of one row read
+    as [pairs, 2] with part ``part``'s weight, then with ROPE the 3-D RoPE of token ``row``.
+    Shared by the QK norm kernel and :mod:`~fastvideo3.kernels.fp8`'s QKV kernel."""
+    global rms_norm_rope
+    global tl  # the interpreter wants triton.language among a jit function's globals
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def rms_norm_rope(x, w_ptr, part, pair, offs, mask, row, rows_per_sample, grid_h, grid_w, D, eps,
+                      cos_ptr, sin_ptr, table_stride,
+                      ROPE: tl.constexpr, HEAD_DIM: tl.constexpr, T_DIM: tl.constexpr, H_DIM: tl.constexpr):
+        w = tl.load(w_ptr + part * D + offs, mask=mask, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=1), axis=0) / D + eps)
+        y = x * rstd * w
+        if ROPE:
+            tok = row % rows_per_sample
+            f = tok // (grid_h * grid_w)
+            hh = (tok // grid_w) % grid_h
+            ww = tok % grid_w
+            dh = (pair * 2) % HEAD_DIM
+            pos = tl.where(dh < T_DIM, f, tl.where(dh < T_DIM + H_DIM, hh, ww))
+            pmask = pair * 2 < D
+            c = tl.load(cos_ptr + pos * table_stride + dh, mask=pmask, other=0.0).to(tl.float32)
+            s = tl.load(sin_ptr + pos * table_stride + dh, mask=pmask, other=0.0).to(tl.float32)
+            ye, yo = tl.split(y)
+            y = tl.join(ye * c - yo * s, ye * s + yo * c)
+        return y
+
+
+@functools.lru_cache(maxsize=1)
 def _kernels():
     """Define the kernels on first use: Triton decides at decoration time whether to compile
     or interpret, so this must run after the caller has chosen (TRITON_INTERPRET)."""
     import triton
     import triton.language as tl
+    _rms_norm_rope()
 
     @triton.jit
     def add_norm_kernel(
@@ -83,21 +117,8 @@ def _kernels():
         mask = offs < D
         src = in_ptr + row * in_stride + part * D
         x = tl.load(src + offs, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + part * D + offs, mask=mask, other=0.0).to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=1), axis=0) / D + eps)
-        y = x * rstd * w
-        if ROPE:
-            tok = row % rows_per_sample
-            f = tok // (grid_h * grid_w)
-            hh = (tok // grid_w) % grid_h
-            ww = tok % grid_w
-            dh = (pair * 2) % HEAD_DIM
-            pos = tl.where(dh < T_DIM, f, tl.where(dh < T_DIM + H_DIM, hh, ww))
-            pmask = pair * 2 < D
-            c = tl.load(cos_ptr + pos * table_stride + dh, mask=pmask, other=0.0).to(tl.float32)
-            s = tl.load(sin_ptr + pos * table_stride + dh, mask=pmask, other=0.0).to(tl.float32)
-            ye, yo = tl.split(y)
-            y = tl.join(ye * c - yo * s, ye * s + yo * c)
+        y = rms_norm_rope(x, w_ptr, part, pair, offs, mask, row, rows_per_sample, grid_h, grid_w, D, eps,
+                          cos_ptr, sin_ptr, table_stride, ROPE, HEAD_DIM, T_DIM, H_DIM)
         tl.store(out_ptr + row * out_stride + part * D + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     return add_norm_kernel, qk_norm_rope_kernel

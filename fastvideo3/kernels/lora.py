@@ -26,6 +26,8 @@ import functools
 
 import torch
 
+from fastvideo3.kernels import lora_common as lc
+
 #: launch at least this many programs when the output can be split (a few per SM of an H200)
 MIN_PROGRAMS = 528
 
@@ -34,6 +36,7 @@ MIN_PROGRAMS = 528
 def _kernel():
     import triton
     import triton.language as tl
+    lc.jit()
 
     @triton.jit
     def segmented_lora(X, Y, A, B, SLOT, SCALE, N, K, OUT, OSPLIT,
@@ -49,58 +52,33 @@ def _kernel():
         if GELU:
             go = slot >= -1  # ... unless every row gets the activation
         if go:
-            has = slot >= 0
-            s = tl.maximum(slot, 0)
-            scale = tl.where(has, tl.load(SCALE + row), 0.0)  # a row without an adapter adds zeros
+            has, s, scale = lc.adapter(slot, SCALE, row)  # a row without an adapter adds zeros
             offs_m = pid_m * BM + tl.arange(0, BM)
             offs_r = tl.arange(0, R)
             m_ok = offs_m[:, None] < N
             acc = tl.zeros((BM, R), dtype=tl.float32)
-            for k0 in range(0, K, BK):
+            for k0 in range(0, K, BK):  # not lc.down: its hoisted weight pointers compile differently here
                 offs_k = k0 + tl.arange(0, BK)
                 k_ok = offs_k < K
                 x = tl.load(X + row * sxb + offs_m[:, None] * sxn + offs_k[None, :], mask=m_ok & k_ok[None, :],
                             other=0.0)
                 a = tl.load(A + s * sas + offs_r[None, :] * sar + offs_k[:, None], mask=k_ok[:, None], other=0.0)
-                if F32DOT:
-                    x, a = x.to(tl.float32), a.to(tl.float32)
-                if IEEE:
-                    acc += tl.dot(x, a, input_precision="ieee")
-                else:
-                    acc += tl.dot(x, a)
+                acc = lc.mma(acc, x, a, IEEE, F32DOT)
             xa = (acc * scale).to(X.dtype.element_ty)
             if F32DOT:
                 xa = xa.to(tl.float32)
             for o0 in range(o_begin, o_end, BO):
                 offs_o = o0 + tl.arange(0, BO)
                 o_ok = offs_o < o_end
-                bt = tl.load(B + s * sbs + offs_o[None, :] * sbo + offs_r[:, None], mask=o_ok[None, :], other=0.0)
-                if F32DOT:
-                    bt = bt.to(tl.float32)
-                if IEEE:
-                    d = tl.dot(xa, bt, input_precision="ieee")
-                else:
-                    d = tl.dot(xa, bt)
+                d = lc.up(xa, B, s, sbs, sbo, offs_o, o_ok, offs_r, IEEE, F32DOT)
                 ptr = Y + row * syb + offs_m[:, None] * syn + offs_o[None, :]
                 mask = m_ok & o_ok[None, :]
                 out = tl.load(ptr, mask=mask, other=0.0).to(tl.float32) + d
-                if GELU:  # tanh GELU: 0.5 * (1 + tanh(u)) == sigmoid(2u)
-                    out = out * tl.sigmoid(1.5957691216057308 * (out + 0.044715 * out * out * out))
+                if GELU:
+                    out = lc.gelu_tanh(out)
                 tl.store(ptr, out.to(Y.dtype.element_ty), mask=mask)
 
     return segmented_lora
-
-
-def _check(x, y, a, b, slots, scales) -> None:
-    if x.dim() != 3 or y.dim() != 3 or x.shape[:2] != y.shape[:2]:
-        raise ValueError(f"x {tuple(x.shape)} and y {tuple(y.shape)} must be [B, N, K] and [B, N, OUT]")
-    if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[1] != b.shape[2]:
-        raise ValueError(f"a {tuple(a.shape)} / b {tuple(b.shape)} must be [S, R, K] / [S, OUT, R]")
-    if a.shape[2] != x.shape[2] or b.shape[1] != y.shape[2]:
-        raise ValueError(f"adapter dims {tuple(a.shape)}/{tuple(b.shape)} do not fit "
-                         f"x {tuple(x.shape)} y {tuple(y.shape)}")
-    if slots.shape != (x.shape[0],) or scales.shape != (x.shape[0],):
-        raise ValueError("slots and scales need one entry per row")
 
 
 def lora_delta_(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, slots: torch.Tensor,
@@ -109,13 +87,11 @@ def lora_delta_(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tens
     ``slots``: int32 [B] (-1: no adapter), ``scales``: fp32 [B], both on ``x``'s device.
     ``act="gelu_tanh"``: then apply the tanh GELU to every row of ``y`` in the same pass (the
     FFN's first layer, whose activation follows the delta)."""
-    _check(x, y, a, b, slots, scales)
-    if act not in (None, "gelu_tanh"):
-        raise ValueError(f"act must be None or 'gelu_tanh', got {act!r}")
-    if impl == "triton":
-        return _triton(x, y, a, b, slots, scales, act == "gelu_tanh")
+    lc.check_operands(x, y, a, b, slots, scales)
+    lc.check_act(act)
     if impl != "torch":
-        raise ValueError(f"impl must be 'triton' or 'torch', got {impl!r}")
+        lc.check_impl(impl)
+        return _triton(x, y, a, b, slots, scales, act == "gelu_tanh")
     acc = y.float() if act else None  # with the activation: round once, after it
     for s in torch.unique(slots).tolist():  # host sync: the CPU path only
         if s < 0:
@@ -132,21 +108,12 @@ def lora_delta_(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tens
     return y
 
 
-def _interpreting() -> bool:
-    # Triton's CPU interpreter computes bf16/fp16 tl.dot wrongly (checked with triton 3.9):
-    # there the operands go up to fp32 first, which is what the GPU's tensor cores accumulate in
-    import os
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def _triton(x, y, a, b, slots, scales, gelu: bool = False):
     import triton
-    if x.stride(2) != 1 or y.stride(2) != 1 or a.stride(2) != 1 or b.stride(2) != 1:
-        raise ValueError("the Triton path needs unit stride along the feature dims")
+    lc.check_unit_stride(x, y, a, b)
     bsz, n, k = x.shape
     out, r = y.shape[2], a.shape[1]
-    if r < 16 or r & (r - 1):
-        raise ValueError(f"the Triton path needs a power-of-two rank >= 16, got {r}")
+    lc.check_rank(r)
     bm, bo = (64 if n >= 64 else 16), 64
     # few token tiles (short clips): split the output columns over more programs so the GPU fills
     # up; each recomputes its tile's down projection (cheap: rank columns only)
@@ -157,6 +124,5 @@ def _triton(x, y, a, b, slots, scales, gelu: bool = False):
     _kernel()[grid](x, y, a, b, slots, scales, n, k, out, osplit,
                     x.stride(0), x.stride(1), y.stride(0), y.stride(1),
                     a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                    R=r, BM=bm, BK=64, BO=bo, IEEE=x.dtype == torch.float32,
-                    F32DOT=x.dtype == torch.float32 or _interpreting(), GELU=gelu)
+                    R=r, BM=bm, BK=64, BO=bo, GELU=gelu, **lc.dot_flags(x.dtype))
     return y

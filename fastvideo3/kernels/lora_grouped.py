@@ -29,7 +29,8 @@ import functools
 
 import torch
 
-from fastvideo3.kernels.lora import _interpreting, lora_delta_
+from fastvideo3.kernels import lora_common as lc
+from fastvideo3.kernels.lora import lora_delta_
 
 #: aim for at least this many shrink programs (two per SM of an H200) before shrinking BM
 SHRINK_PROGRAMS = 264
@@ -39,6 +40,7 @@ SHRINK_PROGRAMS = 264
 def _kernels():
     import triton
     import triton.language as tl
+    lc.jit()
 
     @triton.jit
     def shrink(X, XA, A, SLOT, SCALE, N, K, sxb, sxn, sab, sas, sar,
@@ -52,20 +54,8 @@ def _kernels():
             offs_m = pid_m * BM + tl.arange(0, BM)
             offs_r = tl.arange(0, R)
             m_ok = offs_m[:, None] < N
-            acc = tl.zeros((BM, R), dtype=tl.float32)
             a_base = A + slot * sas + (g * R + offs_r[None, :]) * sar
-            for k0 in range(0, K, BK):
-                offs_k = k0 + tl.arange(0, BK)
-                k_ok = offs_k < K
-                x = tl.load(X + row * sxb + offs_m[:, None] * sxn + offs_k[None, :], mask=m_ok & k_ok[None, :],
-                            other=0.0)
-                a = tl.load(a_base + offs_k[:, None], mask=k_ok[:, None], other=0.0)
-                if F32DOT:
-                    x, a = x.to(tl.float32), a.to(tl.float32)
-                if IEEE:
-                    acc += tl.dot(x, a, input_precision="ieee")
-                else:
-                    acc += tl.dot(x, a)
+            acc = lc.down(X, a_base, row, sxb, sxn, offs_m, m_ok, 0, K, BM, R, BK, IEEE, F32DOT)
             ptr = XA + row * sab + offs_m[:, None] * (R * tl.num_programs(0)) + g * R + offs_r[None, :]
             tl.store(ptr, (acc * scale).to(XA.dtype.element_ty), mask=m_ok & (offs_r[None, :] < R))
 
@@ -97,14 +87,9 @@ def _kernels():
                 xa = tl.load(XA + row * sab + offs_m[:, None] * width + g * R + offs_r[None, :],
                              mask=m_ok & (offs_r[None, :] < R), other=0.0)
                 bt = tl.load(B + s * sbs + offs_o[None, :] * sbo + offs_r[:, None], mask=o_ok[None, :], other=0.0)
-                if F32DOT:
-                    xa, bt = xa.to(tl.float32), bt.to(tl.float32)
-                if IEEE:
-                    out += tl.dot(xa, bt, input_precision="ieee")
-                else:
-                    out += tl.dot(xa, bt)
-            if GELU:  # tanh GELU: 0.5 * (1 + tanh(u)) == sigmoid(2u)
-                out = out * tl.sigmoid(1.5957691216057308 * (out + 0.044715 * out * out * out))
+                out = lc.mma(out, xa, bt, IEEE, F32DOT)
+            if GELU:
+                out = lc.gelu_tanh(out)
             tl.store(ptr, out.to(Y.dtype.element_ty), mask=mask)
 
     @triton.jit
@@ -113,9 +98,7 @@ def _kernels():
         pid_m = tl.program_id(0)
         row = tl.program_id(1)
         slot = tl.load(SLOT + row)
-        has = slot >= 0
-        s = tl.maximum(slot, 0)
-        scale = tl.where(has, tl.load(SCALE + row), 0.0)
+        has, s, scale = lc.adapter(slot, SCALE, row)
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_r = tl.arange(0, R)
         m_ok = offs_m[:, None] < N
@@ -127,12 +110,7 @@ def _kernels():
             x = tl.load(X + row * sxb + offs_m[:, None] * sxn + offs_k[None, :], mask=mask, other=0.0)
             tl.store(XW + row * swb + offs_m[:, None] * swn + offs_k[None, :], x, mask=mask)  # the copy
             a = tl.load(A + s * sas + offs_r[None, :] * sar + offs_k[:, None], mask=k_ok[:, None], other=0.0)
-            if F32DOT:
-                x, a = x.to(tl.float32), a.to(tl.float32)
-            if IEEE:
-                acc += tl.dot(x, a, input_precision="ieee")
-            else:
-                acc += tl.dot(x, a)
+            acc = lc.mma(acc, x, a, IEEE, F32DOT)
         xa = tl.where(has, acc * scale, 0.0).to(XW.dtype.element_ty)
         zero = tl.zeros((BM, R), dtype=XW.dtype.element_ty)
         r_ok = m_ok & (offs_r[None, :] < R)
@@ -143,19 +121,6 @@ def _kernels():
     return shrink, expand, widen
 
 
-def _check(x, y, a, b, slots, scales, groups):
-    if x.dim() != 3 or y.dim() != 3 or x.shape[:2] != y.shape[:2]:
-        raise ValueError(f"x {tuple(x.shape)} and y {tuple(y.shape)} must be [B, N, K] and [B, N, G*OUT]")
-    if groups < 1 or a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[1] % groups:
-        raise ValueError(f"a {tuple(a.shape)} / b {tuple(b.shape)} must be [S, G*R, K] / [S, G*OUT, R], G={groups}")
-    r = a.shape[1] // groups
-    if b.shape[2] != r or a.shape[2] != x.shape[2] or b.shape[1] != y.shape[2] or y.shape[2] % groups:
-        raise ValueError(f"adapter dims {tuple(a.shape)}/{tuple(b.shape)} do not fit x {tuple(x.shape)} "
-                         f"y {tuple(y.shape)} with {groups} member(s)")
-    if slots.shape != (x.shape[0],) or scales.shape != (x.shape[0],):
-        raise ValueError("slots and scales need one entry per row")
-
-
 def lora_group_delta_(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, slots: torch.Tensor,
                       scales: torch.Tensor, groups: int = 1, impl: str = "torch",
                       act: str | None = None) -> torch.Tensor:
@@ -163,9 +128,8 @@ def lora_group_delta_(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torc
     docstring); returns ``y``. ``slots`` int32 [B] (-1: none), ``scales`` fp32 [B], on ``x``'s
     device. ``act="gelu_tanh"`` applies the tanh GELU to all of ``y`` afterwards, in the same
     pass (``groups == 1`` only). No host synchronisation on the Triton path."""
-    _check(x, y, a, b, slots, scales, groups)
-    if act not in (None, "gelu_tanh"):
-        raise ValueError(f"act must be None or 'gelu_tanh', got {act!r}")
+    lc.check_operands(x, y, a, b, slots, scales, groups)
+    lc.check_act(act)
     if act and groups != 1:
         raise ValueError("act applies to a single layer (groups == 1)")
     if impl == "torch":
@@ -174,18 +138,10 @@ def lora_group_delta_(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torc
             lora_delta_(x, y[..., g * og:(g + 1) * og], a[:, g * r:(g + 1) * r], b[:, g * og:(g + 1) * og],
                         slots, scales, impl="torch", act=act)
         return y
-    if impl != "triton":
-        raise ValueError(f"impl must be 'triton' or 'torch', got {impl!r}")
-    return _triton(x, y, a, b, slots, scales, groups, act == "gelu_tanh")
-
-
-def _triton(x, y, a, b, slots, scales, groups, gelu):
-    if x.stride(2) != 1 or y.stride(2) != 1 or a.stride(2) != 1 or b.stride(2) != 1:
-        raise ValueError("the Triton path needs unit stride along the feature dims")
-    r = a.shape[1] // groups
-    if r < 16 or r & (r - 1):
-        raise ValueError(f"the Triton path needs a power-of-two rank >= 16, got {r}")
-    return lora_expand_(lora_shrink(x, a, slots, scales, groups), y, b, slots, groups, gelu)
+    lc.check_impl(impl)
+    lc.check_unit_stride(x, y, a, b)
+    lc.check_rank(a.shape[1] // groups)
+    return lora_expand_(lora_shrink(x, a, slots, scales, groups), y, b, slots, groups, act == "gelu_tanh")
 
 
 def lora_expand_(xa: torch.Tensor, y: torch.Tensor, b: torch.Tensor, slots: torch.Tensor, groups: int = 1,
@@ -199,19 +155,16 @@ def lora_expand_(xa: torch.Tensor, y: torch.Tensor, b: torch.Tensor, slots: torc
     if xa.shape != (bsz, n, groups * r) or not xa.is_contiguous() or b.shape[1] != out or out % groups:
         raise ValueError(f"xa {tuple(xa.shape)} (contiguous), y {tuple(y.shape)}, b {tuple(b.shape)} do not fit "
                          f"{groups} member(s)")
-    if y.stride(2) != 1 or b.stride(2) != 1:
-        raise ValueError("the Triton path needs unit stride along the feature dims")
+    lc.check_unit_stride(y, b)
     og = out // groups
     bo = 64
     if groups > 1 and og % bo:
         bo = 32 if og % 32 == 0 else 16
         if og % bo:
             raise ValueError(f"a member's output width {og} must be a multiple of 16")
-    interp = _interpreting()
-    ieee, f32dot = y.dtype == torch.float32, y.dtype == torch.float32 or interp
     bm_e = 64 if n >= 64 else 16
     args = (xa, y, b, slots, n, out, og, xa.stride(0), y.stride(0), y.stride(1), b.stride(0), b.stride(1))
-    flags = dict(R=r, IEEE=ieee, F32DOT=f32dot, GELU=gelu)
+    flags = dict(R=r, **lc.dot_flags(y.dtype), GELU=gelu)
     if bo != 64 or (groups > 1 and og % 128):  # the candidates need BO | a member's width
         _kernels()[1][(triton.cdiv(out, bo), triton.cdiv(n, bm_e), bsz)](*args, **flags, BM=bm_e, BO=bo)
         return y
@@ -233,20 +186,26 @@ def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor, scales: t
     """The Triton shrink alone: ``[B, N, G*R]``, member ``g``'s columns ``scales[r] * x[r] @
     a[slots[r], g*R:(g+1)*R].T`` (rounded once); rows without an adapter are left unwritten."""
     import triton
-    if x.stride(2) != 1 or a.stride(2) != 1:
-        raise ValueError("the Triton path needs unit stride along the feature dims")
+    lc.check_unit_stride(x, a)
     bsz, n, k = x.shape
     r = a.shape[1] // groups
     if r < 16 or r & (r - 1) or a.shape[1] % groups or a.shape[2] != k:
         raise ValueError(f"a {tuple(a.shape)} must be [S, G*R, {k}] with a power-of-two R >= 16, G={groups}")
-    bm = 64 if n >= 64 else 16
-    while bm > 16 and triton.cdiv(n, bm) * bsz * groups < SHRINK_PROGRAMS:
-        bm //= 2  # few token tiles: smaller ones, so the input streams through more SMs
+    bm = _shrink_tile(n, bsz * groups)
     xa = torch.empty(bsz, n, groups * r, device=x.device, dtype=x.dtype)
     _kernels()[0][(groups, triton.cdiv(n, bm), bsz)](
         x, xa, a, slots, scales, n, k, x.stride(0), x.stride(1), xa.stride(0), a.stride(0), a.stride(1),
-        R=r, BM=bm, BK=64, IEEE=x.dtype == torch.float32, F32DOT=x.dtype == torch.float32 or _interpreting())
+        R=r, BM=bm, BK=64, **lc.dot_flags(x.dtype))
     return xa
+
+
+def _shrink_tile(n: int, rows: int) -> int:
+    """The token tile of a shrink over ``rows`` (batch rows times members) of ``n`` tokens."""
+    import triton
+    bm = 64 if n >= 64 else 16
+    while bm > 16 and triton.cdiv(n, bm) * rows < SHRINK_PROGRAMS:
+        bm //= 2  # few token tiles: smaller ones, so the input streams through more SMs
+    return bm
 
 
 def lora_widen(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor, scales: torch.Tensor, blocks: int,
@@ -276,22 +235,15 @@ def lora_widen(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor, scales: to
                 xa = torch.matmul(x[row].float(), a[s].float().t()) * scales[row]
                 xw[row, :, k + s * r:k + (s + 1) * r] = xa.to(x.dtype)
         return xw
-    if impl != "triton":
-        raise ValueError(f"impl must be 'triton' or 'torch', got {impl!r}")
+    lc.check_impl(impl)
     import triton
-    if x.stride(2) != 1 or a.stride(2) != 1:
-        raise ValueError("the Triton path needs unit stride along the feature dims")
-    if r < 16 or r & (r - 1):
-        raise ValueError(f"the Triton path needs a power-of-two rank >= 16, got {r}")
+    lc.check_unit_stride(x, a)
+    lc.check_rank(r)
     xw = torch.empty(bsz, n, k + blocks * r, device=x.device, dtype=x.dtype)
-    bm = 64 if n >= 64 else 16
-    while bm > 16 and triton.cdiv(n, bm) * bsz < SHRINK_PROGRAMS:
-        bm //= 2
-    interp = _interpreting()
+    bm = _shrink_tile(n, bsz)
     _kernels()[2][(triton.cdiv(n, bm), bsz)](
         x, xw, a, slots, scales, n, k, x.stride(0), x.stride(1), xw.stride(0), xw.stride(1),
-        a.stride(0), a.stride(1), blocks,
-        R=r, BM=bm, BK=64, IEEE=x.dtype == torch.float32, F32DOT=x.dtype == torch.float32 or interp)
+        a.stride(0), a.stride(1), blocks, R=r, BM=bm, BK=64, **lc.dot_flags(x.dtype))
     return xw
 
 

@@ -21,14 +21,53 @@ import functools
 
 import torch
 
+from fastvideo3.kernels import lora_common as lc
 from fastvideo3.kernels.fused import _per_sample
-from fastvideo3.kernels.lora import _interpreting
+
+
+@functools.lru_cache(maxsize=1)
+def _tiles() -> None:
+    """Define the column-chunk steps both kernels share, ``@triton.jit`` helpers (inlined), as
+    globals of this module (where Triton's interpreter looks them up)."""
+    global residual, normed
+    import triton
+    import triton.language as tl
+    lc.jit()
+
+    @triton.jit
+    def residual(xa, B, s, has, X, Y, GATE, row, tok, o0, m_ok, D, sbs, sbo, gate_stride, offs_r,
+                 BO: tl.constexpr, HAS_GATE: tl.constexpr, F32DOT: tl.constexpr, IEEE: tl.constexpr):
+        # y + delta, gated, added into the residual x (stored); the stored chunk and its mask
+        offs_o = o0 + tl.arange(0, BO)
+        o_ok = offs_o < D
+        mask = m_ok[:, None] & o_ok[None, :]
+        ptr = tok[:, None] * D + offs_o[None, :]
+        y = tl.load(Y + ptr, mask=mask, other=0.0).to(tl.float32)
+        if has:
+            d = lc.up(xa, B, s, sbs, sbo, offs_o, o_ok, offs_r, IEEE, F32DOT)
+            y = (y + d).to(Y.dtype.element_ty).to(tl.float32)  # as the expand stores it
+        if HAS_GATE:
+            y = y * tl.load(GATE + row * gate_stride + offs_o, mask=o_ok, other=0.0).to(tl.float32)[None, :]
+        x = tl.load(X + ptr, mask=mask, other=0.0).to(tl.float32)
+        xr = (x + y).to(X.dtype.element_ty)  # rounded to storage before the norm reads it
+        tl.store(X + ptr, xr, mask=mask)
+        return xr, mask
+
+    @triton.jit
+    def normed(xr, A_, B_, row, offs_o, o_ok, a_stride, b_stride, mean, rstd, MODULATE: tl.constexpr):
+        # the residual chunk xr (fp32) normed and modulated (or scaled and shifted), in fp32
+        a = tl.load(A_ + row * a_stride + offs_o, mask=o_ok, other=0.0).to(tl.float32)
+        b = tl.load(B_ + row * b_stride + offs_o, mask=o_ok, other=0.0).to(tl.float32)
+        if MODULATE:
+            a = a + 1.0
+        return (xr - mean[:, None]) * rstd[:, None] * a[None, :] + b[None, :]
 
 
 @functools.lru_cache(maxsize=1)
 def _kernel():
     import triton
     import triton.language as tl
+    _tiles()
 
     @triton.jit
     def lora_add_norm(XA, B, SLOT, X, Y, GATE, A_, B_, H, N, D, eps, sab, sbs, sbo,
@@ -49,25 +88,8 @@ def _kernel():
             xa = xa.to(tl.float32)
         total = tl.zeros((BM,), dtype=tl.float32)
         for o0 in range(0, D, BO):  # pass 1: y + delta, the gated residual, written; its row sums
-            offs_o = o0 + tl.arange(0, BO)
-            o_ok = offs_o < D
-            mask = m_ok[:, None] & o_ok[None, :]
-            ptr = tok[:, None] * D + offs_o[None, :]
-            y = tl.load(Y + ptr, mask=mask, other=0.0).to(tl.float32)
-            if slot >= 0:
-                bt = tl.load(B + s * sbs + offs_o[None, :] * sbo + offs_r[:, None], mask=o_ok[None, :], other=0.0)
-                if F32DOT:
-                    bt = bt.to(tl.float32)
-                if IEEE:
-                    d = tl.dot(xa, bt, input_precision="ieee")
-                else:
-                    d = tl.dot(xa, bt)
-                y = (y + d).to(Y.dtype.element_ty).to(tl.float32)  # as the expand stores it
-            if HAS_GATE:
-                y = y * tl.load(GATE + row * gate_stride + offs_o, mask=o_ok, other=0.0).to(tl.float32)[None, :]
-            x = tl.load(X + ptr, mask=mask, other=0.0).to(tl.float32)
-            xr = (x + y).to(X.dtype.element_ty)  # rounded to storage before the norm reads it
-            tl.store(X + ptr, xr, mask=mask)
+            xr, mask = residual(xa, B, s, slot >= 0, X, Y, GATE, row, tok, o0, m_ok, D, sbs, sbo, gate_stride,
+                                offs_r, BO, HAS_GATE, F32DOT, IEEE)
             total += tl.sum(tl.where(mask, xr.to(tl.float32), 0.0), axis=1)
         tl.debug_barrier()  # the residual tile this program wrote is read back below
         mean = total / D
@@ -85,11 +107,7 @@ def _kernel():
             mask = m_ok[:, None] & o_ok[None, :]
             ptr = tok[:, None] * D + offs_o[None, :]
             xr = tl.load(X + ptr, mask=mask, other=0.0).to(tl.float32)
-            a = tl.load(A_ + row * a_stride + offs_o, mask=o_ok, other=0.0).to(tl.float32)
-            b = tl.load(B_ + row * b_stride + offs_o, mask=o_ok, other=0.0).to(tl.float32)
-            if MODULATE:
-                a = a + 1.0
-            h = (xr - mean[:, None]) * rstd[:, None] * a[None, :] + b[None, :]
+            h = normed(xr, A_, B_, row, offs_o, o_ok, a_stride, b_stride, mean, rstd, MODULATE)
             tl.store(H + ptr, h.to(H.dtype.element_ty), mask=mask)
 
     return lora_add_norm
@@ -115,22 +133,32 @@ def lora_add_norm(xa: torch.Tensor, up: torch.Tensor, slots: torch.Tensor, x: to
             if s >= 0:
                 y[row] = (y[row].float() + xa[row].float() @ up[s].float().t()).to(y.dtype)
         return add_norm(x, y, gate, a, b, modulate=modulate, eps=eps, impl="torch")
-    if impl != "triton":
-        raise ValueError(f"impl must be 'triton' or 'torch', got {impl!r}")
+    lc.check_impl(impl)
     import triton
     if not xa.is_contiguous() or up.stride(2) != 1:
         raise ValueError("the Triton path needs a contiguous xa and unit-stride up weights")
+    vecs, strides = _modulation(x, gate, a, b)
+    h = torch.empty_like(x)
+    bm = _token_tile(n, bsz)
+    _kernel()[(triton.cdiv(n, bm), bsz)](
+        xa, up, slots, x, y, *vecs, h, n, d, eps, xa.stride(0), up.stride(0), up.stride(1), *strides,
+        R=r, BM=bm, BO=128, HAS_GATE=gate is not None, MODULATE=modulate, **lc.dot_flags(x.dtype), num_warps=4)
+    return h
+
+
+def _modulation(x, gate, a, b):
+    """The gate and the norm's scale and shift as the kernels take them: (tensors, sample strides)."""
+    bsz, _, d = x.shape
     gate_t, gate_stride = _per_sample(gate, bsz, d, "gate") if gate is not None else (x, 0)
     a_t, a_stride = _per_sample(a, bsz, d, "a")
     b_t, b_stride = _per_sample(b, bsz, d, "b")
-    h = torch.empty_like(x)
-    bm = 32 if triton.cdiv(n, 32) * bsz >= 264 else 16  # 16-token tiles when there are few (two per SM)
-    _kernel()[(triton.cdiv(n, bm), bsz)](
-        xa, up, slots, x, y, gate_t, a_t, b_t, h, n, d, eps, xa.stride(0), up.stride(0), up.stride(1),
-        gate_stride, a_stride, b_stride,
-        R=r, BM=bm, BO=128, HAS_GATE=gate is not None, MODULATE=modulate,
-        F32DOT=x.dtype == torch.float32 or _interpreting(), IEEE=x.dtype == torch.float32, num_warps=4)
-    return h
+    return (gate_t, a_t, b_t), (gate_stride, a_stride, b_stride)
+
+
+def _token_tile(n: int, bsz: int) -> int:
+    """16-token tiles when 32-token ones would be few (fewer than two per SM of an H200)."""
+    import triton
+    return 32 if triton.cdiv(n, 32) * bsz >= 264 else 16
 
 
 # -- the two-pass variant, with the next layer's shrink fused in -------------------------------
@@ -142,6 +170,7 @@ NORM_CONFIGS = [({"BM": bm, "BO": bo, "BO2": bo2}, w) for bm, bo, bo2, w in (
 def _kernel2():
     import triton
     import triton.language as tl
+    _tiles()
 
     @triton.jit
     def add_norm_next_kernel(XA, SCALE, B, SLOT, X, Y, GATE, A_, B_, H, AN, E,
@@ -153,9 +182,7 @@ def _kernel2():
         pid_m = tl.program_id(0)
         row = tl.program_id(1)
         slot = tl.load(SLOT + row)
-        has = slot >= 0
-        s = tl.maximum(slot, 0)
-        scale = tl.where(has, tl.load(SCALE + row), 0.0)
+        has, s, scale = lc.adapter(slot, SCALE, row)
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_r = tl.arange(0, R)
         m_ok = offs_m < N
@@ -176,25 +203,8 @@ def _kernel2():
         mean = tl.zeros((BM,), dtype=tl.float32)
         m2 = tl.zeros((BM,), dtype=tl.float32)
         for o0 in range(0, D, BO):
-            offs_o = o0 + tl.arange(0, BO)
-            o_ok = offs_o < D
-            mask = m_ok[:, None] & o_ok[None, :]
-            ptr = tok[:, None] * D + offs_o[None, :]
-            y = tl.load(Y + ptr, mask=mask, other=0.0).to(tl.float32)
-            if has:
-                bt = tl.load(B + s * sbs + offs_o[None, :] * sbo + offs_r[:, None], mask=o_ok[None, :], other=0.0)
-                if F32DOT:
-                    bt = bt.to(tl.float32)
-                if IEEE:
-                    d = tl.dot(xa, bt, input_precision="ieee")
-                else:
-                    d = tl.dot(xa, bt)
-                y = (y + d).to(Y.dtype.element_ty).to(tl.float32)  # as the expand stores it
-            if HAS_GATE:
-                y = y * tl.load(GATE + row * gate_stride + offs_o, mask=o_ok, other=0.0).to(tl.float32)[None, :]
-            x = tl.load(X + ptr, mask=mask, other=0.0).to(tl.float32)
-            xr = (x + y).to(X.dtype.element_ty)
-            tl.store(X + ptr, xr, mask=mask)
+            xr, mask = residual(xa, B, s, has, X, Y, GATE, row, tok, o0, m_ok, D, sbs, sbo, gate_stride, offs_r,
+                                BO, HAS_GATE, F32DOT, IEEE)
             xf = tl.where(mask, xr.to(tl.float32), 0.0)
             cnt = tl.minimum(D - o0, BO) * 1.0
             cmean = tl.sum(xf, axis=1) / cnt
@@ -215,22 +225,12 @@ def _kernel2():
             o_ok = offs_o < D
             mask = m_ok[:, None] & o_ok[None, :]
             xr = tl.load(X + tok[:, None] * D + offs_o[None, :], mask=mask, other=0.0).to(tl.float32)
-            a = tl.load(A_ + row * a_stride + offs_o, mask=o_ok, other=0.0).to(tl.float32)
-            b = tl.load(B_ + row * b_stride + offs_o, mask=o_ok, other=0.0).to(tl.float32)
-            if MODULATE:
-                a = a + 1.0
-            h = ((xr - mean[:, None]) * rstd[:, None] * a[None, :] + b[None, :]).to(H.dtype.element_ty)
+            h = normed(xr, A_, B_, row, offs_o, o_ok, a_stride, b_stride, mean, rstd, MODULATE).to(H.dtype.element_ty)
             tl.store(H + tok[:, None] * sh + offs_o[None, :], h, mask=mask)
             if NEXT:
                 an = tl.load(AN + s * sans + offs_e[None, :] * sanr + offs_o[:, None],
                              mask=o_ok[:, None] & e_ok[None, :], other=0.0)  # scale 0 without an adapter
-                hd = tl.where(mask, h, 0.0)
-                if F32DOT:
-                    hd, an = hd.to(tl.float32), an.to(tl.float32)
-                if IEEE:
-                    acc += tl.dot(hd, an, input_precision="ieee")
-                else:
-                    acc += tl.dot(hd, an)
+                acc = lc.mma(acc, tl.where(mask, h, 0.0), an, IEEE, F32DOT)
         if NEXT:
             e = (acc * scale).to(H.dtype.element_ty)  # zero where the row has no adapter
             e_mask = m_ok[:, None] & e_ok[None, :]
@@ -303,32 +303,27 @@ def lora_add_norm_next(xa: torch.Tensor | None, scales: torch.Tensor, up: torch.
                 else:
                     e[row] = p
         return (h, buf if wide else e) if e is not None else h
-    if impl != "triton":
-        raise ValueError(f"impl must be 'triton' or 'torch', got {impl!r}")
+    lc.check_impl(impl)
     import triton
     if up.stride(2) != 1 or (xa is not None and not xa.is_contiguous()) or (
             xa_parts is not None and not xa_parts.is_contiguous()):
         raise ValueError("the Triton path needs contiguous xa (or partials) and unit-stride up weights")
     if next_down is not None and next_down.stride(2) != 1:
         raise ValueError("the Triton path needs unit-stride next_down weights")
-    if r < 16 or r & (r - 1):
-        raise ValueError(f"the Triton path needs a power-of-two rank >= 16, got {r}")
-    gate_t, gate_stride = _per_sample(gate, bsz, d, "gate") if gate is not None else (x, 0)
-    a_t, a_stride = _per_sample(a, bsz, d, "a")
-    b_t, b_stride = _per_sample(b, bsz, d, "b")
+    lc.check_rank(r)
+    vecs, strides = _modulation(x, gate, a, b)
     src = xa if xa is not None else xa_parts
     sab = src.stride(0) if xa is not None else src.stride(1)
     an = next_down if next_down is not None else x
     rn = next_down.shape[1] if next_down is not None else 16
     ew = max(16, triton.next_power_of_2(rn))
     from fastvideo3.kernels.lora_shrink import launch
-    bm = 32 if triton.cdiv(n, 32) * bsz >= 264 else 16
-    args = (src, scales, up, slots, x, y, gate_t, a_t, b_t, h, an, e if e is not None else h,
-            n, d, eps, sab, up.stride(0), up.stride(1), gate_stride, a_stride, b_stride,
+    bm = _token_tile(n, bsz)
+    args = (src, scales, up, slots, x, y, *vecs, h, an, e if e is not None else h,
+            n, d, eps, sab, up.stride(0), up.stride(1), *strides,
             h.stride(1), e.stride(1) if e is not None else 0, an.stride(0), an.stride(1) if cols else 0, cols)
     flags = dict(R=r, SPLIT=0 if xa is not None else xa_parts.shape[0], HAS_GATE=gate is not None,
-                 MODULATE=modulate, NEXT=next_down is not None, WIDE=bool(wide), RN=rn, EW=ew,
-                 F32DOT=x.dtype == torch.float32 or _interpreting(), IEEE=x.dtype == torch.float32)
+                 MODULATE=modulate, NEXT=next_down is not None, WIDE=bool(wide), RN=rn, EW=ew, **lc.dot_flags(x.dtype))
     # x is updated in place: restored between the tuner's runs
     launch("add_norm_next", _kernel2(), NORM_CONFIGS, ["N", "D", "R", "SPLIT", "HAS_GATE", "NEXT", "WIDE", "RN"],
            lambda meta: (triton.cdiv(n, meta["BM"]), bsz), args, flags,

@@ -26,7 +26,7 @@ import functools
 
 import torch
 
-from fastvideo3.kernels.lora import _interpreting
+from fastvideo3.kernels import lora_common as lc
 
 #: the fixed tiles (the interpreter's, and the fallback when autotuning fails) and the candidates
 DEFAULT_TILES = ({"BM": 32, "BK": 64}, 4)
@@ -44,7 +44,7 @@ _TUNERS: dict[str, object] = {}
 def status() -> dict:
     """Whether the autotuned kernels are in use, why not if they are not, and the configs chosen
     (by kernel, then by key)."""
-    out = {"autotune": _STATE["autotune"] and not _interpreting(), "fallback": _STATE["fallback"], "chosen": {}}
+    out = {"autotune": _STATE["autotune"] and not lc.interpreting(), "fallback": _STATE["fallback"], "chosen": {}}
     for name, tuner in _TUNERS.items():
         out["chosen"][name] = {str(tuple(k)[:len(tuner.keys)]): str(v) for k, v in getattr(tuner, "cache", {}).items()}
     return out
@@ -58,7 +58,7 @@ def launch(name: str, kernel, configs: list[tuple[dict, int]], key: list[str], g
     grid. Under the interpreter, off CUDA, with autotuning off, or once it failed (recorded in
     :func:`status`): the ``default`` tiles."""
     import triton
-    if _STATE["autotune"] and cuda and not _interpreting():
+    if _STATE["autotune"] and cuda and not lc.interpreting():
         tuner = _TUNERS.get(name)
         try:
             if tuner is None:
@@ -88,6 +88,7 @@ def set_autotune(on: bool) -> None:
 def _kernels():
     import triton
     import triton.language as tl
+    lc.jit()
 
     @triton.jit
     def shrink_split(X, OUT, A, SLOT, SCALE, N, K, G, sxb, sxn, sas, sar, sob, son,
@@ -106,20 +107,8 @@ def _kernels():
             chunk = tl.cdiv(tl.cdiv(K, SPLIT), BK) * BK
             k_begin = part * chunk
             k_end = tl.minimum(k_begin + chunk, K)
-            acc = tl.zeros((BM, R), dtype=tl.float32)
             a_base = A + slot * sas + (g * R + offs_r[None, :]) * sar
-            for k0 in range(k_begin, k_end, BK):
-                offs_k = k0 + tl.arange(0, BK)
-                k_ok = offs_k < k_end
-                x = tl.load(X + row * sxb + offs_m[:, None] * sxn + offs_k[None, :], mask=m_ok & k_ok[None, :],
-                            other=0.0)
-                a = tl.load(a_base + offs_k[:, None], mask=k_ok[:, None], other=0.0)
-                if F32DOT:
-                    x, a = x.to(tl.float32), a.to(tl.float32)
-                if IEEE:
-                    acc += tl.dot(x, a, input_precision="ieee")
-                else:
-                    acc += tl.dot(x, a)
+            acc = lc.down(X, a_base, row, sxb, sxn, offs_m, m_ok, k_begin, k_end, BM, R, BK, IEEE, F32DOT)
             mask = m_ok & (offs_r[None, :] < R)
             if SPLIT == 1:
                 ptr = OUT + row * sob + offs_m[:, None] * son + g * R + offs_r[None, :]
@@ -148,8 +137,7 @@ def lora_shrink_split(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor, sca
     bsz, n, k = x.shape
     if a.dim() != 3 or a.shape[2] != k or a.shape[1] % groups or groups < 1:
         raise ValueError(f"x {tuple(x.shape)}, a {tuple(a.shape)}: a must be [S, G*R, K] with G={groups}")
-    if slots.shape != (bsz,) or scales.shape != (bsz,):
-        raise ValueError("slots and scales need one entry per row")
+    lc.check_rows(slots, scales, bsz)
     if not 1 <= split <= MAX_SPLIT:
         raise ValueError(f"split must be in [1, {MAX_SPLIT}], got {split}")
     r = a.shape[1] // groups
@@ -166,13 +154,10 @@ def lora_shrink_split(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor, sca
         if split == 1:
             return (parts[0] * scales.view(-1, 1, 1)).to(x.dtype)
         return parts
-    if impl != "triton":
-        raise ValueError(f"impl must be 'triton' or 'torch', got {impl!r}")
+    lc.check_impl(impl)
     import triton
-    if x.stride(2) != 1 or a.stride(2) != 1:
-        raise ValueError("the Triton path needs unit stride along the feature dims")
-    if r < 16 or r & (r - 1):
-        raise ValueError(f"the Triton path needs a power-of-two rank >= 16, got {r}")
+    lc.check_unit_stride(x, a)
+    lc.check_rank(r)
     if split == 1:
         out = torch.empty(bsz, n, groups * r, device=x.device, dtype=x.dtype)
         sob, son = out.stride(0), out.stride(1)
@@ -180,8 +165,7 @@ def lora_shrink_split(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor, sca
         out = torch.empty(split, bsz, n, groups * r, device=x.device, dtype=torch.float32)
         sob, son = out.stride(1), out.stride(2)
     args = (x, out, a, slots, scales, n, k, groups, x.stride(0), x.stride(1), a.stride(0), a.stride(1), sob, son)
-    flags = dict(R=r, SPLIT=split, IEEE=x.dtype == torch.float32,
-                 F32DOT=x.dtype == torch.float32 or _interpreting())
+    flags = dict(R=r, SPLIT=split, **lc.dot_flags(x.dtype))
     launch("shrink", _kernels(), SHRINK_CONFIGS, ["N", "K", "G", "R", "SPLIT"],
            lambda meta: (groups * split, triton.cdiv(n, meta["BM"]), bsz), args, flags, DEFAULT_TILES, cuda=x.is_cuda)
     return out

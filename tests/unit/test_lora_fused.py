@@ -4,11 +4,6 @@ norm pass that also runs the next layer's shrink -- each against a plain PyTorch
 store's CUDA-graph-safe state: one plan buffer per shape, widened weights rewritten in place."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -16,9 +11,8 @@ from fastvideo3.kernels.fused import add_norm, triton_available
 from fastvideo3.kernels.lora_grouped import lora_group_delta_, lora_widen
 from fastvideo3.kernels.lora_norm import lora_add_norm, lora_add_norm_next
 from fastvideo3.kernels.lora_shrink import choose_split, lora_shrink_split
-from tests.helpers_lora import INTERPRET, kernel_device, norm_operands, triton_mark
+from tests.helpers_lora import INTERPRET, kernel_device, norm_operands, run_under_interpreter, triton_mark
 
-ROOT = Path(__file__).resolve().parents[2]
 TRITON = triton_mark("needs a GPU, or the Triton interpreter (the last test runs it in a child process)")
 pytestmark = pytest.mark.timeout(120)
 SLOTS = [2, -1, 0, 2, 1]
@@ -206,12 +200,7 @@ def test_store_plan_buffers_and_static_widened_weights():
 @pytest.mark.skipif(INTERPRET, reason="already under the interpreter")
 @pytest.mark.timeout(330)
 def test_fused_kernels_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "triton_", "tests/unit/test_lora_fused.py"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "6 passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
+    run_under_interpreter("triton_", ["tests/unit/test_lora_fused.py"], passed=6)
 
 
 def test_add_norm_next_without_lora_rows_is_add_norm():

@@ -4,20 +4,14 @@ CPU under ``TRITON_INTERPRET=1``, in a child process, since Triton decides when 
 first defined)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from fastvideo3.kernels.fused import triton_available
 from fastvideo3.kernels.lora import lora_delta_
 from fastvideo3.kernels.lora_grouped import lora_group_delta_, lora_widen, widen_pays, widen_weight
-from tests.helpers_lora import INTERPRET, kernel_device, norm_operands, triton_mark
+from tests.helpers_lora import INTERPRET, kernel_device, norm_operands, run_under_interpreter, triton_mark
 
-ROOT = Path(__file__).resolve().parents[2]
 TRITON = triton_mark("needs a GPU, or the Triton interpreter: on a CPU the test below runs it in a child process")
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,6 +25,12 @@ def _case(dtype, n=37, k=48, out=80, rank=16, slots=3, rows=5, seed=0, device="c
     sl = torch.tensor([2, -1, 0, 2, 1][:rows], dtype=torch.int32, device=device)
     sc = torch.tensor([0.7, 0.0, 1.0, -0.5, 2.0][:rows], dtype=torch.float32, device=device)
     return x, y, a, b, sl, sc
+
+
+def _kernel_cases(dtype):
+    """The one-layer cases of the Triton tests, on the kernel device: a short and a longer clip."""
+    for seed, n in ((0, 37), (1, 130)):
+        yield _case(dtype, n=n, seed=seed, device=kernel_device())
 
 
 def _reference(x, y, a, b, sl, sc):
@@ -79,9 +79,7 @@ def test_shape_errors_name_the_operands():
 @TRITON
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_kernel_matches_torch_path(dtype):
-    device = kernel_device()
-    for seed, n in ((0, 37), (1, 130)):
-        x, y, a, b, sl, sc = _case(dtype, n=n, seed=seed, device=device)
+    for x, y, a, b, sl, sc in _kernel_cases(dtype):
         want = lora_delta_(x, y.clone(), a, b, sl, sc, impl="torch")
         got = lora_delta_(x, y.clone(), a, b, sl, sc, impl="triton")
         tol = 1e-4 if dtype == torch.float32 else 3e-2
@@ -179,9 +177,7 @@ def test_widen_pays_where_the_output_is_wide_and_the_extra_rank_small():
 @TRITON
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_kernel_widen_matches_torch_path(dtype):
-    device = kernel_device()
-    for seed, n in ((0, 37), (1, 130)):
-        x, _, a, _, sl, sc = _case(dtype, n=n, seed=seed, device=device)
+    for x, _, a, _, sl, sc in _kernel_cases(dtype):
         want = lora_widen(x, a, sl, sc, blocks=3, impl="torch")
         got = lora_widen(x, a, sl, sc, blocks=3, impl="triton")
         tol = 1e-4 if dtype == torch.float32 else 3e-2
@@ -238,12 +234,6 @@ def test_triton_kernel_lora_add_norm_matches_torch_path(dtype):
 @pytest.mark.skipif(INTERPRET, reason="already under the interpreter")
 @pytest.mark.timeout(330)
 def test_triton_kernel_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
-         "triton_kernel_matches or triton_kernel_grouped or triton_kernel_widen or triton_kernel_lora_add_norm"
-         " or fast_path",
-         "tests/unit/test_lora_kernel.py", "tests/unit/test_lora.py"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "16 passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
+    run_under_interpreter("triton_kernel_matches or triton_kernel_grouped or triton_kernel_widen"
+                          " or triton_kernel_lora_add_norm or fast_path",
+                          ["tests/unit/test_lora_kernel.py", "tests/unit/test_lora.py"], passed=16)
