@@ -135,8 +135,24 @@ class ServiceHost:
 
     # -- signals and shutdown ----------------------------------------------------------
     def install_signals(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stop_event.set())
+        """SIGTERM and SIGINT request a stop. A Python signal handler runs in the main thread
+        between two bytecodes -- possibly while that thread holds ``stop_event``'s own lock inside
+        ``stop_event.wait`` -- so setting the event from the handler can deadlock the process
+        (it then never drains). The handler does nothing; the interpreter's C handler writes the
+        signal's number to a pipe, and a thread reading the pipe sets the event."""
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        signal.set_wakeup_fd(write_fd)
+        stops = (signal.SIGTERM, signal.SIGINT)
+        for sig in stops:
+            signal.signal(sig, lambda *_: None)
+
+        def relay() -> None:
+            while True:
+                if any(n in stops for n in os.read(read_fd, 64)):
+                    self.stop_event.set()
+
+        threading.Thread(target=relay, name="signals", daemon=True).start()
         import faulthandler
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack to the log
 
