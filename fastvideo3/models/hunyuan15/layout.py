@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastvideo3.errors import CardError
-from fastvideo3.models.wan.layout import _json  # a diffusers folder's JSON mapping, CardError otherwise
+from fastvideo3.models.layout import json_mapping
 from fastvideo3.vocab import Program
 
 PIPELINE = "HunyuanVideo15Pipeline"
@@ -92,7 +92,7 @@ def inspect_directory(root: Path) -> Layout:
     root = Path(root)
     if not (root / "model_index.json").is_file():
         raise CardError(f"{root.name}/ is not a diffusers-format directory (no model_index.json)", field="model")
-    mi = _json(root / "model_index.json", "model_index")
+    mi = json_mapping(root / "model_index.json", "model_index")
     cls = mi.get("_class_name")
     if cls != PIPELINE:
         what = _OTHER_PIPELINES.get(cls, "a pipeline this loader does not implement")
@@ -113,13 +113,13 @@ def inspect_directory(root: Path) -> Layout:
         if not _present(mi.get(sub)) or not (root / sub).is_dir():
             raise CardError(f"{root.name}/ lacks the {sub}/ component a text-to-video card requires",
                             field=f"checkpoint.{sub}")
-    tcfg = _json(root / "transformer" / "config.json", "checkpoint.transformer")
+    tcfg = json_mapping(root / "transformer" / "config.json", "checkpoint.transformer")
     check_dit_fields(tcfg)
-    vcfg = _json(root / "vae" / "config.json", "checkpoint.vae")
+    vcfg = json_mapping(root / "vae" / "config.json", "checkpoint.vae")
     check_vae_fields(vcfg, tcfg)
-    scfg = _json(root / "scheduler" / "scheduler_config.json", "checkpoint.scheduler")
+    scfg = json_mapping(root / "scheduler" / "scheduler_config.json", "checkpoint.scheduler")
     check_fields("scheduler", scfg, SCHEDULER_VALUES, SCHEDULER_FREE)
-    gcfg = _json(root / "guider" / "guider_config.json", "checkpoint.guider")
+    gcfg = json_mapping(root / "guider" / "guider_config.json", "checkpoint.guider")
     check_fields("guider", gcfg, GUIDER_VALUES, ("guidance_scale",))
     return Layout(mi, tcfg, vcfg, scfg, gcfg)
 

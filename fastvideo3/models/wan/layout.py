@@ -26,11 +26,11 @@ Implemented layouts (``Layout.kind``):
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from fastvideo3.errors import CardError
+from fastvideo3.models.layout import json_mapping
 from fastvideo3.vocab import LoopId
 
 #: what the T2V layouts' components are (model_index.json: name -> [library, class])
@@ -86,18 +86,6 @@ class Layout:
     boundary_ratio: float | None = None
 
 
-def _json(path: Path, field: str) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CardError(f"{path.parent.name}/{path.name} is missing", field=field) from None
-    except json.JSONDecodeError as e:
-        raise CardError(f"{path.parent.name}/{path.name} is not valid JSON: {e}", field=field) from None
-    if not isinstance(data, dict):
-        raise CardError(f"{path.parent.name}/{path.name} must hold a mapping", field=field)
-    return data
-
-
 def _present(entry) -> bool:
     return isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] is not None and entry[1] is not None
 
@@ -108,7 +96,7 @@ def inspect_directory(root: Path) -> Layout:
     index = root / "model_index.json"
     if not index.exists():
         raise CardError(f"{root.name}/ is not a diffusers-format directory (no model_index.json)", field="model")
-    mi = _json(index, "model_index")
+    mi = json_mapping(index, "model_index")
     cls = mi.get("_class_name")
     if cls == "WanImageToVideoPipeline":
         return _inspect_i2v(root, mi)
@@ -133,9 +121,9 @@ def inspect_directory(root: Path) -> Layout:
         if not _present(mi.get(sub)) or not (root / sub).is_dir():
             raise CardError(f"{root.name}/ lacks the {sub}/ component a text-to-video card requires",
                             field=f"checkpoint.{sub}")
-    tcfg = _json(root / "transformer" / "config.json", "checkpoint.transformer")
+    tcfg = json_mapping(root / "transformer" / "config.json", "checkpoint.transformer")
     check_dit_fields("transformer", tcfg)
-    vcfg = _json(root / "vae" / "config.json", "checkpoint.vae")
+    vcfg = json_mapping(root / "vae" / "config.json", "checkpoint.vae")
     ratio = mi.get("boundary_ratio")
     two = _present(mi.get("transformer_2"))
     if mi.get("expand_timesteps"):
@@ -162,7 +150,7 @@ def inspect_directory(root: Path) -> Layout:
     if not (root / "transformer_2").is_dir():
         raise CardError(f"{root.name}/ lacks the transformer_2/ its model_index names",
                         field="checkpoint.transformer_2")
-    t2 = _json(root / "transformer_2" / "config.json", "checkpoint.transformer_2")
+    t2 = json_mapping(root / "transformer_2" / "config.json", "checkpoint.transformer_2")
     check_dit_fields("transformer_2", t2)
     for k in DIT_FIELDS:
         if t2.get(k) != tcfg.get(k):
@@ -198,9 +186,9 @@ def _inspect_i2v(root: Path, mi: dict) -> Layout:
         if not _present(mi.get(sub)) or not (root / sub).is_dir():
             raise CardError(f"{root.name}/ lacks the {sub}/ component an image-to-video card requires",
                             field=f"checkpoint.{sub}")
-    tcfg = _json(root / "transformer" / "config.json", "checkpoint.transformer")
+    tcfg = json_mapping(root / "transformer" / "config.json", "checkpoint.transformer")
     check_dit_fields("transformer", tcfg, image_to_video=True)
-    vcfg = _json(root / "vae" / "config.json", "checkpoint.vae")
+    vcfg = json_mapping(root / "vae" / "config.json", "checkpoint.vae")
     check_vae_fields(vcfg, tcfg)
     return Layout("wan2.1-i2v", mi, tcfg)
 
