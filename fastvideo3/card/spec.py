@@ -266,30 +266,29 @@ class GraphBucketSpec(_Spec):
         return len(self.rows) * len(self.shapes)
 
 
+def _shape_problem(s: GraphShape, lim: Limits) -> str | None:
+    """What keeps a request from asking for bucket shape ``s`` under ``lim`` (None: nothing)."""
+    if (s.frames - 1) % 4 or not lim.min_frames <= s.frames <= lim.max_frames:
+        return f"frames must be 4k+1 in [{lim.min_frames}, {lim.max_frames}]"
+    for name, v, hi in (("height", s.height, lim.max_height), ("width", s.width, lim.max_width)):
+        if v % lim.size_multiple or not lim.min_size <= v <= hi:
+            return f"{name} must be a multiple of {lim.size_multiple} in [{lim.min_size}, {hi}]"
+    return None
+
+
 def check_graph_shapes(spec: GraphBucketSpec, lim: Limits) -> None:
     """Each bucket shape is one a request may ask for under the card's limits (raises ValueError
     naming ``shapes[i]``): frames 4k+1 in range, sizes multiples of ``size_multiple`` in range."""
     for i, s in enumerate(spec.shapes):
-        where = f"shapes[{i}] ({s.frames}x{s.height}x{s.width} frames x height x width)"
-        if (s.frames - 1) % 4 or not lim.min_frames <= s.frames <= lim.max_frames:
-            raise ValueError(f"{where}: frames must be 4k+1 in [{lim.min_frames}, {lim.max_frames}]")
-        for name, v, hi in (("height", s.height, lim.max_height), ("width", s.width, lim.max_width)):
-            if v % lim.size_multiple or not lim.min_size <= v <= hi:
-                raise ValueError(f"{where}: {name} must be a multiple of {lim.size_multiple} in "
-                                 f"[{lim.min_size}, {hi}]")
+        problem = _shape_problem(s, lim)
+        if problem is not None:
+            raise ValueError(f"shapes[{i}] ({s.frames}x{s.height}x{s.width} frames x height x width): {problem}")
 
 
 def graph_buckets_within(spec: GraphBucketSpec, lim: Limits) -> GraphBucketSpec:
     """The buckets whose shapes a request may ask for under ``lim`` (none when no shape fits):
     a card whose limits were narrowed keeps the buckets it can still serve."""
-    def fits(shape: GraphShape) -> bool:
-        try:
-            check_graph_shapes(GraphBucketSpec(rows=[1], shapes=[shape]), lim)
-        except ValueError:
-            return False
-        return True
-
-    shapes = [s for s in spec.shapes if fits(s)]
+    shapes = [s for s in spec.shapes if _shape_problem(s, lim) is None]
     return GraphBucketSpec(rows=list(spec.rows), shapes=shapes) if shapes else GraphBucketSpec()
 
 

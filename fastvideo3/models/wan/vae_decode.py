@@ -79,16 +79,9 @@ def cuda_flags(device: str):
     if not str(device).startswith("cuda"):
         yield
         return
-    with _flag(torch.backends.cudnn, "benchmark", True):
-        yield
-
-
-@contextlib.contextmanager
-def _flag(backend, name: str, value: bool):
-    """A torch.backends flag set for the block's duration, restored after."""
-    prev = getattr(backend, name)
-    setattr(backend, name, value)
+    prev = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
     try:
         yield
     finally:
-        setattr(backend, name, prev)
+        torch.backends.cudnn.benchmark = prev
