@@ -205,7 +205,9 @@ def run_fleet(a, deadline: float, save, log_dir: Path, trace_dir: Path | None, o
     roles = ("encoder", "denoiser", "decoder")
     common = ["--device-profile", a.device_profile, "--interactive-budget-s", "1e6", "--batch-budget-s", "1e6",
               "--max-batch", str(a.max_batch)]
-    fleet = LocalFleet(a.card, roles=roles, device=a.device, scheduler_args=common + trace("scheduler"),
+    card = serving_card(a, log_dir)
+    out["card_graph_buckets"] = a.graph_buckets_declared
+    fleet = LocalFleet(card, roles=roles, device=a.device, scheduler_args=common + trace("scheduler"),
                        pool_args={r: trace(r) for r in roles}, log_dir=log_dir)
     out["variant"] = ("fleet (fleet.launcher.LocalFleet: one process per pool + scheduler processes, gRPC, "
                       "transport auto)")
@@ -259,6 +261,29 @@ def run_fleet(a, deadline: float, save, log_dir: Path, trace_dir: Path | None, o
     if trace_dir is not None:
         add_breakdowns(out, sorted(trace_dir.glob("*.jsonl")))
     return out
+
+
+def serving_card(a, log_dir: Path) -> str:
+    """The card the fleet serves: ``a.card`` itself, or (``--graph-rows``) a card file of the same
+    card whose graph buckets are the workload's shapes at those rows -- what a deployment serving
+    these shapes declares, so the denoiser captures them as CUDA graphs and the decoder tunes their
+    decodes at warm-up. Shapes the card's limits refuse are left out (they run eagerly)."""
+    from fastvideo3.card.registry import resolve_card
+    from fastvideo3.card.spec import GraphBucketSpec, GraphShape, graph_buckets_within
+    a.graph_buckets_declared = None
+    if not a.graph_rows:
+        return a.card
+    base = resolve_card(a.card)
+    # the small shape only: buckets are rows x shapes, and 32 rows of the mixed part's large clip
+    # would be a capture of ~450k tokens (graphs pay below ~8k tokens; large batches run eagerly)
+    spec = graph_buckets_within(GraphBucketSpec(rows=a.graph_rows, shapes=[
+        GraphShape(frames=a.frames, height=a.height, width=a.width)]), base.limits)
+    data = base.model_dump(mode="json")
+    data["graph_buckets"] = spec.model_dump(mode="json")
+    path = log_dir / "serving_card.json"
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    a.graph_buckets_declared = data["graph_buckets"]
+    return str(path)
 
 
 def open_loop_rate(a, bursts: dict) -> tuple[float | None, dict]:
@@ -343,6 +368,9 @@ def parse(argv: list[str] | None):
     ap.add_argument("--open-loop-rate", type=float, default=None, help="arrivals per second (overrides the load)")
     ap.add_argument("--open-loop-warm-s", type=float, default=20.0, help="start of the steady state")
     ap.add_argument("--capacity-from", default=None, help="a batching part's JSON (capacity for the open loop)")
+    ap.add_argument("--graph-rows", default=None,
+                    help="declare the workload's shapes as the card's graph buckets at these DiT rows "
+                         "(comma list; default 1,2,4,8,16,32 on cuda, none on a CPU; 'none': the card's own)")
     ap.add_argument("--no-trace", action="store_true", help="no span files (no breakdown)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device-profile", default=None, help="scheduler cost-model prior (default: h200 on cuda)")
@@ -365,6 +393,13 @@ def parse(argv: list[str] | None):
         a.steps_list = sorted({int(x) for x in a.steps.split(",") if x.strip()})
     except ValueError:
         ap.error(f"--steps must be integers separated by commas, got {a.steps!r}")
+    rows = a.graph_rows or ("none" if cpu else "1,2,4,8,16,32")
+    try:
+        a.graph_rows = [] if rows == "none" else sorted({int(x) for x in rows.split(",") if x.strip()})
+    except ValueError:
+        ap.error(f"--graph-rows must be integers separated by commas (or none), got {rows!r}")
+    if len(a.graph_rows) > 16 or not all(1 <= r <= 256 for r in a.graph_rows):
+        ap.error(f"--graph-rows must be at most 16 values in 1..256, got {rows!r}")
     a.parts = [p.strip() for p in a.parts.split(",") if p.strip()]
     if not a.parts or not set(a.parts) <= set(PARTS):
         ap.error(f"--parts must be a subset of {','.join(PARTS)}, got {','.join(a.parts)!r}")

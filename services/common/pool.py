@@ -75,6 +75,8 @@ class PoolConfig:
     merge_scale: float = 1.0
     #: denoiser: capture the card's CUDA-graph buckets at warm-up ("card") or none ("off")
     graph_buckets: str = "card"
+    #: decoder: decode the card's bucket shapes at warm-up ("card": cuDNN tuned before serving) or not ("off")
+    decode_warm: str = "card"
 
     @property
     def public_host(self) -> str:
@@ -130,6 +132,9 @@ def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
         add_graph_bucket_args(p)
     if role == Role.DECODER:
         p.add_argument("--max-decode-batch", type=int, default=4, help="latents decoded in one VAE call (1-64)")
+        p.add_argument("--decode-warm", default="card", choices=("off", "card"),
+                       help="card: on CUDA, decode the card's bucket shapes at each batch size before serving "
+                            "(cuDNN tunes then, not in a request's decode); off: tune on first use")
     p.add_argument("--fetch-timeout", type=float, default=30.0, dest="fetch_timeout_s",
                    help="deadline of one pull of an input from another pool")
     p.add_argument("--fake-load-seconds", type=float, default=0.0, help="simulated load time in --fake (tests)")

@@ -1,6 +1,8 @@
 """``python -m services.decoder --port P --card NAME [...]``: wiring only (see services/common/pool.py)."""
+import sys
+
 from fastvideo3.vocab import Role
-from services.common.pool import main
+from services.common.pool import run_pool
 
 
 def build(cfg, card, transport):
@@ -8,5 +10,10 @@ def build(cfg, card, transport):
     return DecoderExecutor(card, transport, cfg.device, cfg.precision, max_decode_batch=cfg.max_decode_batch)
 
 
+def warm(cfg, executor):
+    """The warm phase (before the pool serves): cuDNN tuned for the card's bucket shapes, unless ``--decode-warm off``."""
+    executor.warm_decode(cfg.decode_warm)
+
+
 if __name__ == "__main__":
-    main(Role.DECODER, build)
+    sys.exit(run_pool(Role.DECODER, build, warm=warm))

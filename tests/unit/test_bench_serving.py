@@ -37,8 +37,12 @@ def test_serving_bench_all_parts_on_cpu(tiny_wan_dir, tmp_path):
     p = _run([*common, "--steps", "2,3", "--parts", "mixed,open_loop", "--capacity-from", str(a),
               "--mixed-small", "2", "--mixed-large", "1", "--large-frames", "9", "--large-size", "64x64",
               "--mixed-steps", "2", "--open-loop-s", "6", "--open-loop-warm-s", "1", "--open-loop-rate", "2",
-              "--log-dir", str(tmp_path / "lb"), "--out", str(b)], 800)
+              "--graph-rows", "2,1", "--log-dir", str(tmp_path / "lb"), "--out", str(b)], 800)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    # --graph-rows: the fleet served a card file declaring the workload's shape as its buckets
+    assert json.loads(b.read_text())["run"]["card_graph_buckets"] == {
+        "rows": [1, 2], "shapes": [{"frames": 5, "height": 32, "width": 32}]}
+    assert json.loads((tmp_path / "lb" / "serving_card.json").read_text())["graph_buckets"]["rows"] == [1, 2]
 
     first = json.loads(a.read_text())
     s = first["summary"]
@@ -75,5 +79,7 @@ def test_serving_bench_all_parts_on_cpu(tiny_wan_dir, tmp_path):
 def test_serving_bench_refuses_bad_options(tmp_path):
     p = _run(["--device", "cpu", "--parts", "batching,nope"], 120)
     assert p.returncode == 2 and "--parts must be a subset" in p.stderr
+    p = _run(["--device", "cpu", "--graph-rows", "1,x"], 120)
+    assert p.returncode == 2 and "--graph-rows must be integers" in p.stderr
     p = _run(["--device", "cpu", "--open-loop-load", "5"], 120)
     assert p.returncode == 2 and "--open-loop-load must be in" in p.stderr

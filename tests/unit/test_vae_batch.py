@@ -143,3 +143,51 @@ def test_one_bad_unit_fails_alone():
     units[1].params["frames_dtype"] = "bf16"
     ok, bad = dec.execute(units)
     assert ok.ok and not bad.ok and bad.error.field == "frames_dtype"
+
+
+def _card_with_shapes(name: str, shapes: list[tuple[int, int, int]]):
+    card = get_card(name)
+    data = card.model_dump(mode="json")
+    data["graph_buckets"] = {"rows": [1, 2], "shapes": [{"frames": f, "height": h, "width": w} for f, h, w in shapes]}
+    return type(card).model_validate(data)
+
+
+def test_warm_plan_covers_bucket_shapes_at_batch_sizes_within_the_pixel_budget():
+    from fastvideo3.runtime.pool.vae_executor import WARM_PIXEL_BUDGET, warm_plan
+    card = _card_with_shapes("wan2.1-t2v-1.3b", [(17, 256, 256), (81, 480, 832), (81, 720, 1280)])
+    small, default, large = warm_plan(card, 4)
+    assert small == ((17, 256, 256), (16, 5, 32, 32), [1, 2, 3, 4])
+    assert default == ((81, 480, 832), (16, 21, 60, 104), [1])  # the budget is one such clip
+    assert large[2] == [1]  # larger than the budget: still batch 1 (what every request needs)
+    wide = warm_plan(card, 64)[0][2]
+    assert wide == list(range(1, WARM_PIXEL_BUDGET // (17 * 256 * 256) + 1)) and len(wide) == 29
+
+
+def test_warm_decode_decodes_each_planned_batch_and_stops_a_shape_at_oom(monkeypatch):
+    card = resolve_card("wan-tiny")
+    transport = make_transport("inproc", owner="t")
+    dec = DecoderExecutor(card, transport, "cpu", max_decode_batch=3)
+    assert dec.warm_decode() == [] and dec.describe()["decode_warm"] == []  # a CPU tunes nothing
+    with pytest.raises(InvalidRequest, match="decode_warm"):
+        dec.warm_decode("always")
+    dec.card = _card_with_shapes("wan-tiny", [(9, 64, 64), (17, 64, 64)])
+    seen = []
+
+    def decode(z):
+        seen.append(tuple(z.shape))
+        if z.shape[2] == 5 and z.shape[0] == 2:  # the 17-frame shape's batch of 2 runs out of memory
+            raise torch.OutOfMemoryError("no room")
+        return torch.empty(z.shape[0], 1, 8, 8, 3)
+
+    monkeypatch.setattr(dec, "device", "cuda")
+    monkeypatch.setattr(dec.vae, "fast", True)
+    monkeypatch.setattr(dec.vae, "decode", decode)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, device=None, **kw: zeros(*a, **kw))  # the "cuda" zeros on the CPU
+    warmed = dec.warm_decode()
+    assert [w["batches"] for w in warmed] == [[1, 2, 3], [1]]
+    assert [s[0] for s in seen] == [1, 2, 3, 1, 2]
+    assert dec.describe()["decode_warm"] == warmed
+    assert dec.warm_decode("off") == []

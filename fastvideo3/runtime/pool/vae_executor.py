@@ -10,13 +10,19 @@ decodes a call's rows one by one: tests/unit/test_vae_batch.py).
 
 The VAE runs in the card's decode precision (``precision.vae_cuda`` / ``precision.vae_cpu``, fp32
 unless the card allows bf16) unless the pool is given another; on CUDA it takes the fast decode
-of :mod:`fastvideo3.models.wan.vae_decode`.
+of :mod:`fastvideo3.models.wan.vae_decode`. That path autotunes cuDNN per convolution shape, which
+costs seconds the first time a shape (latent size x batch) is decoded; the warm phase
+(:meth:`DecoderExecutor.warm_decode`) pays it before the pool serves, for the card's bucket shapes
+at each decode batch size, instead of inside the first requests' decodes.
 """
 from __future__ import annotations
 
+import logging
+import time
+
 import torch
 
-from fastvideo3.card.family import family_module
+from fastvideo3.card.family import family_module, family_of
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import InvalidRequest, ResourceExhausted
 from fastvideo3.loop.protocol import StepResult
@@ -28,6 +34,13 @@ MEDIA_FORMATS = OUTPUT_FORMATS
 #: latents per VAE call when the pool is given no other bound
 DEFAULT_DECODE_BATCH = 4
 MAX_DECODE_BATCH = 64
+#: the warm phase's decoder modes (``--decode-warm``): nothing, or the card's bucket shapes
+DECODE_WARM_MODES = ("off", "card")
+#: the warm phase decodes a bucket shape at every batch size whose call holds at most this many
+#: video frames x pixels (one 81x480x832 clip; a larger shape warms at batch 1 only)
+WARM_PIXEL_BUDGET = 81 * 480 * 832
+
+log = logging.getLogger("fastvideo3.decoder")
 
 
 def frames_for_transport(frames: torch.Tensor, dtype: str) -> torch.Tensor:
@@ -43,6 +56,19 @@ def frames_as_float(frames: torch.Tensor) -> torch.Tensor:
     if frames.dtype == torch.uint8:
         return frames.float().div_(255.0)
     return frames.float()
+
+
+def warm_plan(card: ModelCard, max_decode_batch: int) -> list[tuple[tuple[int, int, int], tuple[int, ...], list[int]]]:
+    """What the warm phase decodes: per graph-bucket shape of ``card``, ``((frames, height, width),
+    latent shape without batch, batch sizes)`` -- 1..``max_decode_batch`` while a call holds at most
+    :data:`WARM_PIXEL_BUDGET` frames x pixels, and batch 1 for a shape larger than that."""
+    fam = family_of(card)
+    plan = []
+    for s in card.graph_buckets.shapes:
+        fit = WARM_PIXEL_BUDGET // (s.frames * s.height * s.width)
+        plan.append(((s.frames, s.height, s.width), tuple(fam.latent_shape(card, s.frames, s.height, s.width)),
+                     list(range(1, max(1, min(max_decode_batch, fit)) + 1))))
+    return plan
 
 
 class DecoderExecutor(_Base):
@@ -74,6 +100,37 @@ class DecoderExecutor(_Base):
         self.vae = family_module(card).VideoDecoder(card, self.device, self.dtype, fast=fast)
         self.weights_digest = self.vae.digest
         self.counters.update({"decode_calls": 0, "decoded_latents": 0, "max_decode_batch_seen": 0, "oom_splits": 0})
+        #: the warm phase's record, one entry per bucket shape (Describe's diagnostics "decode_warm")
+        self.warmed: list[dict] = []
+
+    def warm_decode(self, mode: str = "card") -> list[dict]:
+        """The warm phase: on CUDA's fast path, decode zeros of each of the card's graph-bucket
+        shapes at every batch size 1..``max_decode_batch`` within :data:`WARM_PIXEL_BUDGET`, so cuDNN
+        has tuned those convolution shapes before a request's decode meets them. Nothing elsewhere
+        (a CPU, the reference path, ``mode="off"``). A batch size that runs out of memory ends that
+        shape's warm-up (its decodes tune on first use). Returns ``[{frames, height, width,
+        batches, seconds}]``."""
+        if mode not in DECODE_WARM_MODES:
+            raise InvalidRequest(f"unknown decode warm mode {mode!r}", field="decode_warm",
+                                 limit=", ".join(DECODE_WARM_MODES))
+        self.warmed = []
+        if mode == "off" or not self.vae.fast or not str(self.device).startswith("cuda"):
+            return self.warmed
+        for (frames, height, width), latent, batches in warm_plan(self.card, self.max_decode_batch):
+            done, t0 = [], time.perf_counter()
+            for b in batches:
+                try:
+                    self.vae.decode(torch.zeros((b, *latent), device=self.device, dtype=self.dtype))
+                except torch.OutOfMemoryError:
+                    torch.cuda.empty_cache()
+                    break
+                done.append(b)
+            torch.cuda.synchronize(self.device)
+            rec = {"frames": frames, "height": height, "width": width, "batches": done,
+                   "seconds": round(time.perf_counter() - t0, 3)}
+            log.info("decode warmed %dx%dx%d at batch sizes %s in %.2f s", frames, height, width, done, rec["seconds"])
+            self.warmed.append(rec)
+        return self.warmed
 
     def _frames_dtype(self, unit) -> str:
         asked = unit.params.get("frames_dtype") or self.frames_dtype
@@ -157,6 +214,7 @@ class DecoderExecutor(_Base):
         d = super().describe()
         d["decode"] = {"max_decode_batch": self.max_decode_batch, "fast": self.vae.fast,
                        "time_chunk": self.vae.time_chunk, "channels_last": self.vae.channels_last}
+        d["decode_warm"] = [dict(w) for w in self.warmed]
         return d
 
 
