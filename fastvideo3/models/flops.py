@@ -2,12 +2,11 @@
 and the linear-layer cost. Pure Python, no torch (the scheduler's pricer imports the formulas).
 
 Family-neutral: each family's ``flops`` module holds its own DiT config and formulas and builds
-them from these; its family object prices a step from them through :class:`FormulaFamily`.
+them from these.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from types import ModuleType
 from typing import Any, Callable
 
 from fastvideo3.errors import InvalidRequest
@@ -133,24 +132,3 @@ class ResidentMemory:
     @property
     def total(self) -> int:
         return self.weights + self.per_request
-
-
-class FormulaFamily:
-    """The pricing half of a family object (fastvideo3.card.family.ModelFamily): every family
-    prices a step the same way, from the ``dit_forward_cost``, ``dit_peak_activation_bytes`` and
-    ``dit_resident_memory`` of its own formula module, ``formulas``."""
-
-    formulas: ModuleType
-
-    def step_shape(self, frames: int, height: int, width: int, *, stride: tuple[int, int, int],
-                   batch: int = 1, cfg_branches: int = 1) -> StepShape:
-        return StepShape.from_video(frames, height, width, batch=batch, cfg_branches=cfg_branches, stride=stride)
-
-    def step_work(self, config: Any, shape: StepShape, *, weight_bytes_per_param: int, act_bytes: int,
-                  sampler_history: int) -> tuple[DitForwardCost, int, ResidentMemory]:
-        f = self.formulas
-        fwd = f.dit_forward_cost(config, shape, weight_bytes_per_param=weight_bytes_per_param, act_bytes=act_bytes)
-        peak = f.dit_peak_activation_bytes(config, shape, act_bytes=act_bytes)
-        res = f.dit_resident_memory(config, shape, sampler_history=sampler_history,
-                                    weight_bytes_per_param=weight_bytes_per_param)
-        return fwd, peak, res

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fastvideo3.card.family import register_family
 from fastvideo3.card.spec import ModelCard
-from fastvideo3.models.flops import FormulaFamily
+from fastvideo3.models.family_base import PackagedFamily
 from fastvideo3.models.hunyuan15 import flops
 
 
@@ -38,21 +38,12 @@ def dit_config(card: ModelCard) -> flops.DitConfig:
     )
 
 
-class Hunyuan15Family(FormulaFamily):
+class Hunyuan15Family(PackagedFamily):
     """HunyuanVideo-1.5 text-to-video (diffusers' HunyuanVideo15Pipeline layout)."""
 
     name = "hunyuan15"
-    formulas = flops
-    #: the family's package: its weights code is ``<package>.components``
     package = "fastvideo3.models.hunyuan15"
-
-    def builtin_cards(self) -> dict[str, ModelCard]:
-        from fastvideo3.models.hunyuan15.cards import builtin_cards
-        return builtin_cards()
-
-    def card_for_directory(self, root: Path) -> ModelCard | None:
-        from fastvideo3.models.hunyuan15.checkpoint import card_for_directory
-        return card_for_directory(root)
+    formulas = flops
 
     def latent_shape(self, card: ModelCard, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
         return latent_shape(card, frames, height, width)

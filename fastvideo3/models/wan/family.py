@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fastvideo3.card.family import register_family
 from fastvideo3.card.spec import ModelCard
-from fastvideo3.models.flops import FormulaFamily
+from fastvideo3.models.family_base import PackagedFamily
 from fastvideo3.models.wan import flops
 
 #: the Wan VAE is causal in time: 1 + (frames - 1) / 4 latent frames
@@ -50,21 +50,12 @@ def _image(card: ModelCard) -> dict:
     return {"image_dim": int(dim), "image_len": int(card.components["image_encoder"].config.get("tokens", 257))}
 
 
-class WanFamily(FormulaFamily):
+class WanFamily(PackagedFamily):
     """Wan2.1 / Wan2.2 text-to-video (and the tiny cards of the same architecture)."""
 
     name = "wan"
-    formulas = flops
-    #: the family's package: its weights code is ``<package>.components``
     package = "fastvideo3.models.wan"
-
-    def builtin_cards(self) -> dict[str, ModelCard]:
-        from fastvideo3.models.wan.cards import builtin_cards
-        return builtin_cards()
-
-    def card_for_directory(self, root: Path) -> ModelCard:
-        from fastvideo3.models.wan.checkpoint import card_for_directory
-        return card_for_directory(root)
+    formulas = flops
 
     def latent_shape(self, card: ModelCard, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
         return latent_shape(card, frames, height, width)
