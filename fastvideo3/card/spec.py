@@ -412,26 +412,17 @@ class ModelCard(_Spec):
         """Refuse a request that asks for a loop, step count, sampler or precision the recipe
         does not allow. Raises :class:`RecipeMismatch` (FAILED_PRECONDITION at the edges)."""
         r = self.recipe
-        if loop != r.assumes_loop:
-            raise RecipeMismatch(
-                f"card {self.model_id} was produced by recipe {r.method!r} for loop {r.assumes_loop!r}, not {loop!r}",
-                field="loop", limit=r.assumes_loop,
-            )
-        if r.assumes_steps is not None and steps != r.assumes_steps:
-            raise RecipeMismatch(
-                f"card {self.model_id} is a {r.method} recipe that assumes {r.assumes_steps} steps; {steps} requested",
-                field="num_inference_steps", limit=str(r.assumes_steps),
-            )
-        if r.assumes_sampler is not None and sampler != r.assumes_sampler:
-            raise RecipeMismatch(
-                f"card {self.model_id} assumes sampler {r.assumes_sampler!r}; {sampler!r} requested",
-                field="sampler", limit=r.assumes_sampler,
-            )
-        if r.assumes_precision is not None and precision != r.assumes_precision:
-            raise RecipeMismatch(
-                f"card {self.model_id} assumes precision {r.assumes_precision}; {precision} requested",
-                field="precision", limit=r.assumes_precision,
-            )
+        for field, assumed, asked, mismatch in (
+            ("loop", r.assumes_loop, loop,
+             f"was produced by recipe {r.method!r} for loop {r.assumes_loop!r}, not {loop!r}"),
+            ("num_inference_steps", r.assumes_steps, steps,
+             f"is a {r.method} recipe that assumes {r.assumes_steps} steps; {steps} requested"),
+            ("sampler", r.assumes_sampler, sampler, f"assumes sampler {r.assumes_sampler!r}; {sampler!r} requested"),
+            ("precision", r.assumes_precision, precision,
+             f"assumes precision {r.assumes_precision}; {precision} requested"),
+        ):
+            if assumed is not None and asked != assumed:
+                raise RecipeMismatch(f"card {self.model_id} {mismatch}", field=field, limit=str(assumed))
 
     @property
     def denoise(self) -> LoopSpec:

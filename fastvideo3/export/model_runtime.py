@@ -456,27 +456,23 @@ class RuntimeBuilder:
         if self._finished:
             raise VerbUnavailable("this builder already produced a runtime", field="builder")
 
-    def add_graph(self, name: str, handle: Any) -> "RuntimeBuilder":
+    def _add_named(self, table: dict[str, Any], kind: str, name: str, value: Any) -> "RuntimeBuilder":
+        """Put ``value`` in ``table`` under a new, non-empty ``name`` (``kind``: "graph", ...)."""
         self._open()
-        if not name or name in self._graphs:
-            raise PortDeclarationError(f"graph name {name!r} is empty or taken", field="graphs")
-        self._graphs[name] = handle
+        if not name or name in table:
+            raise PortDeclarationError(f"{kind} name {name!r} is empty or taken", field=f"{kind}s")
+        table[name] = value
         return self
 
+    def add_graph(self, name: str, handle: Any) -> "RuntimeBuilder":
+        return self._add_named(self._graphs, "graph", name, handle)
+
     def add_buffer(self, name: str, tensor: torch.Tensor) -> "RuntimeBuilder":
-        self._open()
-        if not name or name in self._buffers:
-            raise PortDeclarationError(f"buffer name {name!r} is empty or taken", field="buffers")
-        self._buffers[name] = tensor
-        return self
+        return self._add_named(self._buffers, "buffer", name, tensor)
 
     def add_stream(self, name: str, stream: Any) -> "RuntimeBuilder":
         """A CUDA stream the graphs are replayed on (the first one added is the replay stream)."""
-        self._open()
-        if not name or name in self._streams:
-            raise PortDeclarationError(f"stream name {name!r} is empty or taken", field="streams")
-        self._streams[name] = stream
-        return self
+        return self._add_named(self._streams, "stream", name, stream)
 
     def set_regions(self, regions: Iterable[StateRegion]) -> "RuntimeBuilder":
         self._open()

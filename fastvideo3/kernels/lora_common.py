@@ -70,7 +70,7 @@ def check_rank(r: int) -> None:
 @functools.lru_cache(maxsize=1)
 def jit() -> None:
     """Define the shared ``@triton.jit`` helpers (before the kernels that call them run)."""
-    global dot, mma, adapter, down, up, gelu_tanh
+    global dot, mma, adapter, row_tile, down, up, gelu_tanh
     global tl  # the interpreter wants triton.language among a jit function's globals
     import triton
     import triton.language as tl
@@ -95,6 +95,12 @@ def jit() -> None:
         # a row without an adapter (slot < 0) reads slot 0's weights with a zero scale
         has = slot >= 0
         return has, tl.maximum(slot, 0), tl.where(has, tl.load(SCALE + row), 0.0)
+
+    @triton.jit
+    def row_tile(SLOT, BM: tl.constexpr, R: tl.constexpr):
+        # a (token tile, batch row) program's row, that row's slot, its token and rank offsets
+        row = tl.program_id(1)
+        return row, tl.load(SLOT + row), tl.program_id(0) * BM + tl.arange(0, BM), tl.arange(0, R)
 
     @triton.jit
     def down(X, a_base, row, sxb, sxn, offs_m, m_ok, k_begin, k_end,

@@ -95,12 +95,8 @@ def _kernels():
     @triton.jit
     def widen(X, XW, A, SLOT, SCALE, N, K, sxb, sxn, swb, swn, sas, sar, BLOCKS,
               R: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr, F32DOT: tl.constexpr):
-        pid_m = tl.program_id(0)
-        row = tl.program_id(1)
-        slot = tl.load(SLOT + row)
+        row, slot, offs_m, offs_r = lc.row_tile(SLOT, BM, R)
         has, s, scale = lc.adapter(slot, SCALE, row)
-        offs_m = pid_m * BM + tl.arange(0, BM)
-        offs_r = tl.arange(0, R)
         m_ok = offs_m[:, None] < N
         acc = tl.zeros((BM, R), dtype=tl.float32)
         for k0 in range(0, K, BK):

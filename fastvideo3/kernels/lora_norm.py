@@ -74,12 +74,8 @@ def _kernel():
                       gate_stride, a_stride, b_stride,
                       R: tl.constexpr, BM: tl.constexpr, BO: tl.constexpr, HAS_GATE: tl.constexpr,
                       MODULATE: tl.constexpr, F32DOT: tl.constexpr, IEEE: tl.constexpr):
-        pid_m = tl.program_id(0)
-        row = tl.program_id(1)
-        slot = tl.load(SLOT + row)
+        row, slot, offs_m, offs_r = lc.row_tile(SLOT, BM, R)
         s = tl.maximum(slot, 0)
-        offs_m = pid_m * BM + tl.arange(0, BM)
-        offs_r = tl.arange(0, R)
         m_ok = offs_m < N
         tok = (row * N + offs_m).to(tl.int64)  # token index in [B*N]
         xa = tl.load(XA + row * sab + offs_m[:, None] * R + offs_r[None, :],
@@ -179,12 +175,8 @@ def _kernel2():
                              BO2: tl.constexpr, HAS_GATE: tl.constexpr, MODULATE: tl.constexpr,
                              NEXT: tl.constexpr, WIDE: tl.constexpr, RN: tl.constexpr, EW: tl.constexpr,
                              F32DOT: tl.constexpr, IEEE: tl.constexpr):
-        pid_m = tl.program_id(0)
-        row = tl.program_id(1)
-        slot = tl.load(SLOT + row)
+        row, slot, offs_m, offs_r = lc.row_tile(SLOT, BM, R)
         has, s, scale = lc.adapter(slot, SCALE, row)
-        offs_m = pid_m * BM + tl.arange(0, BM)
-        offs_r = tl.arange(0, R)
         m_ok = offs_m < N
         tok = (row * N + offs_m).to(tl.int64)  # token index in [B*N]
         rmask = m_ok[:, None] & (offs_r[None, :] < R)

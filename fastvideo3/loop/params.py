@@ -3,15 +3,16 @@
 Inside a process a unit's ``params`` is one of these objects; on the wire it is the JSON object
 :meth:`StepParams.to_dict` returns (services/common/convert.py converts both ways, so the bytes are
 what they were). Each class also reads like that dict (``p["step"]``, ``p.get("expert")``,
-``"cache" in p``), so an executor may use either form; fields typed as optional are left out of
-the dict when unset, exactly as the loops always left those keys out.
+``"cache" in p``), so an executor may use either form; fields that default to None are left out
+of the dict while unset, exactly as the loops always left those keys out.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from fastvideo3.vocab import UnitKind
 
@@ -19,14 +20,18 @@ from fastvideo3.vocab import UnitKind
 class StepParams(Mapping):
     """Base of the typed params: a frozen field set that reads as its wire dict."""
 
-    #: fields left out of the dict while they are None
-    OPTIONAL: ClassVar[tuple[str, ...]] = ()
+    @classmethod
+    @functools.cache
+    def optional_fields(cls) -> frozenset[str]:
+        """The fields left out of the dict while they are None: those that default to None."""
+        return frozenset(f.name for f in dataclasses.fields(cls) if f.default is None)
 
     def to_dict(self) -> dict[str, Any]:
         out = {}
+        optional = self.optional_fields()
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if v is None and f.name in self.OPTIONAL:
+            if v is None and f.name in optional:
                 continue
             out[f.name] = v
         return out
@@ -37,7 +42,7 @@ class StepParams(Mapping):
     def __getitem__(self, key: str) -> Any:
         if key in self.__dataclass_fields__:
             v = getattr(self, key)
-            if v is not None or key not in self.OPTIONAL:
+            if v is not None or key not in self.optional_fields():
                 return v
         raise KeyError(key)
 
@@ -76,9 +81,6 @@ class DiffusionStepParams(StepParams):
     #: batch-invariant mode: every forward holding this unit runs at this many units' rows
     batch_bucket: int | None = None
 
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("adapters", "cache", "plugin_state", "num_steps", "expert", "handoff",
-                                           "handoff_meta", "batch_bucket")
-
 
 @dataclass(eq=False)
 class EncoderChunkParams(StepParams):
@@ -90,8 +92,6 @@ class EncoderChunkParams(StepParams):
     adapter_versions: list | None = None
     image: str | None = None
     image_digest: str | None = None
-
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("adapter_versions", "image", "image_digest")
 
 
 @dataclass(eq=False)
@@ -114,8 +114,6 @@ class VaeTileParams(StepParams):
     encode: str | None = None
     fps: float | None = None
     frames_dtype: str | None = None
-
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("encode", "fps", "frames_dtype")
 
 
 @dataclass(eq=False)

@@ -114,25 +114,23 @@ class ParallelPlan:
     # -- shapes -------------------------------------------------------------------------
     def padded_heads(self, heads: int) -> int:
         """Heads after padding to the Ulysses degree (refused with ``pad=False``)."""
-        u = self.ulysses
-        if heads % u:
-            if not self.pad:
-                raise InvalidRequest(f"{heads} attention heads do not divide by the Ulysses degree {u}",
-                                     field="num_attention_heads", limit=f"a multiple of {u}")
-            return -(-heads // u) * u
-        return heads
+        return self._padded(heads, self.ulysses, "attention heads", "Ulysses degree", "num_attention_heads")
 
     def padded_tokens(self, tokens: int) -> int:
         """Sequence length after padding to the sequence degree (refused with ``pad=False``)."""
-        s = self.sp
         if tokens < 1:
             raise InvalidRequest("empty token sequence", field="tokens", limit="at least 1")
-        if tokens % s:
+        return self._padded(tokens, self.sp, "tokens", "sequence-parallel degree", "tokens")
+
+    def _padded(self, n: int, degree: int, what: str, axis: str, field: str) -> int:
+        """``n`` rounded up to a multiple of ``degree``; with ``pad=False`` one that does not
+        divide is refused, naming ``field``."""
+        if n % degree:
             if not self.pad:
-                raise InvalidRequest(f"{tokens} tokens do not divide by the sequence-parallel degree {s}",
-                                     field="tokens", limit=f"a multiple of {s}")
-            return -(-tokens // s) * s
-        return tokens
+                raise InvalidRequest(f"{n} {what} do not divide by the {axis} {degree}",
+                                     field=field, limit=f"a multiple of {degree}")
+            return -(-n // degree) * degree
+        return n
 
     def link_ratio(self, device) -> float:
         """What one byte between this plan's ranks costs, in device-memory bytes, on ``device``

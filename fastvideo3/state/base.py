@@ -184,23 +184,32 @@ class StateStore(Protocol):
 # --- helpers shared by the backends ------------------------------------------------------
 
 
-def request_keys(namespace: str, request_id: str) -> tuple[str, str, str]:
-    """The (meta, checkpoint, artifacts) keys of one request."""
-    base = f"{namespace}:req:{request_id}"
-    return f"{base}:meta", f"{base}:ckpt", f"{base}:artifacts"
+class NamespacedKeys:
+    """The key layout both backends share (see the Redis module's docstring), under the store's
+    ``config.namespace``; each key is built from an id or name checked first, so both backends
+    refuse the same input and ``keys_for`` names the same keys."""
 
+    config: StoreConfig
 
-def media_key(namespace: str, request_id: str) -> str:
-    """The hash of a request's finished outputs (name -> bytes); it expires with the request."""
-    return f"{namespace}:req:{request_id}:media"
+    def _keys(self, request_id: str) -> tuple[str, str, str]:
+        """The (meta, checkpoint, artifacts) keys of one request."""
+        base = f"{self.config.namespace}:req:{check_name(request_id, 'request_id')}"
+        return f"{base}:meta", f"{base}:ckpt", f"{base}:artifacts"
 
+    def _media_key(self, request_id: str) -> str:
+        """The hash of a request's finished outputs (name -> bytes); it expires with the request."""
+        return f"{self.config.namespace}:req:{check_name(request_id, 'request_id')}:media"
 
-def lease_key(namespace: str, name: str) -> str:
-    return f"{namespace}:lease:{name}"
+    def _all_keys(self, request_id: str) -> tuple[str, str, str, str]:
+        """Every key of one request: meta, checkpoint, artifacts and media."""
+        return (*self._keys(request_id), self._media_key(request_id))
 
+    def _lease_key(self, name: str) -> str:
+        return f"{self.config.namespace}:lease:{check_name(name, 'lease')}"
 
-def inflight_key(namespace: str) -> str:
-    return f"{namespace}:inflight"
+    @property
+    def _inflight_key(self) -> str:
+        return f"{self.config.namespace}:inflight"
 
 
 def check_name(value: Any, field: str) -> str:

@@ -17,6 +17,7 @@ from fastvideo3.errors import Unavailable
 from fastvideo3.state.base import (
     INFLIGHT,
     Checkpoint,
+    NamespacedKeys,
     StoreConfig,
     check_blob,
     check_name,
@@ -24,10 +25,6 @@ from fastvideo3.state.base import (
     check_step,
     decode_meta,
     encode_meta,
-    inflight_key,
-    lease_key,
-    media_key,
-    request_keys,
 )
 
 Clock = Callable[[], float]
@@ -48,7 +45,7 @@ class MemoryData:
     lock: threading.RLock = field(default_factory=threading.RLock)
 
 
-class MemoryStateStore:
+class MemoryStateStore(NamespacedKeys):
     """A thread-safe StateStore held in process memory. See ``StateStore`` for the contract."""
 
     def __init__(
@@ -87,14 +84,11 @@ class MemoryStateStore:
         self._sweep(data)
         return data
 
-    def _keys(self, request_id: str) -> tuple[str, str, str]:
-        return request_keys(self.config.namespace, check_name(request_id, "request_id"))
-
     def _add_inflight(self, data: MemoryData, request_id: str) -> None:
-        data.values.setdefault(inflight_key(self.config.namespace), set()).add(request_id)
+        data.values.setdefault(self._inflight_key, set()).add(request_id)
 
     def _drop_inflight(self, data: MemoryData, request_id: str) -> None:
-        key = inflight_key(self.config.namespace)
+        key = self._inflight_key
         members = data.values.get(key)
         if members is not None:
             members.discard(request_id)
@@ -112,7 +106,7 @@ class MemoryStateStore:
         text = encode_meta(meta)
         with self._data.lock:
             data = self._locked()
-            for key in (meta_key, ckpt_key, art_key, media_key(self.config.namespace, request_id)):
+            for key in (meta_key, ckpt_key, art_key, self._media_key(request_id)):
                 data.values.pop(key, None)
                 data.expires_at.pop(key, None)
             data.values[meta_key] = {"meta": text, "status": INFLIGHT}
@@ -164,10 +158,10 @@ class MemoryStateStore:
 
     def list_inflight(self) -> list[str]:
         with self._data.lock:
-            return sorted(self._locked().values.get(inflight_key(self.config.namespace), ()))
+            return sorted(self._locked().values.get(self._inflight_key, ()))
 
     def end_request(self, request_id: str, status: str, info: dict[str, Any] | None = None) -> bool:
-        keys = (*self._keys(request_id), media_key(self.config.namespace, request_id))
+        keys = self._all_keys(request_id)
         check_status(status)
         end = encode_meta(info, "end_info") if info is not None else None
         with self._data.lock:
@@ -199,16 +193,16 @@ class MemoryStateStore:
             values = self._locked()
             if not self._is_inflight(values, meta_key):
                 return False
-            values.values.setdefault(media_key(self.config.namespace, request_id), {})[name] = blob
+            values.values.setdefault(self._media_key(request_id), {})[name] = blob
             return True
 
     def media(self, request_id: str, name: str) -> bytes | None:
-        check_name(request_id, "request_id")
+        key = self._media_key(request_id)
         with self._data.lock:
-            return self._locked().values.get(media_key(self.config.namespace, request_id), {}).get(name)
+            return self._locked().values.get(key, {}).get(name)
 
     def acquire_lease(self, name: str, owner: str, ttl_s: float) -> str:
-        key = lease_key(self.config.namespace, check_name(name, "lease"))
+        key = self._lease_key(name)
         check_name(owner, "owner")
         with self._data.lock:
             data = self._locked()
@@ -222,12 +216,12 @@ class MemoryStateStore:
             return held
 
     def lease_holder(self, name: str) -> str:
-        key = lease_key(self.config.namespace, check_name(name, "lease"))
+        key = self._lease_key(name)
         with self._data.lock:
             return self._locked().values.get(key) or ""
 
     def release_lease(self, name: str, owner: str) -> None:
-        key = lease_key(self.config.namespace, check_name(name, "lease"))
+        key = self._lease_key(name)
         with self._data.lock:
             data = self._locked()
             if data.values.get(key) == owner:
@@ -235,7 +229,7 @@ class MemoryStateStore:
                 data.expires_at.pop(key, None)
 
     def delete_request(self, request_id: str) -> None:
-        keys = (*self._keys(request_id), media_key(self.config.namespace, request_id))
+        keys = self._all_keys(request_id)
         with self._data.lock:
             data = self._locked()
             for key in keys:
@@ -244,7 +238,7 @@ class MemoryStateStore:
             self._drop_inflight(data, request_id)
 
     def keys_for(self, request_id: str) -> list[str]:
-        keys = (*self._keys(request_id), media_key(self.config.namespace, request_id))
+        keys = self._all_keys(request_id)
         with self._data.lock:
             data = self._locked()
             return [key for key in keys if key in data.values]

@@ -40,6 +40,7 @@ from fastvideo3.errors import Internal, InvalidRequest, Unavailable
 from fastvideo3.state.base import (
     INFLIGHT,
     Checkpoint,
+    NamespacedKeys,
     StoreConfig,
     check_blob,
     check_name,
@@ -47,10 +48,6 @@ from fastvideo3.state.base import (
     check_step,
     decode_meta,
     encode_meta,
-    inflight_key,
-    lease_key,
-    media_key,
-    request_keys,
 )
 
 T = TypeVar("T")
@@ -63,7 +60,7 @@ _MAX_WATCH_ATTEMPTS = 8
 _OUTAGE_REPLIES = ("OOM", "MASTERDOWN", "NOREPLICAS", "CLUSTERDOWN", "TRYAGAIN")
 
 
-class RedisStateStore:
+class RedisStateStore(NamespacedKeys):
     """A StateStore on one Redis server. See ``StateStore`` for the contract."""
 
     def __init__(self, url: str, config: StoreConfig | None = None) -> None:
@@ -119,9 +116,6 @@ class RedisStateStore:
         except RedisError as exc:
             raise Internal(f"state store at {self._address} failed {what}: {exc}") from exc
 
-    def _keys(self, request_id: str) -> tuple[str, str, str]:
-        return request_keys(self.config.namespace, check_name(request_id, "request_id"))
-
     def _if_inflight(self, meta_key: str, write: Callable[[Any], None]) -> bool:
         """Run ``write(pipe)`` in MULTI/EXEC only if the request is in flight; True if it ran.
 
@@ -151,9 +145,9 @@ class RedisStateStore:
 
         def run() -> None:
             pipe = self._client.pipeline(transaction=True)
-            pipe.delete(meta_key, ckpt_key, art_key, media_key(self.config.namespace, request_id))  # any expiry too
+            pipe.delete(meta_key, ckpt_key, art_key, self._media_key(request_id))  # any expiry too
             pipe.hset(meta_key, mapping={"meta": text, "status": INFLIGHT})
-            pipe.sadd(inflight_key(self.config.namespace), request_id)
+            pipe.sadd(self._inflight_key, request_id)
             pipe.execute()
 
         self._call("put_request", run)
@@ -197,11 +191,11 @@ class RedisStateStore:
         return {name.decode(): decode_meta(text) for name, text in raw.items()}
 
     def list_inflight(self) -> list[str]:
-        raw = self._call("list_inflight", lambda: self._client.smembers(inflight_key(self.config.namespace)))
+        raw = self._call("list_inflight", lambda: self._client.smembers(self._inflight_key))
         return sorted(member.decode() for member in raw)
 
     def end_request(self, request_id: str, status: str, info: dict[str, Any] | None = None) -> bool:
-        keys = (*self._keys(request_id), media_key(self.config.namespace, request_id))
+        keys = self._all_keys(request_id)
         check_status(status)
         ttl_ms = max(1, round(self.config.ttl_after_end_s * 1000))
         end = encode_meta(info, "end_info") if info is not None else None
@@ -212,7 +206,7 @@ class RedisStateStore:
                 pipe.hset(keys[0], "end", end)
             for key in keys:
                 pipe.pexpire(key, ttl_ms)
-            pipe.srem(inflight_key(self.config.namespace), request_id)
+            pipe.srem(self._inflight_key, request_id)
 
         return self._call("end_request", lambda: self._if_inflight(keys[0], write))
 
@@ -225,12 +219,12 @@ class RedisStateStore:
         meta_key, _, _ = self._keys(request_id)
         check_name(name, "media")
         blob = check_blob(data)
-        key = media_key(self.config.namespace, request_id)
+        key = self._media_key(request_id)
         return self._call("put_media", lambda: self._if_inflight(meta_key, lambda p: p.hset(key, name, blob)))
 
     def media(self, request_id: str, name: str) -> bytes | None:
-        check_name(request_id, "request_id")
-        raw = self._call("media", lambda: self._client.hget(media_key(self.config.namespace, request_id), name))
+        key = self._media_key(request_id)
+        raw = self._call("media", lambda: self._client.hget(key, name))
         return None if raw is None else bytes(raw)
 
     # One atomic step: take a free lease, or extend it when ``owner`` holds it; reply the holder.
@@ -240,34 +234,34 @@ class RedisStateStore:
     _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
     def acquire_lease(self, name: str, owner: str, ttl_s: float) -> str:
-        key = lease_key(self.config.namespace, check_name(name, "lease"))
+        key = self._lease_key(name)
         check_name(owner, "owner")
         ttl_ms = str(max(1, round(ttl_s * 1000)))
         held = self._call("acquire_lease", lambda: self._client.eval(self._LEASE, 1, key, owner, ttl_ms))
         return held.decode() if isinstance(held, bytes) else str(held or "")
 
     def lease_holder(self, name: str) -> str:
-        key = lease_key(self.config.namespace, check_name(name, "lease"))
+        key = self._lease_key(name)
         held = self._call("lease_holder", lambda: self._client.get(key))
         return held.decode() if held else ""
 
     def release_lease(self, name: str, owner: str) -> None:
-        key = lease_key(self.config.namespace, check_name(name, "lease"))
+        key = self._lease_key(name)
         self._call("release_lease", lambda: self._client.eval(self._RELEASE, 1, key, owner))
 
     def delete_request(self, request_id: str) -> None:
-        keys = (*self._keys(request_id), media_key(self.config.namespace, request_id))
+        keys = self._all_keys(request_id)
 
         def run() -> None:
             pipe = self._client.pipeline(transaction=True)
             pipe.delete(*keys)
-            pipe.srem(inflight_key(self.config.namespace), request_id)
+            pipe.srem(self._inflight_key, request_id)
             pipe.execute()
 
         self._call("delete_request", run)
 
     def keys_for(self, request_id: str) -> list[str]:
-        keys = (*self._keys(request_id), media_key(self.config.namespace, request_id))
+        keys = self._all_keys(request_id)
 
         def run() -> list[Any]:
             pipe = self._client.pipeline(transaction=False)

@@ -420,21 +420,18 @@ class PoolBatch:
         return self.batch.__exit__(exc_type, exc, tb)
 
 
-class _NoopPoolBatch:
-    batch = NOOP_SPAN
-    spans: list[TraceSpan] = []
+class _NoopPoolBatch(PoolBatch):
+    """What :meth:`Tracing.pool_batch` returns while tracing is off: a batch of no units whose
+    spans are all ``NOOP_SPAN`` (entering and leaving it does nothing); shared, free."""
+
+    def __init__(self) -> None:
+        self.units, self.batch, self.spans, self._saved = [], NOOP_SPAN, [], []
 
     def span(self, i: int) -> TraceSpan:
         return NOOP_SPAN
 
     def finish(self, results: Sequence[Any]) -> None:
         return None
-
-    def __enter__(self) -> "_NoopPoolBatch":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        return False
 
 
 _NOOP_POOL_BATCH = _NoopPoolBatch()

@@ -39,24 +39,6 @@ from fastvideo3.vocab import Sampler
 # ---------------------------------------------------------------------------------------------
 # Configs, as plain dicts (the keyword arguments of the diffusers / transformers classes).
 
-TINY_TRANSFORMER: dict[str, Any] = {
-    "patch_size": [1, 2, 2],
-    "num_attention_heads": 2,
-    "attention_head_dim": 16,
-    "in_channels": 16,
-    "out_channels": 16,
-    "text_dim": 32,
-    "freq_dim": 32,
-    "ffn_dim": 64,
-    "num_layers": 2,
-    "cross_attn_norm": True,
-    "qk_norm": "rms_norm_across_heads",
-    "eps": 1e-6,
-    "image_dim": None,
-    "added_kv_proj_dim": None,
-    "rope_max_seq_len": 32,
-}
-
 # Wan2.1-T2V-1.3B: 12 heads x 128 = 1536 wide, 30 layers.
 WAN_1_3B_TRANSFORMER: dict[str, Any] = {
     "patch_size": [1, 2, 2],
@@ -74,6 +56,18 @@ WAN_1_3B_TRANSFORMER: dict[str, Any] = {
     "image_dim": None,
     "added_kv_proj_dim": None,
     "rope_max_seq_len": 1024,
+}
+
+# Two heads x 16 wide, two layers, a 32-wide text and time embedding.
+TINY_TRANSFORMER: dict[str, Any] = {
+    **WAN_1_3B_TRANSFORMER,
+    "num_attention_heads": 2,
+    "attention_head_dim": 16,
+    "text_dim": 32,
+    "freq_dim": 32,
+    "ffn_dim": 64,
+    "num_layers": 2,
+    "rope_max_seq_len": 32,
 }
 
 # Wan2.1-T2V-14B: 40 heads x 128 = 5120 wide, 40 layers.

@@ -112,16 +112,26 @@ static const fv3_port_v1 *find_port(const fv3_model_runtime_v1 *rt, const char *
   return NULL;
 }
 
+/* The buffer window of a SWAP port of `direction` that moves exactly `nbytes` (into `*out`). */
+static int swap_buffer(const fv3_model_runtime_v1 *rt, const char *port, const char *bucket, uint32_t direction,
+                       uint64_t nbytes, const fv3_buffer_v1 **out, char *err, size_t cap) {
+  const int in = direction == FV3_PORT_IN;
+  const fv3_port_v1 *p = find_port(rt, port, bucket);
+  if (!p) FAIL(FV3_ERR_UNKNOWN_PORT, "no port %s in bucket %s", port, bucket);
+  if (p->update != FV3_PORT_SWAP || p->direction != direction || p->buffer_index < 0)
+    FAIL(FV3_ERR_INVALID_ARGUMENT, "port %s is not a SWAP %s", port, in ? "input" : "output");
+  if (nbytes != p->nbytes) FAIL(FV3_ERR_INVALID_ARGUMENT, "port %s %s %llu bytes", port, in ? "takes" : "gives",
+                                (unsigned long long)p->nbytes);
+  *out = &rt->exp->buffers[p->buffer_index];
+  return 0;
+}
+
 /* Write a SWAP input straight into its buffer window: no verb, no producer code runs. */
 int fv3c_write_swap(const fv3_model_runtime_v1 *rt, const char *port, const char *bucket,
                     const void *data, uint64_t nbytes, char *err, size_t cap) {
-  const fv3_port_v1 *p = find_port(rt, port, bucket);
-  if (!p) FAIL(FV3_ERR_UNKNOWN_PORT, "no port %s in bucket %s", port, bucket);
-  if (p->update != FV3_PORT_SWAP || p->direction != FV3_PORT_IN || p->buffer_index < 0)
-    FAIL(FV3_ERR_INVALID_ARGUMENT, "port %s is not a SWAP input", port);
-  if (nbytes != p->nbytes) FAIL(FV3_ERR_INVALID_ARGUMENT, "port %s takes %llu bytes", port,
-                                (unsigned long long)p->nbytes);
-  const fv3_buffer_v1 *b = &rt->exp->buffers[p->buffer_index];
+  const fv3_buffer_v1 *b;
+  int rc = swap_buffer(rt, port, bucket, FV3_PORT_IN, nbytes, &b, err, cap);
+  if (rc) return rc;
   if (b->nbytes < nbytes) FAIL(FV3_ERR_INVALID_ARGUMENT, "buffer %s too small", b->name);
   return copy_bytes(b->data, data, nbytes, b->device_type, err, cap);
 }
@@ -129,13 +139,9 @@ int fv3c_write_swap(const fv3_model_runtime_v1 *rt, const char *port, const char
 /* Read a SWAP output straight from its buffer window (after the stream was synchronized). */
 int fv3c_read_swap(const fv3_model_runtime_v1 *rt, const char *port, const char *bucket,
                    void *dst, uint64_t nbytes, char *err, size_t cap) {
-  const fv3_port_v1 *p = find_port(rt, port, bucket);
-  if (!p) FAIL(FV3_ERR_UNKNOWN_PORT, "no port %s in bucket %s", port, bucket);
-  if (p->update != FV3_PORT_SWAP || p->direction != FV3_PORT_OUT || p->buffer_index < 0)
-    FAIL(FV3_ERR_INVALID_ARGUMENT, "port %s is not a SWAP output", port);
-  if (nbytes != p->nbytes) FAIL(FV3_ERR_INVALID_ARGUMENT, "port %s gives %llu bytes", port,
-                                (unsigned long long)p->nbytes);
-  const fv3_buffer_v1 *b = &rt->exp->buffers[p->buffer_index];
+  const fv3_buffer_v1 *b;
+  int rc = swap_buffer(rt, port, bucket, FV3_PORT_OUT, nbytes, &b, err, cap);
+  if (rc) return rc;
   return copy_bytes(dst, b->data, nbytes, b->device_type, err, cap);
 }
 

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import pytest
 import yaml
@@ -98,6 +98,24 @@ def render_error(
     except HelmError as err:
         return str(err)
     raise AssertionError("helm rendered the chart; a failure was expected")
+
+
+def template_fail_test(cases: list[tuple[list[str], str]], *, id_chars: int = 40, timeout_s: float = 60,
+                       execution_error: bool = True) -> Callable[..., None]:
+    """A test over ``cases`` (``--set`` values, a message): each render must fail with the message
+    (and, with ``execution_error``, as a template execution error). It renders without the
+    schema, so the template's own checks are what fails. Bind it to a ``test_...`` name in a
+    module that has a ``helm`` fixture."""
+
+    @pytest.mark.timeout(timeout_s)
+    @pytest.mark.parametrize(("sets", "message"), cases, ids=[m[:id_chars] for _, m in cases])
+    def test(helm: str, sets: list[str], message: str) -> None:
+        err = render_error(helm, set_values=sets, skip_schema=True)
+        assert message in err
+        if execution_error:
+            assert "execution error" in err
+
+    return test
 
 
 def lint(helm: str, values_files: Iterable[str | Path] = ()) -> str:

@@ -33,6 +33,7 @@ from fastvideo3.export import (
     restore,
     snapshot,
 )
+from tests.helpers_export import counting
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -352,11 +353,7 @@ def test_graph_runner_replay_of_unprepared_bucket_raises():
 
 @pytest.mark.timeout(60)
 def test_graph_runner_replay_uses_new_input_contents():
-    calls = []
-
-    def fn(x, t):
-        calls.append(1)
-        return _forward(x, t)
+    fn, calls = counting(_forward)
 
     runner = GraphRunner("dit", use_cuda_graphs=False)
     static = {"x": torch.zeros(3, 4), "t": torch.zeros(3, 1)}

@@ -17,6 +17,7 @@ from fastvideo3.export import (
     restore,
     snapshot,
 )
+from tests.helpers_export import counting
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -27,11 +28,7 @@ def _forward(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.timeout(60)
 def test_cuda_capture_per_bucket_and_replay_without_recapture():
-    calls = []
-
-    def fn(x, t):
-        calls.append(1)
-        return _forward(x, t)
+    fn, calls = counting(_forward)
 
     runner = GraphRunner("dit", warmup_iters=2)
     dev = torch.device("cuda")

@@ -8,11 +8,11 @@ import yaml
 
 try:
     from helm_render import (
-        CHART_DIR, VALUES_DIR, Rendered, deep_merge, load_values, name, render, render_error, require_helm,
+        CHART_DIR, VALUES_DIR, Rendered, deep_merge, load_values, name, render, require_helm, template_fail_test,
     )
 except ImportError:  # tests/unit imported as a package
     from tests.unit.helm_render import (  # type: ignore[no-redef]
-        CHART_DIR, VALUES_DIR, Rendered, deep_merge, load_values, name, render, render_error, require_helm,
+        CHART_DIR, VALUES_DIR, Rendered, deep_merge, load_values, name, render, require_helm, template_fail_test,
     )
 
 ROLES = ("encoder", "denoiser", "decoder", "reward")
@@ -101,12 +101,7 @@ FAILS = [
     (["transport.nixl.ucxEnv.LD_PRELOAD=x"], "transport.nixl.ucxEnv.LD_PRELOAD: only UCX_* variables"),
 ]
 
-
-@timeout
-@pytest.mark.parametrize(("sets", "message"), FAILS, ids=[m[:40] for _, m in FAILS])
-def test_template_fail_names_the_transport_field(helm: str, sets: list[str], message: str) -> None:
-    err = render_error(helm, set_values=sets, skip_schema=True)
-    assert message in err and "execution error" in err
+test_template_fail_names_the_transport_field = template_fail_test(FAILS)
 
 
 @timeout

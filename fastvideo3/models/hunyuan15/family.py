@@ -8,8 +8,8 @@ from pathlib import Path
 
 from fastvideo3.card.family import register_family
 from fastvideo3.card.spec import ModelCard
+from fastvideo3.models.family_base import PackagedFamily
 from fastvideo3.models.hunyuan15 import flops
-from fastvideo3.models.flops import StepShape
 
 
 def latent_stride(card: ModelCard) -> tuple[int, int, int]:
@@ -38,20 +38,12 @@ def dit_config(card: ModelCard) -> flops.DitConfig:
     )
 
 
-class Hunyuan15Family:
+class Hunyuan15Family(PackagedFamily):
     """HunyuanVideo-1.5 text-to-video (diffusers' HunyuanVideo15Pipeline layout)."""
 
     name = "hunyuan15"
-    #: the family's package: its weights code is ``<package>.components``
     package = "fastvideo3.models.hunyuan15"
-
-    def builtin_cards(self) -> dict[str, ModelCard]:
-        from fastvideo3.models.hunyuan15.cards import builtin_cards
-        return builtin_cards()
-
-    def card_for_directory(self, root: Path) -> ModelCard | None:
-        from fastvideo3.models.hunyuan15.checkpoint import card_for_directory
-        return card_for_directory(root)
+    formulas = flops
 
     def latent_shape(self, card: ModelCard, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
         return latent_shape(card, frames, height, width)
@@ -64,18 +56,6 @@ class Hunyuan15Family:
 
     def dit_config(self, card: ModelCard) -> flops.DitConfig:
         return dit_config(card)
-
-    def step_shape(self, frames: int, height: int, width: int, *, stride: tuple[int, int, int],
-                   batch: int = 1, cfg_branches: int = 1) -> StepShape:
-        return StepShape.from_video(frames, height, width, batch=batch, cfg_branches=cfg_branches, stride=stride)
-
-    def step_work(self, config: flops.DitConfig, shape: StepShape, *, weight_bytes_per_param: int, act_bytes: int,
-                  sampler_history: int):
-        fwd = flops.dit_forward_cost(config, shape, weight_bytes_per_param=weight_bytes_per_param, act_bytes=act_bytes)
-        peak = flops.dit_peak_activation_bytes(config, shape, act_bytes=act_bytes)
-        res = flops.dit_resident_memory(config, shape, sampler_history=sampler_history,
-                                        weight_bytes_per_param=weight_bytes_per_param)
-        return fwd, peak, res
 
     def weights_dir(self) -> Path | None:
         return None  # it ships no weights

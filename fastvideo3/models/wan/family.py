@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fastvideo3.card.family import register_family
 from fastvideo3.card.spec import ModelCard
+from fastvideo3.models.family_base import PackagedFamily
 from fastvideo3.models.wan import flops
 
 #: the Wan VAE is causal in time: 1 + (frames - 1) / 4 latent frames
@@ -49,20 +50,12 @@ def _image(card: ModelCard) -> dict:
     return {"image_dim": int(dim), "image_len": int(card.components["image_encoder"].config.get("tokens", 257))}
 
 
-class WanFamily:
+class WanFamily(PackagedFamily):
     """Wan2.1 / Wan2.2 text-to-video (and the tiny cards of the same architecture)."""
 
     name = "wan"
-    #: the family's package: its weights code is ``<package>.components``
     package = "fastvideo3.models.wan"
-
-    def builtin_cards(self) -> dict[str, ModelCard]:
-        from fastvideo3.models.wan.cards import builtin_cards
-        return builtin_cards()
-
-    def card_for_directory(self, root: Path) -> ModelCard:
-        from fastvideo3.models.wan.checkpoint import card_for_directory
-        return card_for_directory(root)
+    formulas = flops
 
     def latent_shape(self, card: ModelCard, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
         return latent_shape(card, frames, height, width)
@@ -76,20 +69,6 @@ class WanFamily:
 
     def dit_config(self, card: ModelCard) -> flops.DitConfig:
         return dit_config(card)
-
-    def step_shape(self, frames: int, height: int, width: int, *, stride: tuple[int, int, int],
-                   batch: int = 1, cfg_branches: int = 1) -> flops.StepShape:
-        return flops.StepShape.from_video(frames, height, width, batch=batch, cfg_branches=cfg_branches,
-                                          stride=stride)
-
-    def step_work(self, config: flops.DitConfig, shape: flops.StepShape, *, weight_bytes_per_param: int,
-                  act_bytes: int, sampler_history: int):
-        fwd = flops.dit_forward_cost(config, shape, weight_bytes_per_param=weight_bytes_per_param,
-                                     act_bytes=act_bytes)
-        peak = flops.dit_peak_activation_bytes(config, shape, act_bytes=act_bytes)
-        res = flops.dit_resident_memory(config, shape, sampler_history=sampler_history,
-                                        weight_bytes_per_param=weight_bytes_per_param)
-        return fwd, peak, res
 
     def weights_dir(self) -> Path:
         return WEIGHTS_DIR

@@ -92,25 +92,27 @@ class AdmissionConfig:
 
 
 @dataclass(frozen=True)
-class Admitted:
+class _Decision:
+    """What every outcome names: the request it decides and the SLO class it was asked under."""
+
     request_id: str
     slo_class: str
+
+
+@dataclass(frozen=True)
+class Admitted(_Decision):
     reservation: Reservation
     jumbo: bool = False
 
 
 @dataclass(frozen=True)
-class Wait:
-    request_id: str
-    slo_class: str
+class Wait(_Decision):
     ahead: int  # waiters of the same class in front of it
     reason: str  # "queue", "compute", "memory" or "jumbo"
 
 
 @dataclass(frozen=True)
-class Refused:
-    request_id: str
-    slo_class: str
+class Refused(_Decision):
     retry_after_s: float | None  # None: retrying the same request can never succeed
     error: ResourceExhausted
 

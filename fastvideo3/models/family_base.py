@@ -1,0 +1,47 @@
+"""What the built-in family objects (fastvideo3.card.family.ModelFamily) share. Torch-free: the
+family's weights-side modules are imported on first use, from its ``package``.
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from fastvideo3.models.flops import DitForwardCost, ResidentMemory, StepShape
+
+if TYPE_CHECKING:
+    from fastvideo3.card.spec import ModelCard
+
+
+class PackagedFamily:
+    """A family whose folder, ``package``, holds ``cards.builtin_cards`` and
+    ``checkpoint.card_for_directory``, and whose formula module, ``formulas``, holds
+    ``dit_forward_cost``, ``dit_peak_activation_bytes`` and ``dit_resident_memory``: every such
+    family reads its cards and prices a step the same way."""
+
+    #: the family's package: its cards are ``<package>.cards``, its weights code ``<package>.components``
+    package: str
+    formulas: ModuleType
+
+    def _module(self, name: str) -> ModuleType:
+        return importlib.import_module(f"{self.package}.{name}")
+
+    def builtin_cards(self) -> dict[str, ModelCard]:
+        return self._module("cards").builtin_cards()
+
+    def card_for_directory(self, root: Path) -> ModelCard | None:
+        return self._module("checkpoint").card_for_directory(root)
+
+    def step_shape(self, frames: int, height: int, width: int, *, stride: tuple[int, int, int],
+                   batch: int = 1, cfg_branches: int = 1) -> StepShape:
+        return StepShape.from_video(frames, height, width, batch=batch, cfg_branches=cfg_branches, stride=stride)
+
+    def step_work(self, config: Any, shape: StepShape, *, weight_bytes_per_param: int, act_bytes: int,
+                  sampler_history: int) -> tuple[DitForwardCost, int, ResidentMemory]:
+        f = self.formulas
+        fwd = f.dit_forward_cost(config, shape, weight_bytes_per_param=weight_bytes_per_param, act_bytes=act_bytes)
+        peak = f.dit_peak_activation_bytes(config, shape, act_bytes=act_bytes)
+        res = f.dit_resident_memory(config, shape, sampler_history=sampler_history,
+                                    weight_bytes_per_param=weight_bytes_per_param)
+        return fwd, peak, res
