@@ -13,6 +13,7 @@ conftest.py). Every test ends with the ``balanced`` resource check (RELIABILITY 
 """
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -24,9 +25,11 @@ from fastvideo3.v1 import pool_pb2
 from services.common import convert
 from tests.fleet_fixture import health, pool_describe, pool_stub, wait_until
 from tests.reliability.conftest import FETCH_TIMEOUT_S
-from tests.reliability.helpers import SMALL, run_all, sched_counters, sched_pools, stream
+from tests.reliability.helpers import SMALL, sched_counters, sched_pools, stream
 
 STEPS = 8
+#: the NaN test's batch-mates run longer than the victim, so its first steps always meet them
+MATE_STEPS = 3 * STEPS
 
 
 @pytest.mark.timeout(180)
@@ -39,13 +42,30 @@ def test_nan_aborts_only_its_request_while_batch_mates_finish(balanced):
     wait_until(lambda: sched_pools(fleet.one).get(d0.target), timeout_s=60,
                what="the one-replica scheduler sees denoiser-0 healthy")
     prompts = {"nan-mate-0": ("a red ball", 51), "nan-mate-1": ("a green tree", 52)}
-    refs = {rid: stream(fleet.target, p, seed=s, num_inference_steps=STEPS, **SMALL).frames()
-            for rid, (p, s) in prompts.items()}
+    # the mates run three times the victim's steps and the victim joins once both step: its steps
+    # 0-2 (NaN at 2) then share every batch with them however slowly the machine admits it
+    mate_kw = dict(num_inference_steps=MATE_STEPS, **SMALL)
+    refs = {rid: stream(fleet.target, p, seed=s, **mate_kw).frames() for rid, (p, s) in prompts.items()}
     before = sched_counters(fleet.one)
-    jobs = [(fleet.one, "victim", dict(seed=50, num_inference_steps=STEPS, request_id="nan-victim", **SMALL))]
-    jobs += [(fleet.one, p, dict(seed=s, num_inference_steps=STEPS, request_id=rid, **SMALL))
-             for rid, (p, s) in prompts.items()]
-    victim, *mates = run_all(jobs)
+    stepping = {rid: threading.Event() for rid in prompts}
+
+    def on_event(out, ev):
+        if ev.kind == "progress" and ev.data["phase"] == "denoise" and out.request_id in stepping:
+            stepping[out.request_id].set()
+
+    results: dict[str, object] = {}
+
+    def mate(rid: str, prompt: str, seed: int) -> None:
+        results[rid] = stream(fleet.one, prompt, seed=seed, request_id=rid, on_event=on_event, **mate_kw)
+
+    threads = [threading.Thread(target=mate, args=(rid, p, s), daemon=True) for rid, (p, s) in prompts.items()]
+    for t in threads:
+        t.start()
+    assert all(e.wait(60) for e in stepping.values()), "the mates never started stepping"
+    victim = stream(fleet.one, "victim", seed=50, num_inference_steps=STEPS, request_id="nan-victim", **SMALL)
+    for t in threads:
+        t.join(timeout=120)
+    mates = [results[rid] for rid in prompts]
     after = sched_counters(fleet.one)
     key = "diffusion_step.multi_request_batches"
     assert after.get(key, 0) > before.get(key, 0)  # the victim and its mates shared batches
