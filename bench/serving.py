@@ -205,8 +205,7 @@ def run_fleet(a, deadline: float, save, log_dir: Path, trace_dir: Path | None, o
     roles = ("encoder", "denoiser", "decoder")
     common = ["--device-profile", a.device_profile, "--interactive-budget-s", "1e6", "--batch-budget-s", "1e6",
               "--max-batch", str(a.max_batch)]
-    card = serving_card(a, log_dir)
-    out["card_graph_buckets"] = a.graph_buckets_declared
+    card, out["card_graph_buckets"] = serving_card(a, log_dir)
     fleet = LocalFleet(card, roles=roles, device=a.device, scheduler_args=common + trace("scheduler"),
                        pool_args={r: trace(r) for r in roles}, log_dir=log_dir)
     out["variant"] = ("fleet (fleet.launcher.LocalFleet: one process per pool + scheduler processes, gRPC, "
@@ -263,16 +262,16 @@ def run_fleet(a, deadline: float, save, log_dir: Path, trace_dir: Path | None, o
     return out
 
 
-def serving_card(a, log_dir: Path) -> str:
-    """The card the fleet serves: ``a.card`` itself, or (``--graph-rows``) a card file of the same
-    card whose graph buckets are the workload's shapes at those rows -- what a deployment serving
+def serving_card(a, log_dir: Path) -> tuple[str, dict | None]:
+    """The card the fleet serves and the graph buckets it declares for this run (None: the card's
+    own): ``a.card`` itself, or (``--graph-rows``) a card file of the same
+    card whose graph buckets are the workload's request shape at those rows -- what a deployment serving
     these shapes declares, so the denoiser captures them as CUDA graphs and the decoder tunes their
     decodes at warm-up. Shapes the card's limits refuse are left out (they run eagerly)."""
     from fastvideo3.card.registry import resolve_card
     from fastvideo3.card.spec import GraphBucketSpec, GraphShape, graph_buckets_within
-    a.graph_buckets_declared = None
     if not a.graph_rows:
-        return a.card
+        return a.card, None
     base = resolve_card(a.card)
     # the small shape only: buckets are rows x shapes, and 32 rows of the mixed part's large clip
     # would be a capture of ~450k tokens (graphs pay below ~8k tokens; large batches run eagerly)
@@ -282,8 +281,7 @@ def serving_card(a, log_dir: Path) -> str:
     data["graph_buckets"] = spec.model_dump(mode="json")
     path = log_dir / "serving_card.json"
     path.write_text(json.dumps(data, indent=1) + "\n")
-    a.graph_buckets_declared = data["graph_buckets"]
-    return str(path)
+    return str(path), data["graph_buckets"]
 
 
 def open_loop_rate(a, bursts: dict) -> tuple[float | None, dict]:
@@ -369,7 +367,7 @@ def parse(argv: list[str] | None):
     ap.add_argument("--open-loop-warm-s", type=float, default=20.0, help="start of the steady state")
     ap.add_argument("--capacity-from", default=None, help="a batching part's JSON (capacity for the open loop)")
     ap.add_argument("--graph-rows", default=None,
-                    help="declare the workload's shapes as the card's graph buckets at these DiT rows "
+                    help="declare the workload's request shape as the card's graph buckets at these DiT rows "
                          "(comma list; default 1,2,4,8,16,32 on cuda, none on a CPU; 'none': the card's own)")
     ap.add_argument("--no-trace", action="store_true", help="no span files (no breakdown)")
     ap.add_argument("--seed", type=int, default=0)

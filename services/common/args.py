@@ -30,7 +30,8 @@ def add_service_args(p: argparse.ArgumentParser, *, port_required: bool = False,
     add_security_args(p)
 
 
-#: ``--graph-buckets``: capture the card's CUDA-graph buckets at warm-up, or none
+#: the warm-phase modes over the card's shape buckets: ``--graph-buckets`` (the denoiser's CUDA graphs)
+#: and ``--decode-warm`` (the decoder's cuDNN tuning), each the card's buckets or none
 GRAPH_BUCKET_MODES = ("off", "card")
 
 

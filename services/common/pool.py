@@ -18,7 +18,7 @@ from typing import Any, Callable
 from fastvideo3.runtime.scheduling.executor import Executor, Identified, Prefetches, PullsInputs, TakesAdapters, is_resumable
 from fastvideo3.v1 import common_pb2, pool_pb2, pool_pb2_grpc
 from fastvideo3.vocab import KINDS_OF_ROLE, Role
-from services.common.args import add_graph_bucket_args, add_service_args
+from services.common.args import GRAPH_BUCKET_MODES, add_graph_bucket_args, add_service_args
 from services.common.server import ServiceHost, flatten, setup_logging
 
 log = logging.getLogger("fastvideo3.pool")
@@ -132,7 +132,7 @@ def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
         add_graph_bucket_args(p)
     if role == Role.DECODER:
         p.add_argument("--max-decode-batch", type=int, default=4, help="latents decoded in one VAE call (1-64)")
-        p.add_argument("--decode-warm", default="card", choices=("off", "card"),
+        p.add_argument("--decode-warm", default="card", choices=GRAPH_BUCKET_MODES,
                        help="card: on CUDA, decode the card's bucket shapes at each batch size before serving "
                             "(cuDNN tunes then, not in a request's decode); off: tune on first use")
     p.add_argument("--fetch-timeout", type=float, default=30.0, dest="fetch_timeout_s",
