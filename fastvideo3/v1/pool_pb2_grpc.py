@@ -71,6 +71,11 @@ class RolePoolStub:
                 request_serializer=fastvideo3_dot_v1_dot_adapter__pb2.UnloadAdapterRequest.SerializeToString,
                 response_deserializer=fastvideo3_dot_v1_dot_adapter__pb2.UnloadAdapterResponse.FromString,
                 _registered_method=True)
+        self.ReadArtifact = channel.unary_stream(
+                '/fastvideo3.v1.RolePool/ReadArtifact',
+                request_serializer=fastvideo3_dot_v1_dot_pool__pb2.ReadArtifactRequest.SerializeToString,
+                response_deserializer=fastvideo3_dot_v1_dot_pool__pb2.ArtifactChunk.FromString,
+                _registered_method=True)
 
 
 class RolePoolServicer:
@@ -127,6 +132,14 @@ class RolePoolServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadArtifact(self, request, context):
+        """Stream a result Execute held back (StepResult.artifact_id) in order; the pool forgets it
+        once the last chunk is sent, when its request is released, or when it expires.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolePoolServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -164,6 +177,11 @@ def add_RolePoolServicer_to_server(servicer, server):
                     servicer.UnloadAdapter,
                     request_deserializer=fastvideo3_dot_v1_dot_adapter__pb2.UnloadAdapterRequest.FromString,
                     response_serializer=fastvideo3_dot_v1_dot_adapter__pb2.UnloadAdapterResponse.SerializeToString,
+            ),
+            'ReadArtifact': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadArtifact,
+                    request_deserializer=fastvideo3_dot_v1_dot_pool__pb2.ReadArtifactRequest.FromString,
+                    response_serializer=fastvideo3_dot_v1_dot_pool__pb2.ArtifactChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -356,6 +374,33 @@ class RolePool:
             '/fastvideo3.v1.RolePool/UnloadAdapter',
             fastvideo3_dot_v1_dot_adapter__pb2.UnloadAdapterRequest.SerializeToString,
             fastvideo3_dot_v1_dot_adapter__pb2.UnloadAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadArtifact(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/fastvideo3.v1.RolePool/ReadArtifact',
+            fastvideo3_dot_v1_dot_pool__pb2.ReadArtifactRequest.SerializeToString,
+            fastvideo3_dot_v1_dot_pool__pb2.ArtifactChunk.FromString,
             options,
             channel_credentials,
             insecure,

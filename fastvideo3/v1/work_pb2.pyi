@@ -53,7 +53,7 @@ class WorkUnit(_message.Message):
     def __init__(self, unit_id: _Optional[str] = ..., request_id: _Optional[str] = ..., loop_id: _Optional[str] = ..., kind: _Optional[str] = ..., card_id: _Optional[str] = ..., shape_sig: _Optional[_Union[_common_pb2.ShapeSignature, _Mapping]] = ..., resources: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ..., input_refs: _Optional[_Iterable[_Union[_common_pb2.TensorRef, _Mapping]]] = ..., params_json: _Optional[bytes] = ..., cancel_scope: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., step_index: _Optional[int] = ..., attempt: _Optional[int] = ..., role: _Optional[str] = ..., total_steps: _Optional[int] = ..., output_transport: _Optional[str] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("unit_id", "request_id", "loop_id", "ok", "error", "output_refs", "metrics", "flags", "measured_seconds", "payload_json", "inline_data", "replica_id")
+    __slots__ = ("unit_id", "request_id", "loop_id", "ok", "error", "output_refs", "metrics", "flags", "measured_seconds", "payload_json", "inline_data", "replica_id", "artifact_id", "artifact_bytes")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,8 @@ class StepResult(_message.Message):
     PAYLOAD_JSON_FIELD_NUMBER: _ClassVar[int]
     INLINE_DATA_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_BYTES_FIELD_NUMBER: _ClassVar[int]
     unit_id: str
     request_id: str
     loop_id: str
@@ -85,4 +87,6 @@ class StepResult(_message.Message):
     payload_json: bytes
     inline_data: bytes
     replica_id: str
-    def __init__(self, unit_id: _Optional[str] = ..., request_id: _Optional[str] = ..., loop_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., output_refs: _Optional[_Iterable[_Union[_common_pb2.TensorRef, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., flags: _Optional[_Iterable[str]] = ..., measured_seconds: _Optional[float] = ..., payload_json: _Optional[bytes] = ..., inline_data: _Optional[bytes] = ..., replica_id: _Optional[str] = ...) -> None: ...
+    artifact_id: str
+    artifact_bytes: int
+    def __init__(self, unit_id: _Optional[str] = ..., request_id: _Optional[str] = ..., loop_id: _Optional[str] = ..., ok: _Optional[bool] = ..., error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., output_refs: _Optional[_Iterable[_Union[_common_pb2.TensorRef, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., flags: _Optional[_Iterable[str]] = ..., measured_seconds: _Optional[float] = ..., payload_json: _Optional[bytes] = ..., inline_data: _Optional[bytes] = ..., replica_id: _Optional[str] = ..., artifact_id: _Optional[str] = ..., artifact_bytes: _Optional[int] = ...) -> None: ...

@@ -19,6 +19,7 @@ from fastvideo3.runtime.scheduling.executor import Executor, Identified, Prefetc
 from fastvideo3.v1 import common_pb2, pool_pb2, pool_pb2_grpc
 from fastvideo3.vocab import KINDS_OF_ROLE, Role
 from services.common.args import GRAPH_BUCKET_MODES, add_graph_bucket_args, add_service_args
+from services.common.artifacts import ArtifactStore, hold_back_large
 from services.common.server import ServiceHost, flatten, setup_logging
 
 log = logging.getLogger("fastvideo3.pool")
@@ -178,6 +179,7 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
         self.counters = {"execute_rpcs": 0, "release_rpcs": 0, "describe_rpcs": 0, "expired_units": 0}
         self.started = time.time()
         self.load_error: dict | None = None  # why loading failed: {code, field, message}
+        self.artifacts = ArtifactStore()  # inline results too large for an Execute reply
 
     def attach(self, executor, transport, card) -> None:
         self.executor, self.transport, self.card = executor, transport, card
@@ -215,6 +217,7 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
                                                  limit=self.card.model_id)
                 for rid in request.finished_request_ids:  # ended requests: freed before this batch runs
                     self.executor.release(rid)
+                    self.artifacts.release(rid)
                     self.counters["carried_releases"] = self.counters.get("carried_releases", 0) + 1
                 now = time.time()
                 live = [u for u in units if not u.expired(now)]
@@ -238,9 +241,10 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
                         for u, r in zip(live, results):
                             out[u.unit_id] = r
                 loops = {u.unit_id: u.loop_id for u in units}
-                return pool_pb2.ExecuteResponse(
-                    results=[convert.result_to_wire(out[u.unit_id], self.replica_id, loops[u.unit_id]) for u in units],
-                    batch_id=request.batch_id, replica_id=self.replica_id, batch_seconds=time.perf_counter() - t0)
+                wire = [convert.result_to_wire(out[u.unit_id], self.replica_id, loops[u.unit_id]) for u in units]
+                hold_back_large(wire, self.artifacts)  # the reply stays far below the message limit
+                return pool_pb2.ExecuteResponse(results=wire, batch_id=request.batch_id, replica_id=self.replica_id,
+                                                batch_seconds=time.perf_counter() - t0)
         except FastVideoError as e:
             abort(context, e)
         except Exception as e:  # noqa: BLE001 - never a traceback over the wire
@@ -255,12 +259,25 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
             abort(context, InvalidRequest("must not be empty", field="request_id"))
         if self.executor is None:
             return pool_pb2.ReleaseResponse()
+        self.artifacts.release(request.request_id)
         before = self.transport.stats()
         self.executor.release(request.request_id)
         after = self.transport.stats()
         return pool_pb2.ReleaseResponse(
             released_buffers=int(after.get("buffers_released", 0) - before.get("buffers_released", 0)),
             released_bytes=int(before.get("resident_bytes", 0) - after.get("resident_bytes", 0)))
+
+    def ReadArtifact(self, request, context):  # noqa: N802
+        """Stream a result Execute held back (services/common/artifacts.py)."""
+        from fastvideo3.errors import FastVideoError, InvalidRequest
+        from services.common.errors import abort
+        try:
+            if not request.artifact_id:
+                raise InvalidRequest("must not be empty", field="artifact_id")
+            for data, total in self.artifacts.chunks(request.artifact_id):
+                yield pool_pb2.ArtifactChunk(data=data, total_bytes=total)
+        except FastVideoError as e:
+            abort(context, e)
 
     def Describe(self, request, context):  # noqa: N802
         self.counters["describe_rpcs"] += 1
@@ -359,7 +376,8 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
         caps = self.transport.caps()
         cache = d.get("cache") or {}
         counters = {**flatten(d.get("counters", {})), **{f"rpc.{k}": float(v) for k, v in self.counters.items()},
-                    "inflight_rpcs": float(self.host.inflight)}
+                    **{f"held.{k}": float(v) for k, v in self.artifacts.counters.items()},
+                    "held.bytes_now": float(self.artifacts.held_bytes), "inflight_rpcs": float(self.host.inflight)}
         info.update({"transport_chosen": ts.get("published_by_backend", {}), "transport_default": ts.get("backend"),
                      "nixl_ucx": {k: v for k, v in (ts.get("backends", {}).get("nixl") or {}).items()
                                   if k in ("ucx", "ucx_transports")}})

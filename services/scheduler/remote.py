@@ -90,8 +90,38 @@ class RemoteExecutor:
             self.counters["rpc_seconds"] += time.perf_counter() - t0
         inline = sum(len(r.inline_data) for r in resp.results)  # encoded media: the artifact itself
         self.counters["bytes_received"] = self.counters.get("bytes_received", 0) + resp.ByteSize() - inline
+        results = [convert.result_from_wire(r) for r in resp.results]
+        for r, res in zip(resp.results, results):
+            if r.artifact_id:  # too large for the reply: held in the pool, read now in chunks
+                res.inline = self._read_artifact(r.artifact_id, r.artifact_bytes, timeout - (time.perf_counter() - t0))
+                inline += len(res.inline)
         self.counters["artifact_bytes"] = self.counters.get("artifact_bytes", 0) + inline
-        return [convert.result_from_wire(r) for r in resp.results]
+        return results
+
+    def _read_artifact(self, artifact_id: str, nbytes: int, timeout: float) -> bytes:
+        """The bytes of a result the replica held back (RolePool.ReadArtifact), within ``timeout``."""
+        if timeout <= 0:
+            raise DeadlineExceeded("deadline passed before a held-back result was read", field="deadline_s")
+        call = self.stub.ReadArtifact(pool_pb2.ReadArtifactRequest(artifact_id=artifact_id), timeout=timeout)
+        with self._calls_lock:
+            self._calls.add(call)
+        buf = bytearray()
+        try:
+            for chunk in call:
+                buf += chunk.data
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.CANCELLED:
+                raise Unavailable(f"{self.role} replica {self.target} stopped answering health checks",
+                                  field="replica") from None
+            raise error_from_rpc(err) from None
+        finally:
+            with self._calls_lock:
+                self._calls.discard(call)
+        if len(buf) != nbytes:
+            raise Unavailable(f"held-back result {artifact_id!r} came back {len(buf)} of {nbytes} bytes",
+                              field="artifact_bytes")
+        self.counters["artifact_reads"] = self.counters.get("artifact_reads", 0) + 1
+        return bytes(buf)
 
     def _call(self, method, req, timeout: float):
         """A unary call that :meth:`abort_inflight` can cancel; raises the typed error."""
