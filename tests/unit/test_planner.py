@@ -226,3 +226,36 @@ def test_deadlines_follow_the_injected_clock_and_unhealthy_replicas_are_not_chos
     p.schedule()
     assert late.status == "FAILED" and late.error.code == "DEADLINE_EXCEEDED" and late.error.field == "deadline_s"
     assert all(r.status in TERMINAL or r is ok for r in (late, ok))
+
+
+def test_the_request_with_least_work_left_takes_a_busy_replica_first_and_waiting_ages_the_order():
+    """Small requests are not queued behind a large one that arrived first (each round the replica
+    takes one batch), yet a large request that has waited longer than its work left goes first."""
+    now = [1000.0]
+    p = _planner(pricer=Pricer(CalibratedCostModel()), clock=lambda: now[0])
+    large = _submit(p, _req("large", steps=6, width=192, height=192))
+    small = [_submit(p, _req(f"s{i}", steps=3)) for i in range(2)]
+
+    def one_batch(ex):  # the denoiser takes one batch per round
+        return (1, 0) if ex.role == "denoiser" else None
+
+    order = []
+    while p.active():
+        for b in _round(p, capacity=one_batch):
+            if b.units[0][0].kind == "diffusion_step":
+                order.append(sorted(u.request_id for u, _ in b.units))
+    assert all(r.status == "SUCCEEDED" for r in [large, *small])
+    assert order[:3] == [["s0", "s1"]] * 3  # all small steps first, although "large" came first
+    assert order[3:] == [["large"]] * 6
+
+    late = _submit(p, _req("late", steps=6, width=192, height=192))
+    fresh = [_submit(p, _req(f"f{i}", steps=3)) for i in range(2)]
+    _round(p, capacity=one_batch)  # encode
+    assert p.schedule(lambda ex: (0, 1) if ex.role == "denoiser" else None) == []  # busy: all planned, held
+    left = late.request.num_inference_steps * late.pending.resources.gpu_seconds
+    assert left > 0
+    now[0] += 1.0
+    late.ready_since = now[0] - (left + 1.0)  # "late" has waited longer than its whole work left
+    first = next(b for b in p.schedule(capacity=one_batch) if b.units[0][0].kind == "diffusion_step")
+    assert [u.request_id for u, _ in first.units] == ["late"]
+    assert all(r.pending is not None for r in fresh)
