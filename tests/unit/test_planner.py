@@ -228,34 +228,39 @@ def test_deadlines_follow_the_injected_clock_and_unhealthy_replicas_are_not_chos
     assert all(r.status in TERMINAL or r is ok for r in (late, ok))
 
 
-def test_the_request_with_least_work_left_takes_a_busy_replica_first_and_waiting_ages_the_order():
-    """Small requests are not queued behind a large one that arrived first (each round the replica
-    takes one batch), yet a large request that has waited longer than its work left goes first."""
+def test_small_requests_take_a_busy_replica_before_a_large_one_and_waiting_raises_the_large_one():
+    """The replica takes one batch per round and the clock moves by what each batch is priced at:
+    the small requests' steps all go before the large request's, although it came first; a large
+    request that has waited long (its slowdown is the higher) goes before fresh small ones."""
     now = [1000.0]
     p = _planner(pricer=Pricer(CalibratedCostModel()), clock=lambda: now[0])
     large = _submit(p, _req("large", steps=6, width=192, height=192))
     small = [_submit(p, _req(f"s{i}", steps=3)) for i in range(2)]
 
-    def one_batch(ex):  # the denoiser takes one batch per round
+    def one_batch(ex):
         return (1, 0) if ex.role == "denoiser" else None
 
     order = []
     while p.active():
-        for b in _round(p, capacity=one_batch):
+        for b in p.schedule(capacity=one_batch):
             if b.units[0][0].kind == "diffusion_step":
                 order.append(sorted(u.request_id for u, _ in b.units))
+            now[0] += max(u.resources.gpu_seconds for u in b.work)
+            p.update_from_output(b, answer(b), 0.01)
     assert all(r.status == "SUCCEEDED" for r in [large, *small])
-    assert order[:3] == [["s0", "s1"]] * 3  # all small steps first, although "large" came first
+    assert order[:3] == [["s0", "s1"]] * 3  # all small steps first
     assert order[3:] == [["large"]] * 6
 
     late = _submit(p, _req("late", steps=6, width=192, height=192))
     fresh = [_submit(p, _req(f"f{i}", steps=3)) for i in range(2)]
     _round(p, capacity=one_batch)  # encode
     assert p.schedule(lambda ex: (0, 1) if ex.role == "denoiser" else None) == []  # busy: all planned, held
-    left = late.request.num_inference_steps * late.pending.resources.gpu_seconds
-    assert left > 0
-    now[0] += 1.0
-    late.ready_since = now[0] - (left + 1.0)  # "late" has waited longer than its whole work left
+    late_work = late.request.num_inference_steps * late.pending.resources.gpu_seconds
+    small_work = fresh[0].request.num_inference_steps * fresh[0].pending.resources.gpu_seconds
+    assert late_work > small_work > 0
+    for r in fresh:
+        r.started = now[0] - small_work  # slowdown 1
+    late.started = now[0] - 2 * late_work  # slowdown 2
     first = next(b for b in p.schedule(capacity=one_batch) if b.units[0][0].kind == "diffusion_step")
     assert [u.request_id for u, _ in first.units] == ["late"]
     assert all(r.pending is not None for r in fresh)

@@ -236,23 +236,24 @@ class Planner:
         return out
 
     def _ordered(self, groups) -> list:
-        """The round's batch groups, the one holding the request with the least work left first.
+        """The round's batch groups, the one holding the most slowed-down request first.
 
         A replica runs one batch at a time, so the group planned first takes it and the others
         wait: in arrival order, a large clip's steps would hold every small request behind them.
-        A request's work left is its priced unit times the steps it has left (GPU-seconds),
-        less the seconds it has waited ready since its last unit returned — so a large request
-        waits at most about its own remaining work behind a stream of small ones, never
-        indefinitely. Unpriced units (no pricer) keep arrival order."""
+        A request's slowdown is the time since it started over its priced work (its unit's
+        GPU-seconds times its steps), so a small request that has waited a second outranks a
+        large one that has waited as long, and a large request still rises as it waits: none is
+        held back for good. Equal slowdowns go to the smaller work; unpriced rounds (no pricer)
+        keep arrival order."""
         if len(groups) < 2 or not any(u.resources.gpu_seconds > 0 for g in groups.values() for u, _ in g):
             return list(groups.items())
         now = self.clock()
 
-        def left(unit: WorkUnit, run: RequestRun) -> float:
-            steps = (unit.total - unit.step) if unit.total and unit.step is not None else 1
-            return unit.resources.gpu_seconds * max(1, steps) - max(0.0, now - run.ready_since)
+        def rank(unit: WorkUnit, run: RequestRun) -> tuple[float, float]:
+            work = max(unit.resources.gpu_seconds * (unit.total or 1), 1e-6)
+            return -round(max(0.0, now - (run.started or run.created)) / work, 3), work
 
-        ranked = sorted(enumerate(groups.items()), key=lambda g: (min(left(u, r) for u, r in g[1][1]), g[0]))
+        ranked = sorted(enumerate(groups.items()), key=lambda g: (min(rank(u, r) for u, r in g[1][1]), g[0]))
         return [item for _, item in ranked]
 
     def _placements(self, units) -> list[tuple[str, int | None, Any]]:
@@ -306,9 +307,8 @@ class Planner:
                 else:
                     self.pricer.forget(ids)
             self._record_batch(batch)
-            now = self.clock()
             for (unit, run), res in zip(batch.units, results):
-                run.in_flight, run.ready_since = False, now
+                run.in_flight = False
                 self._apply(run, unit, res, elapsed)
         finally:
             for _, run in batch.units:
@@ -366,7 +366,6 @@ class Planner:
 
     def _start(self, run: RequestRun) -> None:
         run.status, run.started, run.admission_waiting = RunStatus.RUNNING, self.clock(), False
-        run.ready_since = run.started
         self.telemetry.admission(run.request_id, "admitted", start_s=run.created)
         self.telemetry.started(run.request_id, queued_since_s=run.created, started_s=run.started)
 

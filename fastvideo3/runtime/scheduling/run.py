@@ -64,9 +64,6 @@ class RequestRun:
     snapshotting: bool = False
     #: a planned unit held back because its replica had no free slot (sent next round)
     pending: Any = None
-    #: when (the planner's clock) its last unit returned or it started: how long it has been
-    #: ready and waiting, which ages its place in the planner's order
-    ready_since: float = 0.0
     #: parked: its current loop waits for a healthy replica of this role (its last one was lost);
     #: until ``parked_until`` (the planner's clock), then it fails with ``parked_error``
     parked_role: str | None = None
