@@ -264,3 +264,30 @@ def test_small_requests_take_a_busy_replica_before_a_large_one_and_waiting_raise
     first = next(b for b in p.schedule(capacity=one_batch) if b.units[0][0].kind == "diffusion_step")
     assert [u.request_id for u, _ in first.units] == ["late"]
     assert all(r.pending is not None for r in fresh)
+
+
+def test_a_large_batch_is_not_sent_beside_small_ones_in_flight():
+    """Double buffering sends a second batch beside the one in flight; a second batch of requests
+    less slowed-down than those in flight would hold their next step behind it, so it waits."""
+    p = _planner(pricer=Pricer(CalibratedCostModel()), clock=lambda: 1000.0)
+    large = [_submit(p, _req(f"l{i}", steps=4, width=192, height=192)) for i in range(2)]
+    small = [_submit(p, _req(f"s{i}", steps=4)) for i in range(2)]
+    busy = {"n": 0}
+
+    def capacity(ex):
+        return (2 - busy["n"], busy["n"]) if ex.role == "denoiser" else None
+
+    _round(p, capacity=capacity)  # encode
+    batches = p.schedule(capacity, split_min_units=4)
+    assert [sorted(u.request_id for u, _ in b.units) for b in batches] == [["s0", "s1"]]
+    assert all(r.pending is not None for r in large)  # two of them would double-buffer, but not beside these
+    p.update_from_output(batches[0], answer(batches[0]), 0.01)
+    assert [r.driver.state.step for r in small + large] == [1, 1, 0, 0]
+    while any(r.driver.state.step < 4 for r in small):  # never beside the small ones: after them
+        for b in p.schedule(capacity, split_min_units=4):
+            assert {u.request_id for u in b.work} <= {"s0", "s1"}
+            p.update_from_output(b, answer(b), 0.01)
+    assert [r.driver.state.step for r in large] == [0, 0]
+    batches = p.schedule(capacity, split_min_units=4)
+    assert [sorted(u.request_id for u in b.work) for b in batches if b.units[0][0].kind == "diffusion_step"] == [
+        ["l0", "l1"]]

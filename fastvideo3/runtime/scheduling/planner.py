@@ -191,6 +191,7 @@ class Planner:
             unit = WorkUnit.from_plan(plan, run.card.model_id, run.deadline)
             if self.pricer is not None:
                 self.pricer.price_unit(unit, run.card, run.request)
+                run.work_s = unit.resources.gpu_seconds * (unit.total or 1)
             self.telemetry.unit_planned(unit)
             units.append((unit, run))
         batches = self._batches(units, capacity, split_min_units)
@@ -206,6 +207,8 @@ class Planner:
             where[key] = (pool, idx, ex)
         state: dict[int, list[int] | None] = {}  # id(executor) -> [free slots, batches in flight]
         out: list[Batch] = []
+        in_flight_rank = self._outranked_in_flight() if split_min_units > 0 else None
+        now = self.clock()
         for key, members in self._ordered(groups):
             pool, idx, ex = where[key]
             if ex is not None and id(ex) not in state:
@@ -222,11 +225,17 @@ class Planner:
                     # a replica runs one batch at a time, unless the next one is large enough to
                     # double-buffer; otherwise its units wait and join the replica's next batch
                     second = dbuf and len(chunk) >= max(1, split_min_units // 2)
+                    if second and in_flight_rank and id(ex) in in_flight_rank:  # beside a batch of more slowed-down
+                        # requests, it would hold their next step behind it: it waits instead
+                        second = min(self._rank(r, now) for _, r in chunk) <= in_flight_rank[id(ex)]
                     if st[0] <= 0 or (st[1] > 0 and not second):
                         for unit, run in chunk:
                             run.pending = unit
                         continue
                     st[0], st[1] = st[0] - 1, st[1] + 1
+                    if in_flight_rank is not None and any(r.work_s > 0 for _, r in chunk):
+                        best = min(self._rank(r, now) for _, r in chunk)
+                        in_flight_rank[id(ex)] = min(in_flight_rank.get(id(ex), best), best)
                 for _, run in chunk:
                     run.in_flight = True
                     if idx is not None:
@@ -235,26 +244,37 @@ class Planner:
                 out.append(Batch(chunk, pool, idx, ex))
         return out
 
+    def _rank(self, run: RequestRun, now: float) -> tuple[float, float]:
+        """A request's place when batches compete for a replica, lowest first: its slowdown (time
+        since it started over its priced work, GPU-seconds), negated; equal ones, smaller work."""
+        work = max(run.work_s, 1e-6)
+        return -round(max(0.0, now - (run.started or run.created)) / work, 3), work
+
     def _ordered(self, groups) -> list:
         """The round's batch groups, the one holding the most slowed-down request first.
 
         A replica runs one batch at a time, so the group planned first takes it and the others
         wait: in arrival order, a large clip's steps would hold every small request behind them.
-        A request's slowdown is the time since it started over its priced work (its unit's
-        GPU-seconds times its steps), so a small request that has waited a second outranks a
-        large one that has waited as long, and a large request still rises as it waits: none is
-        held back for good. Equal slowdowns go to the smaller work; unpriced rounds (no pricer)
-        keep arrival order."""
-        if len(groups) < 2 or not any(u.resources.gpu_seconds > 0 for g in groups.values() for u, _ in g):
+        By slowdown, a small request that has waited a second outranks a large one that has
+        waited as long, and a large request still rises as it waits: none is held back for good.
+        Unpriced rounds (no pricer) keep arrival order."""
+        if len(groups) < 2 or not any(r.work_s > 0 for g in groups.values() for _, r in g):
             return list(groups.items())
         now = self.clock()
-
-        def rank(unit: WorkUnit, run: RequestRun) -> tuple[float, float]:
-            work = max(unit.resources.gpu_seconds * (unit.total or 1), 1e-6)
-            return -round(max(0.0, now - (run.started or run.created)) / work, 3), work
-
-        ranked = sorted(enumerate(groups.items()), key=lambda g: (min(rank(u, r) for u, r in g[1][1]), g[0]))
+        ranked = sorted(enumerate(groups.items()), key=lambda g: (min(self._rank(r, now) for _, r in g[1][1]), g[0]))
         return [item for _, item in ranked]
+
+    def _outranked_in_flight(self) -> dict[int, tuple[float, float]]:
+        """id(executor) -> the best rank among the requests in flight there (priced ones only)."""
+        now, best = self.clock(), {}
+        for run in self.runs.values():
+            if run.in_flight and run.work_s > 0 and run.last_replica is not None:
+                pool, idx = run.last_replica
+                replicas = self.executors.get(pool) or []
+                if idx < len(replicas):
+                    key = id(replicas[idx])
+                    best[key] = min(best.get(key, (0.0, float("inf"))), self._rank(run, now))
+        return best
 
     def _placements(self, units) -> list[tuple[str, int | None, Any]]:
         """(pool key, replica index, executor) for each unit: the request's pinned replica of that

@@ -64,6 +64,9 @@ class RequestRun:
     snapshotting: bool = False
     #: a planned unit held back because its replica had no free slot (sent next round)
     pending: Any = None
+    #: its priced work (GPU-seconds of its current unit times the unit's steps; 0: unpriced),
+    #: which orders it against other requests wanting the same replica
+    work_s: float = 0.0
     #: parked: its current loop waits for a healthy replica of this role (its last one was lost);
     #: until ``parked_until`` (the planner's clock), then it fails with ``parked_error``
     parked_role: str | None = None
