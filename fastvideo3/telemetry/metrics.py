@@ -25,7 +25,7 @@ import logging
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from fastvideo3.errors import FailedPrecondition, Unavailable
 
@@ -48,6 +48,8 @@ BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 #: |predicted - measured| / measured
 ERROR_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
 TRANSFER_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
+
+_M = TypeVar("_M")
 
 
 class ServiceMetrics:
@@ -88,7 +90,7 @@ class ServiceMetrics:
         self._pull = _PullCollector()
         self.registry.register(self._pull)
 
-    def _family(self, kind: Any, name: str, doc: str, labels: list[str], **kw: Any) -> Any:
+    def _family(self, kind: Callable[..., _M], name: str, doc: str, labels: list[str], **kw: Any) -> _M:
         """A ``kind`` (Gauge, Counter, Histogram) named ``fastvideo3_<name>`` in this registry."""
         return kind(PREFIX + name, doc, labels, registry=self.registry, **kw)
 
