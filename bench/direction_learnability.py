@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from options import add_defaults  # noqa: E402 - the sibling module in bench/
 
 from fastvideo3.models.wan import cards as registry  # noqa: E402
 from fastvideo3.models.wan.components import WEIGHTS_DIR, TextEncoder, load_dit, load_shipped  # noqa: E402
@@ -37,16 +38,8 @@ def with_dit(card, overrides: dict):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seconds", type=float, default=300)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--size", type=int, default=64)
-    p.add_argument("--frames", type=int, default=17)
-    p.add_argument("--patch", default="1,2,2")
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--ffn", type=int, default=256)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--lr", type=float, default=1e-3)
+    add_defaults(p, seconds=300.0, threads=1, size=64, frames=17, patch="1,2,2", heads=4, ffn=256, layers=2,
+                 batch=16, lr=1e-3)
     p.add_argument("--groups", action="store_true")
     p.add_argument("--text-aux", type=float, default=0.0)
     p.add_argument("--reuse", type=int, default=2)

@@ -52,6 +52,7 @@ if str(REPO) not in sys.path:  # run from a source checkout without installing t
 
 import torch  # noqa: E402
 
+from options import add_defaults  # noqa: E402 - the sibling module in bench/
 from serving import portable, record_unit_failures  # noqa: E402 - the sibling script in bench/
 
 PROMPT = "A cat walks along the beach at sunset while gentle waves roll onto the sand."
@@ -321,13 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="a diffusers-format Wan2.1 T2V directory")
     ap.add_argument("--device", default=None)
     ap.add_argument("--precision", default=None, help="bf16 on cuda, fp32 on cpu by default")
-    ap.add_argument("--frames", type=int, default=81)
-    ap.add_argument("--fallback-frames", type=int, default=33)
-    ap.add_argument("--height", type=int, default=480)
-    ap.add_argument("--width", type=int, default=832)
-    ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--guidance", type=float, default=5.0)
-    ap.add_argument("--seed", type=int, default=0)
+    add_defaults(ap, frames=81, fallback_frames=33, height=480, width=832, steps=50, guidance=5.0, seed=0)
     ap.add_argument("--time-limit", type=float, default=900.0, help="seconds for the whole script")
     ap.add_argument("--out", default=None)
     ap.add_argument("--decode-only", action="store_true", help="time the VAE decode alone (bench/e2e_decode.py)")

@@ -30,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from options import add_defaults  # noqa: E402 - the sibling module in bench/
 
 from fastvideo3.models.wan import cards as registry  # noqa: E402
 from fastvideo3.models.reward.adherence import AdherenceScorer  # noqa: E402
@@ -55,23 +56,14 @@ def parse(argv=None):
     p.add_argument("--out", required=True, help="logs, plot and a copy of the weights go here")
     p.add_argument("--weights-dir", default=str(WEIGHTS_DIR), help="where the shipped weight files are written")
     p.add_argument("--smoke", action="store_true", help="tiny sizes and budgets: a pipeline check on a CPU")
-    p.add_argument("--frames", type=int, default=33)
-    p.add_argument("--size", type=int, default=128)
-    p.add_argument("--vae-seconds", type=float, default=60)
-    p.add_argument("--vae-batch", type=int, default=16)
-    p.add_argument("--vae-frames", type=int, default=17)
-    p.add_argument("--dit-seconds", type=float, default=140)
-    p.add_argument("--dit-batch", type=int, default=128)
+    add_defaults(p, frames=33, size=128, vae_seconds=60.0, vae_batch=16, vae_frames=17, dit_seconds=140.0,
+                 dit_batch=128)
     p.add_argument("--data-seed", type=int, default=None,
                    help="seed of the DiT stage's clips (default 11, or 12 when continuing with --init-from)")
     p.add_argument("--dit-lr", type=float, default=1e-3, help="peak DiT learning rate (the text encoder gets half)")
     p.add_argument("--probe-guidance", default="1,3,5", help="guidance values the probe compares")
     p.add_argument("--teacher-steps", type=int, default=25, help="teacher steps of the distillation rollouts")
-    p.add_argument("--rollout-seconds", type=float, default=35)
-    p.add_argument("--rollout-wave", type=int, default=128)
-    p.add_argument("--max-pairs", type=int, default=4096)
-    p.add_argument("--distill-seconds", type=float, default=40)
-    p.add_argument("--distill-batch", type=int, default=96)
+    add_defaults(p, rollout_seconds=35.0, rollout_wave=128, max_pairs=4096, distill_seconds=40.0, distill_batch=96)
     p.add_argument("--probe-prompts", type=int, default=20, help="how many of the eval prompts the probes use")
     p.add_argument("--stages", default="vae,dit,probe,distill", help="stages to run; the others come from --init-from")
     p.add_argument("--init-from", default=None,

@@ -60,77 +60,37 @@ class FastVideoError(Exception):
         return self.one_line()
 
 
-class InvalidRequest(FastVideoError):
-    """Bad user input: a field outside its allowed range."""
-
-    code = "INVALID_ARGUMENT"
-
-
-class FailedPrecondition(FastVideoError):
-    """The request is well formed but cannot run in the current configuration."""
-
-    code = "FAILED_PRECONDITION"
+def _kind(name: str, code: str | None, doc: str | None,
+          base: type[FastVideoError] = FastVideoError) -> type[FastVideoError]:
+    """A subclass of ``base`` named ``name``; ``code`` of None keeps the base's status name."""
+    body: dict[str, Any] = {"__doc__": doc, "__module__": __name__, "__qualname__": name}
+    if code is not None:
+        body["code"] = code
+    return type(name, (base,), body)
 
 
-class RecipeMismatch(FailedPrecondition):
-    """A request asks for a loop / step count / precision the card's recipe does not allow."""
-
-
-class CardError(InvalidRequest):
-    """A model card (or the directory it points at) is invalid or disagrees with its checkpoint."""
-
-
-class NotFound(FastVideoError):
-    code = "NOT_FOUND"
-
-
-class ResourceExhausted(FastVideoError):
-    """No budget, no memory or a full queue. Carries ``retry_after_s`` when one is known."""
-
-    code = "RESOURCE_EXHAUSTED"
-
-
-class AlreadyExists(FastVideoError):
-    """The request id is taken by a live or retained request with other parameters."""
-
-    code = "ALREADY_EXISTS"
-
-
-class Cancelled(FastVideoError):
-    code = "CANCELLED"
-
-
-class Unavailable(FastVideoError):
-    """A pool, store or transport peer is gone or not serving."""
-
-    code = "UNAVAILABLE"
-
-
-class DataLoss(FastVideoError):
-    """A transfer arrived corrupted (checksum mismatch)."""
-
-    code = "DATA_LOSS"
-
-
-class DeadlineExceeded(FastVideoError):
-    code = "DEADLINE_EXCEEDED"
-
-
-class NumericFault(FastVideoError):
-    """A request-fatal numeric fault (non-finite latents). Aborts that request only."""
-
-    code = "ABORTED"
-
-
-class Internal(FastVideoError):
-    code = "INTERNAL"
-
-
-class Unauthenticated(FastVideoError):
-    """The call carried no valid credentials (token auth is on)."""
-
-    code = "UNAUTHENTICATED"
-
+InvalidRequest = _kind("InvalidRequest", "INVALID_ARGUMENT",
+                       "Bad user input: a field outside its allowed range.")
+FailedPrecondition = _kind("FailedPrecondition", "FAILED_PRECONDITION",
+                           "The request is well formed but cannot run in the current configuration.")
+RecipeMismatch = _kind("RecipeMismatch", None, "A request asks for a loop / step count / precision "
+                       "the card's recipe does not allow.", FailedPrecondition)
+CardError = _kind("CardError", None, "A model card (or the directory it points at) is invalid or "
+                  "disagrees with its checkpoint.", InvalidRequest)
+NotFound = _kind("NotFound", "NOT_FOUND", None)
+ResourceExhausted = _kind("ResourceExhausted", "RESOURCE_EXHAUSTED", "No budget, no memory or a full "
+                          "queue. Carries ``retry_after_s`` when one is known.")
+AlreadyExists = _kind("AlreadyExists", "ALREADY_EXISTS",
+                      "The request id is taken by a live or retained request with other parameters.")
+Cancelled = _kind("Cancelled", "CANCELLED", None)
+Unavailable = _kind("Unavailable", "UNAVAILABLE", "A pool, store or transport peer is gone or not serving.")
+DataLoss = _kind("DataLoss", "DATA_LOSS", "A transfer arrived corrupted (checksum mismatch).")
+DeadlineExceeded = _kind("DeadlineExceeded", "DEADLINE_EXCEEDED", None)
+NumericFault = _kind("NumericFault", "ABORTED",
+                     "A request-fatal numeric fault (non-finite latents). Aborts that request only.")
+Internal = _kind("Internal", "INTERNAL", None)
+Unauthenticated = _kind("Unauthenticated", "UNAUTHENTICATED",
+                        "The call carried no valid credentials (token auth is on).")
 
 _BY_CODE: dict[str, type[FastVideoError]] = {
     cls.code: cls

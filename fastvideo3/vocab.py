@@ -24,96 +24,39 @@ class Name(StrEnum):
         return repr(self.value)
 
 
-class Role(Name):
-    """A pool role: one kind of GPU service the scheduler sends WorkUnits to."""
-
-    ENCODER = "encoder"
-    DENOISER = "denoiser"
-    DECODER = "decoder"
-    REWARD = "reward"
+def _vocab(name: str, doc: str, **members: str) -> type[Name]:
+    """The :class:`Name` enum ``name`` whose members are ``members`` (member name -> its string)."""
+    made = Name(name, members, module=__name__, qualname=name)
+    made.__doc__ = doc
+    return made
 
 
-class UnitKind(Name):
-    """What one WorkUnit asks a pool to do."""
-
-    ENCODER_CHUNK = "encoder_chunk"
-    DIFFUSION_STEP = "diffusion_step"
-    VAE_TILE = "vae_tile"
-    REWARD_BATCH = "reward_batch"
-    #: the decoder pool's second kind: the VAE's encoder over an image-to-video request's first
-    #: frame (the image latent the denoiser conditions on)
-    VAE_ENCODE = "vae_encode"
-
-
-class LoopId(Name):
-    """The loops a program chains (fastvideo3.loop)."""
-
-    TEXT_ENCODE = "text_encode"
-    DIFFUSION_DENOISE = "diffusion_denoise"
-    VAE_DECODE = "vae_decode"
-    REWARD_SCORE = "reward_score"
-
-
-class Program(Name):
-    """A named chain of loops a request runs."""
-
-    T2V = "t2v"
-    T2V_REWARD = "t2v+reward"
-
-
-class RunStatus(Name):
-    """Where a request's run stands in the scheduler."""
-
-    QUEUED = "QUEUED"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-
-class EventKind(Name):
-    """The kinds of event a request's stream carries."""
-
-    ACCEPTED = "accepted"
-    QUEUED = "queued"
-    PROGRESS = "progress"
-    ARTIFACT = "artifact"
-    ERROR = "error"
-    FINISHED = "finished"
-    RESUMED = "resumed"  # the request goes on from a checkpoint after a failure
-    MOVED = "moved"  # the serving scheduler replica handed its requests over
-
-
-class Task(Name):
-    """A task a card declares it can serve (``ModelCard.capabilities.tasks``)."""
-
-    TEXT_TO_VIDEO = "text_to_video"
-    IMAGE_TO_VIDEO = "image_to_video"
-    VAE_DECODE = "vae_decode"
-    REWARD = "reward"
-
-
-class Phase(Name):
-    """A phase of a request as progress and spans name it."""
-
-    ENCODE = "encode"
-    DENOISE = "denoise"
-    DECODE = "decode"
-    REWARD = "reward"
-
-
-class OutputFormat(Name):
-    """How the decoder pool returns the finished video."""
-
-    MP4 = "mp4"
-    NPY = "npy"
-
-
-class Sampler(Name):
-    """The sampler (flow-matching scheduler) a denoise loop steps with."""
-
-    UNIPC = "unipc"
-    EULER = "euler"
+Role = _vocab("Role", "A pool role: one kind of GPU service the scheduler sends WorkUnits to.",
+              ENCODER="encoder", DENOISER="denoiser", DECODER="decoder", REWARD="reward")
+UnitKind = _vocab("UnitKind", "What one WorkUnit asks a pool to do. ``VAE_ENCODE`` is the decoder pool's second "
+                  "kind: the VAE's encoder over an image-to-video request's first frame (the image latent the "
+                  "denoiser conditions on).",
+                  ENCODER_CHUNK="encoder_chunk", DIFFUSION_STEP="diffusion_step", VAE_TILE="vae_tile",
+                  REWARD_BATCH="reward_batch", VAE_ENCODE="vae_encode")
+LoopId = _vocab("LoopId", "The loops a program chains (fastvideo3.loop).",
+                TEXT_ENCODE="text_encode", DIFFUSION_DENOISE="diffusion_denoise", VAE_DECODE="vae_decode",
+                REWARD_SCORE="reward_score")
+Program = _vocab("Program", "A named chain of loops a request runs.", T2V="t2v", T2V_REWARD="t2v+reward")
+RunStatus = _vocab("RunStatus", "Where a request's run stands in the scheduler.",
+                   QUEUED="QUEUED", RUNNING="RUNNING", SUCCEEDED="SUCCEEDED", FAILED="FAILED", CANCELLED="CANCELLED")
+EventKind = _vocab("EventKind", "The kinds of event a request's stream carries. ``RESUMED``: the request goes on "
+                   "from a checkpoint after a failure; ``MOVED``: the serving scheduler replica handed its "
+                   "requests over.",
+                   ACCEPTED="accepted", QUEUED="queued", PROGRESS="progress", ARTIFACT="artifact", ERROR="error",
+                   FINISHED="finished", RESUMED="resumed", MOVED="moved")
+Task = _vocab("Task", "A task a card declares it can serve (``ModelCard.capabilities.tasks``).",
+              TEXT_TO_VIDEO="text_to_video", IMAGE_TO_VIDEO="image_to_video", VAE_DECODE="vae_decode",
+              REWARD="reward")
+Phase = _vocab("Phase", "A phase of a request as progress and spans name it.",
+               ENCODE="encode", DENOISE="denoise", DECODE="decode", REWARD="reward")
+OutputFormat = _vocab("OutputFormat", "How the decoder pool returns the finished video.", MP4="mp4", NPY="npy")
+Sampler = _vocab("Sampler", "The sampler (flow-matching scheduler) a denoise loop steps with.",
+                 UNIPC="unipc", EULER="euler")
 
 
 #: the unit kind each role's pool is named for (its main kind)

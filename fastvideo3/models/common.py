@@ -18,6 +18,13 @@ from torch import nn
 Tap = Callable[[str, torch.Tensor], None] | None
 
 
+def tapped(tap: Tap, name: str, x: torch.Tensor) -> torch.Tensor:
+    """``x``, shown to ``tap`` as ``name`` first when there is a tap."""
+    if tap:
+        tap(name, x)
+    return x
+
+
 class DitConfigBase:
     """What every family's DiT config (a frozen dataclass with ``num_attention_heads`` and
     ``attention_head_dim``) reads and derives the same way."""

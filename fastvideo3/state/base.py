@@ -184,10 +184,11 @@ class StateStore(Protocol):
 # --- helpers shared by the backends ------------------------------------------------------
 
 
-class NamespacedKeys:
+class StoreLayout:
     """The key layout both backends share (see the Redis module's docstring), under the store's
-    ``config.namespace``; each key is built from an id or name checked first, so both backends
-    refuse the same input and ``keys_for`` names the same keys."""
+    ``config.namespace``, and the checked, encoded form of each value written: each key is built
+    from an id or name checked first, and each write's input is checked and encoded here, so both
+    backends refuse the same input, store the same forms and ``keys_for`` names the same keys."""
 
     config: StoreConfig
 
@@ -210,6 +211,25 @@ class NamespacedKeys:
     @property
     def _inflight_key(self) -> str:
         return f"{self.config.namespace}:inflight"
+
+    def _checkpoint_of(self, step: Any, loop_state: Any) -> Checkpoint:
+        return Checkpoint(check_step(step), check_blob(loop_state))
+
+    def _artifact_text(self, name: Any, meta: Any) -> str:
+        check_name(name, "artifact")
+        return encode_meta(meta, "artifact_meta")
+
+    def _end_text(self, status: Any, info: Any) -> str | None:
+        """The end record's JSON text (None without ``info``), after checking ``status``."""
+        check_status(status)
+        return encode_meta(info, "end_info") if info is not None else None
+
+    def _media_blob(self, name: Any, data: Any) -> bytes:
+        check_name(name, "media")
+        return check_blob(data)
+
+    def _owner(self, owner: Any) -> str:
+        return check_name(owner, "owner")
 
 
 def check_name(value: Any, field: str) -> str:

@@ -14,18 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from fastvideo3.errors import Unavailable
-from fastvideo3.state.base import (
-    INFLIGHT,
-    Checkpoint,
-    NamespacedKeys,
-    StoreConfig,
-    check_blob,
-    check_name,
-    check_status,
-    check_step,
-    decode_meta,
-    encode_meta,
-)
+from fastvideo3.state.base import INFLIGHT, Checkpoint, StoreConfig, StoreLayout, decode_meta, encode_meta
 
 Clock = Callable[[], float]
 
@@ -45,7 +34,7 @@ class MemoryData:
     lock: threading.RLock = field(default_factory=threading.RLock)
 
 
-class MemoryStateStore(NamespacedKeys):
+class MemoryStateStore(StoreLayout):
     """A thread-safe StateStore held in process memory. See ``StateStore`` for the contract."""
 
     def __init__(
@@ -99,6 +88,15 @@ class MemoryStateStore(NamespacedKeys):
         record = data.values.get(meta_key)
         return record is not None and record["status"] == INFLIGHT
 
+    def _if_inflight(self, meta_key: str, write: Callable[[MemoryData], None]) -> bool:
+        """Run ``write(data)`` under the lock only if the request is in flight; True if it ran."""
+        with self._data.lock:
+            data = self._locked()
+            if not self._is_inflight(data, meta_key):
+                return False
+            write(data)
+            return True
+
     # --- the protocol ----------------------------------------------------------------------
 
     def put_request(self, request_id: str, meta: dict[str, Any]) -> None:
@@ -126,13 +124,12 @@ class MemoryStateStore(NamespacedKeys):
 
     def checkpoint(self, request_id: str, step: int, loop_state: bytes) -> bool:
         meta_key, ckpt_key, _ = self._keys(request_id)
-        snapshot = Checkpoint(check_step(step), check_blob(loop_state))
-        with self._data.lock:
-            data = self._locked()
-            if not self._is_inflight(data, meta_key):
-                return False
+        snapshot = self._checkpoint_of(step, loop_state)
+
+        def write(data: MemoryData) -> None:
             data.values[ckpt_key] = snapshot
-            return True
+
+        return self._if_inflight(meta_key, write)
 
     def load_checkpoint(self, request_id: str) -> Checkpoint | None:
         _, ckpt_key, _ = self._keys(request_id)
@@ -141,14 +138,8 @@ class MemoryStateStore(NamespacedKeys):
 
     def put_artifact(self, request_id: str, name: str, meta: dict[str, Any]) -> bool:
         meta_key, _, art_key = self._keys(request_id)
-        check_name(name, "artifact")
-        text = encode_meta(meta, "artifact_meta")
-        with self._data.lock:
-            data = self._locked()
-            if not self._is_inflight(data, meta_key):
-                return False
-            data.values.setdefault(art_key, {})[name] = text
-            return True
+        text = self._artifact_text(name, meta)
+        return self._if_inflight(meta_key, lambda data: data.values.setdefault(art_key, {}).update({name: text}))
 
     def artifacts(self, request_id: str) -> dict[str, dict[str, Any]]:
         _, _, art_key = self._keys(request_id)
@@ -162,12 +153,9 @@ class MemoryStateStore(NamespacedKeys):
 
     def end_request(self, request_id: str, status: str, info: dict[str, Any] | None = None) -> bool:
         keys = self._all_keys(request_id)
-        check_status(status)
-        end = encode_meta(info, "end_info") if info is not None else None
-        with self._data.lock:
-            data = self._locked()
-            if not self._is_inflight(data, keys[0]):
-                return False
+        end = self._end_text(status, info)
+
+        def write(data: MemoryData) -> None:
             data.values[keys[0]]["status"] = status
             if end is not None:
                 data.values[keys[0]]["end"] = end
@@ -177,7 +165,8 @@ class MemoryStateStore(NamespacedKeys):
                     data.expires_at[key] = deadline
                     heapq.heappush(data.deadlines, (deadline, key))
             self._drop_inflight(data, request_id)
-            return True
+
+        return self._if_inflight(keys[0], write)
 
     def end_info(self, request_id: str) -> dict[str, Any] | None:
         meta_key, _, _ = self._keys(request_id)
@@ -187,14 +176,9 @@ class MemoryStateStore(NamespacedKeys):
 
     def put_media(self, request_id: str, name: str, data: bytes) -> bool:
         meta_key, _, _ = self._keys(request_id)
-        check_name(name, "media")
-        blob = check_blob(data)
-        with self._data.lock:
-            values = self._locked()
-            if not self._is_inflight(values, meta_key):
-                return False
-            values.values.setdefault(self._media_key(request_id), {})[name] = blob
-            return True
+        blob = self._media_blob(name, data)
+        key = self._media_key(request_id)
+        return self._if_inflight(meta_key, lambda values: values.values.setdefault(key, {}).update({name: blob}))
 
     def media(self, request_id: str, name: str) -> bytes | None:
         key = self._media_key(request_id)
@@ -203,7 +187,7 @@ class MemoryStateStore(NamespacedKeys):
 
     def acquire_lease(self, name: str, owner: str, ttl_s: float) -> str:
         key = self._lease_key(name)
-        check_name(owner, "owner")
+        self._owner(owner)
         with self._data.lock:
             data = self._locked()
             held = data.values.get(key)

@@ -37,18 +37,7 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from fastvideo3.errors import Internal, InvalidRequest, Unavailable
-from fastvideo3.state.base import (
-    INFLIGHT,
-    Checkpoint,
-    NamespacedKeys,
-    StoreConfig,
-    check_blob,
-    check_name,
-    check_status,
-    check_step,
-    decode_meta,
-    encode_meta,
-)
+from fastvideo3.state.base import INFLIGHT, Checkpoint, StoreConfig, StoreLayout, decode_meta, encode_meta
 
 T = TypeVar("T")
 
@@ -60,7 +49,7 @@ _MAX_WATCH_ATTEMPTS = 8
 _OUTAGE_REPLIES = ("OOM", "MASTERDOWN", "NOREPLICAS", "CLUSTERDOWN", "TRYAGAIN")
 
 
-class RedisStateStore(NamespacedKeys):
+class RedisStateStore(StoreLayout):
     """A StateStore on one Redis server. See ``StateStore`` for the contract."""
 
     def __init__(self, url: str, config: StoreConfig | None = None) -> None:
@@ -164,7 +153,8 @@ class RedisStateStore(NamespacedKeys):
 
     def checkpoint(self, request_id: str, step: int, loop_state: bytes) -> bool:
         meta_key, ckpt_key, _ = self._keys(request_id)
-        fields = {"step": check_step(step), "blob": check_blob(loop_state)}
+        snapshot = self._checkpoint_of(step, loop_state)
+        fields = {"step": snapshot.step, "blob": snapshot.loop_state}
         return self._call(
             "checkpoint", lambda: self._if_inflight(meta_key, lambda p: p.hset(ckpt_key, mapping=fields)),
         )
@@ -179,8 +169,7 @@ class RedisStateStore(NamespacedKeys):
 
     def put_artifact(self, request_id: str, name: str, meta: dict[str, Any]) -> bool:
         meta_key, _, art_key = self._keys(request_id)
-        check_name(name, "artifact")
-        text = encode_meta(meta, "artifact_meta")
+        text = self._artifact_text(name, meta)
         return self._call(
             "put_artifact", lambda: self._if_inflight(meta_key, lambda p: p.hset(art_key, name, text)),
         )
@@ -196,9 +185,8 @@ class RedisStateStore(NamespacedKeys):
 
     def end_request(self, request_id: str, status: str, info: dict[str, Any] | None = None) -> bool:
         keys = self._all_keys(request_id)
-        check_status(status)
+        end = self._end_text(status, info)
         ttl_ms = max(1, round(self.config.ttl_after_end_s * 1000))
-        end = encode_meta(info, "end_info") if info is not None else None
 
         def write(pipe: Any) -> None:
             pipe.hset(keys[0], "status", status)
@@ -217,8 +205,7 @@ class RedisStateStore(NamespacedKeys):
 
     def put_media(self, request_id: str, name: str, data: bytes) -> bool:
         meta_key, _, _ = self._keys(request_id)
-        check_name(name, "media")
-        blob = check_blob(data)
+        blob = self._media_blob(name, data)
         key = self._media_key(request_id)
         return self._call("put_media", lambda: self._if_inflight(meta_key, lambda p: p.hset(key, name, blob)))
 
@@ -235,7 +222,7 @@ class RedisStateStore(NamespacedKeys):
 
     def acquire_lease(self, name: str, owner: str, ttl_s: float) -> str:
         key = self._lease_key(name)
-        check_name(owner, "owner")
+        self._owner(owner)
         ttl_ms = str(max(1, round(ttl_s * 1000)))
         held = self._call("acquire_lease", lambda: self._client.eval(self._LEASE, 1, key, owner, ttl_ms))
         return held.decode() if isinstance(held, bytes) else str(held or "")

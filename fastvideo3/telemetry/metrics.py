@@ -25,7 +25,7 @@ import logging
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from fastvideo3.errors import FailedPrecondition, Unavailable
 
@@ -49,6 +49,8 @@ BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 ERROR_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
 TRANSFER_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
 
+_M = TypeVar("_M")
+
 
 class ServiceMetrics:
     """The metric families of one service process (``role``: scheduler, encoder, ...)."""
@@ -62,40 +64,35 @@ class ServiceMetrics:
         disable_created_metrics()
         self.role = role
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
-        r = self.registry
-        self.info = Gauge(PREFIX + "service_info", "Always 1; labels name the service.",
-                          ["service", "role"], registry=r)
+        m = self._family
+        self.info = m(Gauge, "service_info", "Always 1; labels name the service.", ["service", "role"])
         self.info.labels(service or role, role).set(1)
-        self.queue_depth = Gauge(PREFIX + "queue_depth", "Requests waiting to be admitted or to start.",
-                                 ["slo_class"], registry=r)
-        self.inflight = Gauge(PREFIX + "inflight_requests", "Requests admitted and not yet terminal.",
-                              ["slo_class"], registry=r)
-        self.admitted = Counter(PREFIX + "requests_admitted_total", "Requests admitted.",
-                                ["slo_class"], registry=r)
-        self.refused = Counter(PREFIX + "requests_refused_total", "Requests refused, by reason.",
-                               ["slo_class", "reason"], registry=r)
-        self.finished = Counter(PREFIX + "requests_finished_total", "Requests that reached a terminal status.",
-                                ["status", "code"], registry=r)
-        self.step_latency = Histogram(PREFIX + "step_latency_seconds", "Wall seconds of one batch of units.",
-                                      ["role", "kind"], buckets=STEP_BUCKETS, registry=r)
-        self.batch_size = Histogram(PREFIX + "batch_size", "WorkUnits per dispatched batch.",
-                                    ["role", "kind"], buckets=BATCH_BUCKETS, registry=r)
-        self.gpu_seconds = Counter(PREFIX + "gpu_seconds_total",
-                                   "GPU-seconds of finished units, predicted and measured.",
-                                   ["role", "kind", "source"], registry=r)
-        self.prediction_error = Histogram(PREFIX + "prediction_error_ratio",
-                                          "|predicted - measured| / measured GPU-seconds per unit.",
-                                          ["role", "kind"], buckets=ERROR_BUCKETS, registry=r)
-        self.resident_buffers = Gauge(PREFIX + "resident_buffers", "Tensors held resident by the pool.",
-                                      ["role"], registry=r)
-        self.resident_bytes = Gauge(PREFIX + "resident_bytes", "Bytes of the tensors held resident by the pool.",
-                                    ["role"], registry=r)
-        self.transfer_bytes = Counter(PREFIX + "transfer_bytes_total", "Bytes moved between pools.",
-                                      ["backend", "direction"], registry=r)
-        self.transfer_latency = Histogram(PREFIX + "transfer_seconds", "Wall seconds of one transfer.",
-                                          ["backend", "direction"], buckets=TRANSFER_BUCKETS, registry=r)
+        self.queue_depth = m(Gauge, "queue_depth", "Requests waiting to be admitted or to start.", ["slo_class"])
+        self.inflight = m(Gauge, "inflight_requests", "Requests admitted and not yet terminal.", ["slo_class"])
+        self.admitted = m(Counter, "requests_admitted_total", "Requests admitted.", ["slo_class"])
+        self.refused = m(Counter, "requests_refused_total", "Requests refused, by reason.", ["slo_class", "reason"])
+        self.finished = m(Counter, "requests_finished_total", "Requests that reached a terminal status.",
+                          ["status", "code"])
+        self.step_latency = m(Histogram, "step_latency_seconds", "Wall seconds of one batch of units.",
+                              ["role", "kind"], buckets=STEP_BUCKETS)
+        self.batch_size = m(Histogram, "batch_size", "WorkUnits per dispatched batch.", ["role", "kind"],
+                            buckets=BATCH_BUCKETS)
+        self.gpu_seconds = m(Counter, "gpu_seconds_total", "GPU-seconds of finished units, predicted and measured.",
+                             ["role", "kind", "source"])
+        self.prediction_error = m(Histogram, "prediction_error_ratio",
+                                  "|predicted - measured| / measured GPU-seconds per unit.", ["role", "kind"],
+                                  buckets=ERROR_BUCKETS)
+        self.resident_buffers = m(Gauge, "resident_buffers", "Tensors held resident by the pool.", ["role"])
+        self.resident_bytes = m(Gauge, "resident_bytes", "Bytes of the tensors held resident by the pool.", ["role"])
+        self.transfer_bytes = m(Counter, "transfer_bytes_total", "Bytes moved between pools.", ["backend", "direction"])
+        self.transfer_latency = m(Histogram, "transfer_seconds", "Wall seconds of one transfer.",
+                                  ["backend", "direction"], buckets=TRANSFER_BUCKETS)
         self._pull = _PullCollector()
         self.registry.register(self._pull)
+
+    def _family(self, kind: Callable[..., _M], name: str, doc: str, labels: list[str], **kw: Any) -> _M:
+        """A ``kind`` (Gauge, Counter, Histogram) named ``fastvideo3_<name>`` in this registry."""
+        return kind(PREFIX + name, doc, labels, registry=self.registry, **kw)
 
     # -- push: requests --------------------------------------------------------------------
 

@@ -14,22 +14,21 @@ from starlette.responses import JSONResponse
 
 from fastvideo3.errors import FastVideoError
 
+#: (HTTP status, OpenAI error type) -> the core error codes answered with it
+_ANSWERS: tuple[tuple[tuple[int, str], tuple[str, ...]], ...] = (
+    ((400, "invalid_request_error"), ("INVALID_ARGUMENT", "FAILED_PRECONDITION")),
+    ((404, "invalid_request_error"), ("NOT_FOUND",)),
+    ((401, "authentication_error"), ("UNAUTHENTICATED",)),
+    ((403, "permission_error"), ("PERMISSION_DENIED",)),
+    ((429, "rate_limit_error"), ("RESOURCE_EXHAUSTED",)),
+    ((409, "invalid_request_error"), ("ALREADY_EXISTS",)),
+    ((499, "cancelled"), ("CANCELLED",)),
+    ((504, "timeout_error"), ("DEADLINE_EXCEEDED",)),
+    ((503, "service_unavailable"), ("UNAVAILABLE",)),
+    ((500, "server_error"), ("DATA_LOSS", "ABORTED", "INTERNAL")),
+)
 #: core error code -> (HTTP status, OpenAI error type)
-HTTP_BY_CODE: dict[str, tuple[int, str]] = {
-    "INVALID_ARGUMENT": (400, "invalid_request_error"),
-    "FAILED_PRECONDITION": (400, "invalid_request_error"),
-    "NOT_FOUND": (404, "invalid_request_error"),
-    "UNAUTHENTICATED": (401, "authentication_error"),
-    "PERMISSION_DENIED": (403, "permission_error"),
-    "RESOURCE_EXHAUSTED": (429, "rate_limit_error"),
-    "ALREADY_EXISTS": (409, "invalid_request_error"),
-    "CANCELLED": (499, "cancelled"),
-    "DEADLINE_EXCEEDED": (504, "timeout_error"),
-    "UNAVAILABLE": (503, "service_unavailable"),
-    "DATA_LOSS": (500, "server_error"),
-    "ABORTED": (500, "server_error"),
-    "INTERNAL": (500, "server_error"),
-}
+HTTP_BY_CODE: dict[str, tuple[int, str]] = {code: answer for answer, codes in _ANSWERS for code in codes}
 
 #: the fleet's (diffusers-named) fields -> the API parameter a client sent
 PARAM_BY_FIELD: dict[str, str] = {

@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastvideo3.models.common import DitConfigBase, FeedForward, Linear2, Tap, gelu_tanh, timestep_embedding
+from fastvideo3.models.common import (DitConfigBase, FeedForward, Linear2, Tap, gelu_tanh, tapped,
+                                      timestep_embedding)
 from fastvideo3.vocab import Program
 
 
@@ -318,19 +319,13 @@ class HunyuanDiT(nn.Module):
 
     def forward(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, tap: Tap = None):
         stage = self.embed(latents, timestep, text)
-        if tap:
-            tap("patch_embed", stage.x)
-            tap("temb", stage.temb)
-            tap("context", stage.ctx)
-        x, ctx = stage.x, stage.ctx
+        x = tapped(tap, "patch_embed", stage.x)
+        tapped(tap, "temb", stage.temb)
+        ctx = tapped(tap, "context", stage.ctx)
         for i, block in enumerate(self.transformer_blocks):
             x, ctx = block(x, ctx, stage.temb, stage.rope, stage.keys)
-            if tap:
-                tap(f"block.{i}", x)
-        out = self.head(stage, x)
-        if tap:
-            tap("output", out)
-        return out
+            tapped(tap, f"block.{i}", x)
+        return tapped(tap, "output", self.head(stage, x))
 
     def embed(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor) -> DitStage:
         cfg = self.cfg

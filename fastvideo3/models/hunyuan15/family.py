@@ -4,8 +4,6 @@ HunyuanVideo-1.5, through :mod:`fastvideo3.card.family`. Torch-free; the weights
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from fastvideo3.card.family import register_family
 from fastvideo3.card.spec import ModelCard
 from fastvideo3.models.family_base import PackagedFamily
@@ -38,27 +36,6 @@ def dit_config(card: ModelCard) -> flops.DitConfig:
     )
 
 
-class Hunyuan15Family(PackagedFamily):
-    """HunyuanVideo-1.5 text-to-video (diffusers' HunyuanVideo15Pipeline layout)."""
-
-    name = "hunyuan15"
-    package = "fastvideo3.models.hunyuan15"
-    formulas = flops
-
-    def latent_shape(self, card: ModelCard, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
-        return latent_shape(card, frames, height, width)
-
-    def frames_of_latent(self, card: ModelCard, latent_frames: int) -> int:
-        return (latent_frames - 1) * latent_stride(card)[0] + 1
-
-    def latent_stride(self, card: ModelCard) -> tuple[int, int, int]:
-        return latent_stride(card)
-
-    def dit_config(self, card: ModelCard) -> flops.DitConfig:
-        return dit_config(card)
-
-    def weights_dir(self) -> Path | None:
-        return None  # it ships no weights
-
-
-HUNYUAN15 = register_family(Hunyuan15Family())
+#: HunyuanVideo-1.5 text-to-video (diffusers' HunyuanVideo15Pipeline layout); it ships no weights
+HUNYUAN15 = register_family(PackagedFamily("hunyuan15", "fastvideo3.models.hunyuan15", flops,
+                                           latent_shape, latent_stride, dit_config))

@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastvideo3.models.common import DitConfigBase, FeedForward, Linear2, Tap, gelu_tanh, timestep_embedding
+from fastvideo3.models.common import (DitConfigBase, FeedForward, Linear2, Tap, gelu_tanh, tapped,
+                                      timestep_embedding)
 
 
 @dataclass(frozen=True)
@@ -267,18 +268,11 @@ class WanDiT(nn.Module):
     def forward(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, tap: Tap = None,
                 image: torch.Tensor | None = None):
         stage = self.embed(latents, timestep, text, image)
-        x = stage.x
-        if tap:
-            tap("patch_embed", x)
-            tap("temb", stage.temb)
+        x = tapped(tap, "patch_embed", stage.x)
+        tapped(tap, "temb", stage.temb)
         for i, block in enumerate(self.blocks):
-            x = block(x, stage.ctx, stage.temb6, stage.rope, stage.img)
-            if tap:
-                tap(f"block.{i}", x)
-        out = self.head(stage, x)
-        if tap:
-            tap("output", out)
-        return out
+            x = tapped(tap, f"block.{i}", block(x, stage.ctx, stage.temb6, stage.rope, stage.img))
+        return tapped(tap, "output", self.head(stage, x))
 
     # -- the forward in stages (block-range interceptors run between them) ----------------
     @property

@@ -21,6 +21,12 @@ def vae_spatial_scale(card: ModelCard) -> int:
     return int(card.components["vae"].config.get("scale_factor_spatial", 8)) if "vae" in card.components else 8
 
 
+def latent_stride(card: ModelCard) -> tuple[int, int, int]:
+    """(temporal, height, width) compression of the card's VAE."""
+    s = vae_spatial_scale(card)
+    return (TEMPORAL_STRIDE, s, s)
+
+
 def latent_shape(card: ModelCard, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
     """(C, F_lat, H_lat, W_lat) for a request: 4x temporal, and the spatial compression the card's
     VAE declares (8x unless it says otherwise: Wan2.2 TI2V-5B's is 16x). C is what the DiT
@@ -50,28 +56,6 @@ def _image(card: ModelCard) -> dict:
     return {"image_dim": int(dim), "image_len": int(card.components["image_encoder"].config.get("tokens", 257))}
 
 
-class WanFamily(PackagedFamily):
-    """Wan2.1 / Wan2.2 text-to-video (and the tiny cards of the same architecture)."""
-
-    name = "wan"
-    package = "fastvideo3.models.wan"
-    formulas = flops
-
-    def latent_shape(self, card: ModelCard, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
-        return latent_shape(card, frames, height, width)
-
-    def frames_of_latent(self, card: ModelCard, latent_frames: int) -> int:
-        return (latent_frames - 1) * TEMPORAL_STRIDE + 1
-
-    def latent_stride(self, card: ModelCard) -> tuple[int, int, int]:
-        s = vae_spatial_scale(card)
-        return (TEMPORAL_STRIDE, s, s)
-
-    def dit_config(self, card: ModelCard) -> flops.DitConfig:
-        return dit_config(card)
-
-    def weights_dir(self) -> Path:
-        return WEIGHTS_DIR
-
-
-WAN = register_family(WanFamily())
+#: Wan2.1 / Wan2.2 text-to-video (and the tiny cards of the same architecture)
+WAN = register_family(PackagedFamily("wan", "fastvideo3.models.wan", flops, latent_shape, latent_stride, dit_config,
+                                     WEIGHTS_DIR))
