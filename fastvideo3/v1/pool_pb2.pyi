@@ -269,7 +269,7 @@ class SnapshotRequest(_message.Message):
     request_id: str
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
-class SnapshotResponse(_message.Message):
+class StateSnapshot(_message.Message):
     __slots__ = ("request_id", "blob", "runtime_fingerprint", "regions", "checksum")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     BLOB_FIELD_NUMBER: _ClassVar[int]
@@ -282,18 +282,6 @@ class SnapshotResponse(_message.Message):
     regions: _containers.RepeatedScalarFieldContainer[str]
     checksum: str
     def __init__(self, request_id: _Optional[str] = ..., blob: _Optional[bytes] = ..., runtime_fingerprint: _Optional[str] = ..., regions: _Optional[_Iterable[str]] = ..., checksum: _Optional[str] = ...) -> None: ...
-
-class RestoreRequest(_message.Message):
-    __slots__ = ("request_id", "blob", "runtime_fingerprint", "checksum")
-    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
-    BLOB_FIELD_NUMBER: _ClassVar[int]
-    RUNTIME_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
-    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
-    request_id: str
-    blob: bytes
-    runtime_fingerprint: str
-    checksum: str
-    def __init__(self, request_id: _Optional[str] = ..., blob: _Optional[bytes] = ..., runtime_fingerprint: _Optional[str] = ..., checksum: _Optional[str] = ...) -> None: ...
 
 class RestoreResponse(_message.Message):
     __slots__ = ("request_id",)

@@ -294,9 +294,9 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
             blob = self.executor.snapshot(request.request_id)
             self.counters["snapshots"] = self.counters.get("snapshots", 0) + 1
             names = [r.name for r in Snapshot.from_bytes(blob).regions]
-            return pool_pb2.SnapshotResponse(request_id=request.request_id, blob=blob,
-                                             runtime_fingerprint=self.fingerprint, regions=names,
-                                             checksum="sha256:" + hashlib.sha256(blob).hexdigest())
+            return pool_pb2.StateSnapshot(request_id=request.request_id, blob=blob,
+                                          runtime_fingerprint=self.fingerprint, regions=names,
+                                          checksum="sha256:" + hashlib.sha256(blob).hexdigest())
 
     def Restore(self, request, context):  # noqa: N802
         """Load a snapshot; FAILED_PRECONDITION unless it was written under this fingerprint."""
