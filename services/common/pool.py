@@ -347,8 +347,10 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
                                        executor=pool_pb2.ExecutorSummary(fake=cfg.fake))
         if self.load_error is not None:
             e = self.load_error
-            msg.load_error.CopyFrom(pool_pb2.PoolLoadError(code=str(e.get("code") or ""), field=str(e.get("field") or ""),
-                                                           message=str(e.get("message") or "")))
+            codes = common_pb2.Error.Code
+            code = str(e.get("code") or "INTERNAL")
+            msg.load_error.CopyFrom(common_pb2.Error(code=codes.Value(code) if code in codes.keys() else codes.INTERNAL,
+                                                     field=str(e.get("field") or ""), message=str(e.get("message") or "")))
         info: dict[str, Any] = {"inflight_rpcs": self.host.inflight, "rpc_counters": dict(self.counters),
                                 "uptime_s": round(time.time() - self.started, 3)}
         if self.executor is None:
