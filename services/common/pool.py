@@ -237,9 +237,8 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
                                    if self.telemetry is not None else execute(live))
                         for u, r in zip(live, results):
                             out[u.unit_id] = r
-                loops = {u.unit_id: u.loop_id for u in units}
                 return pool_pb2.ExecuteResponse(
-                    results=[convert.result_to_wire(out[u.unit_id], self.replica_id, loops[u.unit_id]) for u in units],
+                    results=[convert.result_to_wire(out[u.unit_id], self.replica_id) for u in units],
                     batch_id=request.batch_id, replica_id=self.replica_id, batch_seconds=time.perf_counter() - t0)
         except FastVideoError as e:
             abort(context, e)
