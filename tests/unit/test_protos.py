@@ -268,7 +268,8 @@ def test_deployment_card_roundtrip() -> None:
     assert back.models[0].limits.frames_multiple == 4
     assert back.parallel_plans[0].degrees["tp"] == 1
     described = _roundtrip(scheduler_pb2.SchedulerDescription(
-        card=card, queued_requests=1, running_requests=2, budget_gpu_seconds=100.0, reserved_gpu_seconds=12.5,
+        card=card, queued_requests=1, running_requests=2, budget_gpu_seconds=100.0,
+        load=scheduler_pb2.LoadReport(admission=True, admission_reserved_gpu_seconds=12.5),
         pools=[scheduler_pb2.PoolStatus(role="denoiser", replica_id="denoiser-0", address="127.0.0.1:1",
                                         healthy=True, in_flight_units=3)]))
     assert described.card == card
