@@ -27,9 +27,8 @@ class TransportDescriptor(_message.Message):
     def __init__(self, backend: _Optional[str] = ..., address: _Optional[str] = ..., descriptor: _Optional[bytes] = ..., attrs: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class TensorRef(_message.Message):
-    __slots__ = ("owner_pool", "owner_replica", "buffer_id", "dtype", "shape", "nbytes", "checksum", "transport", "name", "request_id")
+    __slots__ = ("owner_pool", "buffer_id", "dtype", "shape", "nbytes", "checksum", "transport", "name")
     OWNER_POOL_FIELD_NUMBER: _ClassVar[int]
-    OWNER_REPLICA_FIELD_NUMBER: _ClassVar[int]
     BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -37,9 +36,7 @@ class TensorRef(_message.Message):
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
-    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     owner_pool: str
-    owner_replica: str
     buffer_id: str
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
@@ -47,11 +44,10 @@ class TensorRef(_message.Message):
     checksum: str
     transport: TransportDescriptor
     name: str
-    request_id: str
-    def __init__(self, owner_pool: _Optional[str] = ..., owner_replica: _Optional[str] = ..., buffer_id: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ..., checksum: _Optional[str] = ..., transport: _Optional[_Union[TransportDescriptor, _Mapping]] = ..., name: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, owner_pool: _Optional[str] = ..., buffer_id: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ..., checksum: _Optional[str] = ..., transport: _Optional[_Union[TransportDescriptor, _Mapping]] = ..., name: _Optional[str] = ...) -> None: ...
 
 class ShapeSignature(_message.Message):
-    __slots__ = ("kind", "frames", "height", "width", "latent_shape", "text_length", "dtype", "cfg_branches", "extra", "key")
+    __slots__ = ("frames", "height", "width", "latent_shape", "text_length", "dtype", "cfg_branches", "extra", "key")
     class ExtraEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -59,7 +55,6 @@ class ShapeSignature(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
-    KIND_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     HEIGHT_FIELD_NUMBER: _ClassVar[int]
     WIDTH_FIELD_NUMBER: _ClassVar[int]
@@ -69,7 +64,6 @@ class ShapeSignature(_message.Message):
     CFG_BRANCHES_FIELD_NUMBER: _ClassVar[int]
     EXTRA_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
-    kind: str
     frames: int
     height: int
     width: int
@@ -79,7 +73,7 @@ class ShapeSignature(_message.Message):
     cfg_branches: int
     extra: _containers.ScalarMap[str, str]
     key: str
-    def __init__(self, kind: _Optional[str] = ..., frames: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., latent_shape: _Optional[_Iterable[int]] = ..., text_length: _Optional[int] = ..., dtype: _Optional[str] = ..., cfg_branches: _Optional[int] = ..., extra: _Optional[_Mapping[str, str]] = ..., key: _Optional[str] = ...) -> None: ...
+    def __init__(self, frames: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., latent_shape: _Optional[_Iterable[int]] = ..., text_length: _Optional[int] = ..., dtype: _Optional[str] = ..., cfg_branches: _Optional[int] = ..., extra: _Optional[_Mapping[str, str]] = ..., key: _Optional[str] = ...) -> None: ...
 
 class Resources(_message.Message):
     __slots__ = ("gpu_seconds", "resident_bytes", "peak_bytes", "queue_slots")

@@ -27,7 +27,7 @@ from fastvideo3.v1 import common_pb2 as fastvideo3_dot_v1_dot_common__pb2
 from fastvideo3.v1 import work_pb2 as fastvideo3_dot_v1_dot_work__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66\x61stvideo3/v1/pool.proto\x12\rfastvideo3.v1\x1a\x1b\x66\x61stvideo3/v1/adapter.proto\x1a\x1a\x66\x61stvideo3/v1/common.proto\x1a\x18\x66\x61stvideo3/v1/work.proto\"h\n\x0e\x45xecuteRequest\x12&\n\x05units\x18\x01 \x03(\x0b\x32\x17.fastvideo3.v1.WorkUnit\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\t\x12\x1c\n\x14\x66inished_request_ids\x18\x03 \x03(\t\"z\n\x0f\x45xecuteResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.fastvideo3.v1.StepResult\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\t\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\x15\n\rbatch_seconds\x18\x04 \x01(\x01\"\x15\n\x13\x44\x65scribePoolRequest\"\x82\x08\n\x0fPoolDescription\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61rd_ids\x18\x02 \x03(\t\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\x1b\n\x13runtime_fingerprint\x18\x04 \x01(\t\x12\r\n\x05kinds\x18\x05 \x03(\t\x12\x17\n\x0fmax_batch_units\x18\x06 \x01(\x05\x12\x18\n\x10resident_buffers\x18\x07 \x01(\x03\x12\x16\n\x0eresident_bytes\x18\x08 \x01(\x03\x12\x43\n\x0b\x63\x61\x63he_stats\x18\t \x03(\x0b\x32..fastvideo3.v1.PoolDescription.CacheStatsEntry\x12\x1a\n\x12transport_backends\x18\n \x03(\t\x12;\n\x12transfer_endpoints\x18\x0b \x03(\x0b\x32\x1f.fastvideo3.v1.TransferEndpoint\x12>\n\x08\x63ounters\x18\x0c \x03(\x0b\x32,.fastvideo3.v1.PoolDescription.CountersEntry\x12\x0e\n\x06\x64\x65vice\x18\r \x01(\t\x12\r\n\x05state\x18\x0f \x01(\t\x12\x30\n\nload_error\x18\x10 \x01(\x0b\x32\x1c.fastvideo3.v1.PoolLoadError\x12\x11\n\tprecision\x18\x11 \x01(\t\x12\x16\n\x0eweights_digest\x18\x12 \x01(\t\x12\x0f\n\x07host_id\x18\x13 \x01(\t\x12\x12\n\nprocess_id\x18\x14 \x01(\t\x12\x30\n\x08\x65xecutor\x18\x15 \x01(\x0b\x32\x1e.fastvideo3.v1.ExecutorSummary\x12-\n\x08parallel\x18\x16 \x01(\x0b\x32\x1b.fastvideo3.v1.ParallelInfo\x12<\n\x07scorers\x18\x17 \x03(\x0b\x32+.fastvideo3.v1.PoolDescription.ScorersEntry\x12-\n\x08\x61\x64\x61pters\x18\x18 \x01(\x0b\x32\x1b.fastvideo3.v1.AdapterState\x12\x31\n\rgraph_buckets\x18\x19 \x03(\x0b\x32\x1a.fastvideo3.v1.GraphBucket\x12\x18\n\x10\x64iagnostics_json\x18\x1a \x01(\t\x1a\x31\n\x0f\x43\x61\x63heStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a.\n\x0cScorersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\x0e\x10\x0fR\x10\x64\x65scription_json\"=\n\rPoolLoadError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\r\n\x05\x66ield\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x89\x01\n\x0f\x45xecutorSummary\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04\x66\x61ke\x18\x02 \x01(\x08\x12\x18\n\x10resident_regions\x18\x03 \x01(\x03\x12\x0f\n\x07\x65xperts\x18\x04 \x03(\t\x12/\n\x07\x64\x65\x63oder\x18\x05 \x01(\x0b\x32\x1e.fastvideo3.v1.DecoderSettings\"d\n\x0f\x44\x65\x63oderSettings\x12\x18\n\x10max_decode_batch\x18\x01 \x01(\x05\x12\x0c\n\x04\x66\x61st\x18\x02 \x01(\x08\x12\x12\n\ntime_chunk\x18\x03 \x01(\x05\x12\x15\n\rchannels_last\x18\x04 \x01(\x08\"\xb4\x01\n\x0cParallelInfo\x12\x0c\n\x04spec\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0b\n\x03\x63\x66g\x18\x03 \x01(\x05\x12\x0c\n\x04ring\x18\x04 \x01(\x05\x12\x0f\n\x07ulysses\x18\x05 \x01(\x05\x12\r\n\x05world\x18\x06 \x01(\x05\x12\x0b\n\x03pad\x18\x07 \x01(\x08\x12\x0c\n\x04rank\x18\x08 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\t \x01(\t\x12\x11\n\trank_pids\x18\n \x03(\x03\x12\x0e\n\x06\x62roken\x18\x0b \x01(\t\"\x92\x03\n\x0c\x41\x64\x61pterState\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12,\n\x06merged\x18\x02 \x01(\x0b\x32\x1c.fastvideo3.v1.MergedAdapter\x12\r\n\x05slots\x18\x03 \x01(\x05\x12\x10\n\x08max_rank\x18\x04 \x01(\x05\x12\x0e\n\x06kernel\x18\x05 \x01(\t\x12\x14\n\x0c\x64\x65vice_bytes\x18\x06 \x01(\x03\x12\x12\n\nhost_bytes\x18\x07 \x01(\x03\x12\x16\n\x0ehost_max_bytes\x18\x08 \x01(\x03\x12\x1c\n\x14widened_weight_bytes\x18\t \x01(\x03\x12\x19\n\x11widen_cache_bytes\x18\n \x01(\x03\x12,\n\x07\x65ntries\x18\x0b \x03(\x0b\x32\x1b.fastvideo3.v1.AdapterEntry\x12;\n\x08\x63ounters\x18\x0c \x03(\x0b\x32).fastvideo3.v1.AdapterState.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\";\n\rMergedAdapter\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\r\n\x05scale\x18\x03 \x01(\x01\"\x87\x01\n\x0c\x41\x64\x61pterEntry\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0f\n\x07\x63urrent\x18\x03 \x01(\x08\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\r\n\x05\x62ytes\x18\x05 \x01(\x03\x12\x0c\n\x04slot\x18\x06 \x01(\x05\x12\x0e\n\x06in_use\x18\x07 \x01(\x05\x12\x0e\n\x06source\x18\x08 \x01(\t\"X\n\x0bGraphBucket\x12\r\n\x05\x62\x61tch\x18\x01 \x01(\x05\x12\x11\n\tsignature\x18\x02 \x01(\t\x12\x11\n\tcapture_s\x18\x03 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x03\"6\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\tJ\x04\x08\x02\x10\x03R\nbuffer_ids\"C\n\x0fReleaseResponse\x12\x18\n\x10released_buffers\x18\x01 \x01(\x03\x12\x16\n\x0ereleased_bytes\x18\x02 \x01(\x03\"%\n\x0fSnapshotRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"t\n\x10SnapshotResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62lob\x18\x02 \x01(\x0c\x12\x1b\n\x13runtime_fingerprint\x18\x03 \x01(\t\x12\x0f\n\x07regions\x18\x04 \x03(\t\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\t\"a\n\x0eRestoreRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62lob\x18\x02 \x01(\x0c\x12\x1b\n\x13runtime_fingerprint\x18\x03 \x01(\t\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\t\"1\n\x0fRestoreResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\tJ\x04\x08\x02\x10\x03R\x04refs\"*\n\x13ReadArtifactRequest\x12\x13\n\x0b\x61rtifact_id\x18\x01 \x01(\t\"2\n\rArtifactChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x03\x32\x83\x05\n\x08RolePool\x12H\n\x07\x45xecute\x12\x1d.fastvideo3.v1.ExecuteRequest\x1a\x1e.fastvideo3.v1.ExecuteResponse\x12N\n\x08\x44\x65scribe\x12\".fastvideo3.v1.DescribePoolRequest\x1a\x1e.fastvideo3.v1.PoolDescription\x12H\n\x07Release\x12\x1d.fastvideo3.v1.ReleaseRequest\x1a\x1e.fastvideo3.v1.ReleaseResponse\x12K\n\x08Snapshot\x12\x1e.fastvideo3.v1.SnapshotRequest\x1a\x1f.fastvideo3.v1.SnapshotResponse\x12H\n\x07Restore\x12\x1d.fastvideo3.v1.RestoreRequest\x1a\x1e.fastvideo3.v1.RestoreResponse\x12L\n\x0bLoadAdapter\x12!.fastvideo3.v1.LoadAdapterRequest\x1a\x1a.fastvideo3.v1.AdapterInfo\x12Z\n\rUnloadAdapter\x12#.fastvideo3.v1.UnloadAdapterRequest\x1a$.fastvideo3.v1.UnloadAdapterResponse\x12R\n\x0cReadArtifact\x12\".fastvideo3.v1.ReadArtifactRequest\x1a\x1c.fastvideo3.v1.ArtifactChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66\x61stvideo3/v1/pool.proto\x12\rfastvideo3.v1\x1a\x1b\x66\x61stvideo3/v1/adapter.proto\x1a\x1a\x66\x61stvideo3/v1/common.proto\x1a\x18\x66\x61stvideo3/v1/work.proto\"h\n\x0e\x45xecuteRequest\x12&\n\x05units\x18\x01 \x03(\x0b\x32\x17.fastvideo3.v1.WorkUnit\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\t\x12\x1c\n\x14\x66inished_request_ids\x18\x03 \x03(\t\"z\n\x0f\x45xecuteResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.fastvideo3.v1.StepResult\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\t\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\x15\n\rbatch_seconds\x18\x04 \x01(\x01\"\x15\n\x13\x44\x65scribePoolRequest\"\xfa\x07\n\x0fPoolDescription\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61rd_ids\x18\x02 \x03(\t\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\x1b\n\x13runtime_fingerprint\x18\x04 \x01(\t\x12\r\n\x05kinds\x18\x05 \x03(\t\x12\x17\n\x0fmax_batch_units\x18\x06 \x01(\x05\x12\x18\n\x10resident_buffers\x18\x07 \x01(\x03\x12\x16\n\x0eresident_bytes\x18\x08 \x01(\x03\x12\x43\n\x0b\x63\x61\x63he_stats\x18\t \x03(\x0b\x32..fastvideo3.v1.PoolDescription.CacheStatsEntry\x12\x1a\n\x12transport_backends\x18\n \x03(\t\x12;\n\x12transfer_endpoints\x18\x0b \x03(\x0b\x32\x1f.fastvideo3.v1.TransferEndpoint\x12>\n\x08\x63ounters\x18\x0c \x03(\x0b\x32,.fastvideo3.v1.PoolDescription.CountersEntry\x12\x0e\n\x06\x64\x65vice\x18\r \x01(\t\x12\r\n\x05state\x18\x0f \x01(\t\x12(\n\nload_error\x18\x10 \x01(\x0b\x32\x14.fastvideo3.v1.Error\x12\x11\n\tprecision\x18\x11 \x01(\t\x12\x16\n\x0eweights_digest\x18\x12 \x01(\t\x12\x0f\n\x07host_id\x18\x13 \x01(\t\x12\x12\n\nprocess_id\x18\x14 \x01(\t\x12\x30\n\x08\x65xecutor\x18\x15 \x01(\x0b\x32\x1e.fastvideo3.v1.ExecutorSummary\x12-\n\x08parallel\x18\x16 \x01(\x0b\x32\x1b.fastvideo3.v1.ParallelInfo\x12<\n\x07scorers\x18\x17 \x03(\x0b\x32+.fastvideo3.v1.PoolDescription.ScorersEntry\x12-\n\x08\x61\x64\x61pters\x18\x18 \x01(\x0b\x32\x1b.fastvideo3.v1.AdapterState\x12\x31\n\rgraph_buckets\x18\x19 \x03(\x0b\x32\x1a.fastvideo3.v1.GraphBucket\x12\x18\n\x10\x64iagnostics_json\x18\x1a \x01(\t\x1a\x31\n\x0f\x43\x61\x63heStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a.\n\x0cScorersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\x0e\x10\x0fR\x10\x64\x65scription_json\"\x89\x01\n\x0f\x45xecutorSummary\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04\x66\x61ke\x18\x02 \x01(\x08\x12\x18\n\x10resident_regions\x18\x03 \x01(\x03\x12\x0f\n\x07\x65xperts\x18\x04 \x03(\t\x12/\n\x07\x64\x65\x63oder\x18\x05 \x01(\x0b\x32\x1e.fastvideo3.v1.DecoderSettings\"d\n\x0f\x44\x65\x63oderSettings\x12\x18\n\x10max_decode_batch\x18\x01 \x01(\x05\x12\x0c\n\x04\x66\x61st\x18\x02 \x01(\x08\x12\x12\n\ntime_chunk\x18\x03 \x01(\x05\x12\x15\n\rchannels_last\x18\x04 \x01(\x08\"\xb4\x01\n\x0cParallelInfo\x12\x0c\n\x04spec\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0b\n\x03\x63\x66g\x18\x03 \x01(\x05\x12\x0c\n\x04ring\x18\x04 \x01(\x05\x12\x0f\n\x07ulysses\x18\x05 \x01(\x05\x12\r\n\x05world\x18\x06 \x01(\x05\x12\x0b\n\x03pad\x18\x07 \x01(\x08\x12\x0c\n\x04rank\x18\x08 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\t \x01(\t\x12\x11\n\trank_pids\x18\n \x03(\x03\x12\x0e\n\x06\x62roken\x18\x0b \x01(\t\"\x92\x03\n\x0c\x41\x64\x61pterState\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12,\n\x06merged\x18\x02 \x01(\x0b\x32\x1c.fastvideo3.v1.MergedAdapter\x12\r\n\x05slots\x18\x03 \x01(\x05\x12\x10\n\x08max_rank\x18\x04 \x01(\x05\x12\x0e\n\x06kernel\x18\x05 \x01(\t\x12\x14\n\x0c\x64\x65vice_bytes\x18\x06 \x01(\x03\x12\x12\n\nhost_bytes\x18\x07 \x01(\x03\x12\x16\n\x0ehost_max_bytes\x18\x08 \x01(\x03\x12\x1c\n\x14widened_weight_bytes\x18\t \x01(\x03\x12\x19\n\x11widen_cache_bytes\x18\n \x01(\x03\x12,\n\x07\x65ntries\x18\x0b \x03(\x0b\x32\x1b.fastvideo3.v1.AdapterEntry\x12;\n\x08\x63ounters\x18\x0c \x03(\x0b\x32).fastvideo3.v1.AdapterState.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\";\n\rMergedAdapter\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\r\n\x05scale\x18\x03 \x01(\x01\"\x87\x01\n\x0c\x41\x64\x61pterEntry\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0f\n\x07\x63urrent\x18\x03 \x01(\x08\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\r\n\x05\x62ytes\x18\x05 \x01(\x03\x12\x0c\n\x04slot\x18\x06 \x01(\x05\x12\x0e\n\x06in_use\x18\x07 \x01(\x05\x12\x0e\n\x06source\x18\x08 \x01(\t\"X\n\x0bGraphBucket\x12\r\n\x05\x62\x61tch\x18\x01 \x01(\x05\x12\x11\n\tsignature\x18\x02 \x01(\t\x12\x11\n\tcapture_s\x18\x03 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x03\"6\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\tJ\x04\x08\x02\x10\x03R\nbuffer_ids\"C\n\x0fReleaseResponse\x12\x18\n\x10released_buffers\x18\x01 \x01(\x03\x12\x16\n\x0ereleased_bytes\x18\x02 \x01(\x03\"%\n\x0fSnapshotRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"q\n\rStateSnapshot\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04\x62lob\x18\x02 \x01(\x0c\x12\x1b\n\x13runtime_fingerprint\x18\x03 \x01(\t\x12\x0f\n\x07regions\x18\x04 \x03(\t\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\t\"1\n\x0fRestoreResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\tJ\x04\x08\x02\x10\x03R\x04refs\"*\n\x13ReadArtifactRequest\x12\x13\n\x0b\x61rtifact_id\x18\x01 \x01(\t\"2\n\rArtifactChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x03\x32\xff\x04\n\x08RolePool\x12H\n\x07\x45xecute\x12\x1d.fastvideo3.v1.ExecuteRequest\x1a\x1e.fastvideo3.v1.ExecuteResponse\x12N\n\x08\x44\x65scribe\x12\".fastvideo3.v1.DescribePoolRequest\x1a\x1e.fastvideo3.v1.PoolDescription\x12H\n\x07Release\x12\x1d.fastvideo3.v1.ReleaseRequest\x1a\x1e.fastvideo3.v1.ReleaseResponse\x12H\n\x08Snapshot\x12\x1e.fastvideo3.v1.SnapshotRequest\x1a\x1c.fastvideo3.v1.StateSnapshot\x12G\n\x07Restore\x12\x1c.fastvideo3.v1.StateSnapshot\x1a\x1e.fastvideo3.v1.RestoreResponse\x12L\n\x0bLoadAdapter\x12!.fastvideo3.v1.LoadAdapterRequest\x1a\x1a.fastvideo3.v1.AdapterInfo\x12Z\n\rUnloadAdapter\x12#.fastvideo3.v1.UnloadAdapterRequest\x1a$.fastvideo3.v1.UnloadAdapterResponse\x12R\n\x0cReadArtifact\x12\".fastvideo3.v1.ReadArtifactRequest\x1a\x1c.fastvideo3.v1.ArtifactChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -49,47 +49,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DESCRIBEPOOLREQUEST']._serialized_start=356
   _globals['_DESCRIBEPOOLREQUEST']._serialized_end=377
   _globals['_POOLDESCRIPTION']._serialized_start=380
-  _globals['_POOLDESCRIPTION']._serialized_end=1406
-  _globals['_POOLDESCRIPTION_CACHESTATSENTRY']._serialized_start=1236
-  _globals['_POOLDESCRIPTION_CACHESTATSENTRY']._serialized_end=1285
-  _globals['_POOLDESCRIPTION_COUNTERSENTRY']._serialized_start=1287
-  _globals['_POOLDESCRIPTION_COUNTERSENTRY']._serialized_end=1334
-  _globals['_POOLDESCRIPTION_SCORERSENTRY']._serialized_start=1336
-  _globals['_POOLDESCRIPTION_SCORERSENTRY']._serialized_end=1382
-  _globals['_POOLLOADERROR']._serialized_start=1408
-  _globals['_POOLLOADERROR']._serialized_end=1469
-  _globals['_EXECUTORSUMMARY']._serialized_start=1472
-  _globals['_EXECUTORSUMMARY']._serialized_end=1609
-  _globals['_DECODERSETTINGS']._serialized_start=1611
-  _globals['_DECODERSETTINGS']._serialized_end=1711
-  _globals['_PARALLELINFO']._serialized_start=1714
-  _globals['_PARALLELINFO']._serialized_end=1894
-  _globals['_ADAPTERSTATE']._serialized_start=1897
-  _globals['_ADAPTERSTATE']._serialized_end=2299
-  _globals['_ADAPTERSTATE_COUNTERSENTRY']._serialized_start=1287
-  _globals['_ADAPTERSTATE_COUNTERSENTRY']._serialized_end=1334
-  _globals['_MERGEDADAPTER']._serialized_start=2301
-  _globals['_MERGEDADAPTER']._serialized_end=2360
-  _globals['_ADAPTERENTRY']._serialized_start=2363
-  _globals['_ADAPTERENTRY']._serialized_end=2498
-  _globals['_GRAPHBUCKET']._serialized_start=2500
-  _globals['_GRAPHBUCKET']._serialized_end=2588
-  _globals['_RELEASEREQUEST']._serialized_start=2590
-  _globals['_RELEASEREQUEST']._serialized_end=2644
-  _globals['_RELEASERESPONSE']._serialized_start=2646
-  _globals['_RELEASERESPONSE']._serialized_end=2713
-  _globals['_SNAPSHOTREQUEST']._serialized_start=2715
-  _globals['_SNAPSHOTREQUEST']._serialized_end=2752
-  _globals['_SNAPSHOTRESPONSE']._serialized_start=2754
-  _globals['_SNAPSHOTRESPONSE']._serialized_end=2870
-  _globals['_RESTOREREQUEST']._serialized_start=2872
-  _globals['_RESTOREREQUEST']._serialized_end=2969
-  _globals['_RESTORERESPONSE']._serialized_start=2971
-  _globals['_RESTORERESPONSE']._serialized_end=3020
-  _globals['_READARTIFACTREQUEST']._serialized_start=3022
-  _globals['_READARTIFACTREQUEST']._serialized_end=3064
-  _globals['_ARTIFACTCHUNK']._serialized_start=3066
-  _globals['_ARTIFACTCHUNK']._serialized_end=3116
-  _globals['_ROLEPOOL']._serialized_start=3119
-  _globals['_ROLEPOOL']._serialized_end=3762
+  _globals['_POOLDESCRIPTION']._serialized_end=1398
+  _globals['_POOLDESCRIPTION_CACHESTATSENTRY']._serialized_start=1228
+  _globals['_POOLDESCRIPTION_CACHESTATSENTRY']._serialized_end=1277
+  _globals['_POOLDESCRIPTION_COUNTERSENTRY']._serialized_start=1279
+  _globals['_POOLDESCRIPTION_COUNTERSENTRY']._serialized_end=1326
+  _globals['_POOLDESCRIPTION_SCORERSENTRY']._serialized_start=1328
+  _globals['_POOLDESCRIPTION_SCORERSENTRY']._serialized_end=1374
+  _globals['_EXECUTORSUMMARY']._serialized_start=1401
+  _globals['_EXECUTORSUMMARY']._serialized_end=1538
+  _globals['_DECODERSETTINGS']._serialized_start=1540
+  _globals['_DECODERSETTINGS']._serialized_end=1640
+  _globals['_PARALLELINFO']._serialized_start=1643
+  _globals['_PARALLELINFO']._serialized_end=1823
+  _globals['_ADAPTERSTATE']._serialized_start=1826
+  _globals['_ADAPTERSTATE']._serialized_end=2228
+  _globals['_ADAPTERSTATE_COUNTERSENTRY']._serialized_start=1279
+  _globals['_ADAPTERSTATE_COUNTERSENTRY']._serialized_end=1326
+  _globals['_MERGEDADAPTER']._serialized_start=2230
+  _globals['_MERGEDADAPTER']._serialized_end=2289
+  _globals['_ADAPTERENTRY']._serialized_start=2292
+  _globals['_ADAPTERENTRY']._serialized_end=2427
+  _globals['_GRAPHBUCKET']._serialized_start=2429
+  _globals['_GRAPHBUCKET']._serialized_end=2517
+  _globals['_RELEASEREQUEST']._serialized_start=2519
+  _globals['_RELEASEREQUEST']._serialized_end=2573
+  _globals['_RELEASERESPONSE']._serialized_start=2575
+  _globals['_RELEASERESPONSE']._serialized_end=2642
+  _globals['_SNAPSHOTREQUEST']._serialized_start=2644
+  _globals['_SNAPSHOTREQUEST']._serialized_end=2681
+  _globals['_STATESNAPSHOT']._serialized_start=2683
+  _globals['_STATESNAPSHOT']._serialized_end=2796
+  _globals['_RESTORERESPONSE']._serialized_start=2798
+  _globals['_RESTORERESPONSE']._serialized_end=2847
+  _globals['_READARTIFACTREQUEST']._serialized_start=2849
+  _globals['_READARTIFACTREQUEST']._serialized_end=2891
+  _globals['_ARTIFACTCHUNK']._serialized_start=2893
+  _globals['_ARTIFACTCHUNK']._serialized_end=2943
+  _globals['_ROLEPOOL']._serialized_start=2946
+  _globals['_ROLEPOOL']._serialized_end=3585
 # @@protoc_insertion_point(module_scope)

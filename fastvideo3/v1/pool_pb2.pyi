@@ -97,7 +97,7 @@ class PoolDescription(_message.Message):
     counters: _containers.ScalarMap[str, float]
     device: str
     state: str
-    load_error: PoolLoadError
+    load_error: _common_pb2.Error
     precision: str
     weights_digest: str
     host_id: str
@@ -108,17 +108,7 @@ class PoolDescription(_message.Message):
     adapters: AdapterState
     graph_buckets: _containers.RepeatedCompositeFieldContainer[GraphBucket]
     diagnostics_json: str
-    def __init__(self, role: _Optional[str] = ..., card_ids: _Optional[_Iterable[str]] = ..., replica_id: _Optional[str] = ..., runtime_fingerprint: _Optional[str] = ..., kinds: _Optional[_Iterable[str]] = ..., max_batch_units: _Optional[int] = ..., resident_buffers: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., cache_stats: _Optional[_Mapping[str, float]] = ..., transport_backends: _Optional[_Iterable[str]] = ..., transfer_endpoints: _Optional[_Iterable[_Union[_common_pb2.TransferEndpoint, _Mapping]]] = ..., counters: _Optional[_Mapping[str, float]] = ..., device: _Optional[str] = ..., state: _Optional[str] = ..., load_error: _Optional[_Union[PoolLoadError, _Mapping]] = ..., precision: _Optional[str] = ..., weights_digest: _Optional[str] = ..., host_id: _Optional[str] = ..., process_id: _Optional[str] = ..., executor: _Optional[_Union[ExecutorSummary, _Mapping]] = ..., parallel: _Optional[_Union[ParallelInfo, _Mapping]] = ..., scorers: _Optional[_Mapping[str, str]] = ..., adapters: _Optional[_Union[AdapterState, _Mapping]] = ..., graph_buckets: _Optional[_Iterable[_Union[GraphBucket, _Mapping]]] = ..., diagnostics_json: _Optional[str] = ...) -> None: ...
-
-class PoolLoadError(_message.Message):
-    __slots__ = ("code", "field", "message")
-    CODE_FIELD_NUMBER: _ClassVar[int]
-    FIELD_FIELD_NUMBER: _ClassVar[int]
-    MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    code: str
-    field: str
-    message: str
-    def __init__(self, code: _Optional[str] = ..., field: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    def __init__(self, role: _Optional[str] = ..., card_ids: _Optional[_Iterable[str]] = ..., replica_id: _Optional[str] = ..., runtime_fingerprint: _Optional[str] = ..., kinds: _Optional[_Iterable[str]] = ..., max_batch_units: _Optional[int] = ..., resident_buffers: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., cache_stats: _Optional[_Mapping[str, float]] = ..., transport_backends: _Optional[_Iterable[str]] = ..., transfer_endpoints: _Optional[_Iterable[_Union[_common_pb2.TransferEndpoint, _Mapping]]] = ..., counters: _Optional[_Mapping[str, float]] = ..., device: _Optional[str] = ..., state: _Optional[str] = ..., load_error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., precision: _Optional[str] = ..., weights_digest: _Optional[str] = ..., host_id: _Optional[str] = ..., process_id: _Optional[str] = ..., executor: _Optional[_Union[ExecutorSummary, _Mapping]] = ..., parallel: _Optional[_Union[ParallelInfo, _Mapping]] = ..., scorers: _Optional[_Mapping[str, str]] = ..., adapters: _Optional[_Union[AdapterState, _Mapping]] = ..., graph_buckets: _Optional[_Iterable[_Union[GraphBucket, _Mapping]]] = ..., diagnostics_json: _Optional[str] = ...) -> None: ...
 
 class ExecutorSummary(_message.Message):
     __slots__ = ("kind", "fake", "resident_regions", "experts", "decoder")
@@ -269,7 +259,7 @@ class SnapshotRequest(_message.Message):
     request_id: str
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
-class SnapshotResponse(_message.Message):
+class StateSnapshot(_message.Message):
     __slots__ = ("request_id", "blob", "runtime_fingerprint", "regions", "checksum")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     BLOB_FIELD_NUMBER: _ClassVar[int]
@@ -282,18 +272,6 @@ class SnapshotResponse(_message.Message):
     regions: _containers.RepeatedScalarFieldContainer[str]
     checksum: str
     def __init__(self, request_id: _Optional[str] = ..., blob: _Optional[bytes] = ..., runtime_fingerprint: _Optional[str] = ..., regions: _Optional[_Iterable[str]] = ..., checksum: _Optional[str] = ...) -> None: ...
-
-class RestoreRequest(_message.Message):
-    __slots__ = ("request_id", "blob", "runtime_fingerprint", "checksum")
-    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
-    BLOB_FIELD_NUMBER: _ClassVar[int]
-    RUNTIME_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
-    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
-    request_id: str
-    blob: bytes
-    runtime_fingerprint: str
-    checksum: str
-    def __init__(self, request_id: _Optional[str] = ..., blob: _Optional[bytes] = ..., runtime_fingerprint: _Optional[str] = ..., checksum: _Optional[str] = ...) -> None: ...
 
 class RestoreResponse(_message.Message):
     __slots__ = ("request_id",)

@@ -54,11 +54,11 @@ class RolePoolStub:
         self.Snapshot = channel.unary_unary(
                 '/fastvideo3.v1.RolePool/Snapshot',
                 request_serializer=fastvideo3_dot_v1_dot_pool__pb2.SnapshotRequest.SerializeToString,
-                response_deserializer=fastvideo3_dot_v1_dot_pool__pb2.SnapshotResponse.FromString,
+                response_deserializer=fastvideo3_dot_v1_dot_pool__pb2.StateSnapshot.FromString,
                 _registered_method=True)
         self.Restore = channel.unary_unary(
                 '/fastvideo3.v1.RolePool/Restore',
-                request_serializer=fastvideo3_dot_v1_dot_pool__pb2.RestoreRequest.SerializeToString,
+                request_serializer=fastvideo3_dot_v1_dot_pool__pb2.StateSnapshot.SerializeToString,
                 response_deserializer=fastvideo3_dot_v1_dot_pool__pb2.RestoreResponse.FromString,
                 _registered_method=True)
         self.LoadAdapter = channel.unary_unary(
@@ -112,7 +112,8 @@ class RolePoolServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Restore(self, request, context):
-        """Load a snapshot; refused with FAILED_PRECONDITION unless the runtime fingerprint matches.
+        """Load a snapshot that Snapshot returned; refused with FAILED_PRECONDITION unless the runtime
+        fingerprint matches.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -161,11 +162,11 @@ def add_RolePoolServicer_to_server(servicer, server):
             'Snapshot': grpc.unary_unary_rpc_method_handler(
                     servicer.Snapshot,
                     request_deserializer=fastvideo3_dot_v1_dot_pool__pb2.SnapshotRequest.FromString,
-                    response_serializer=fastvideo3_dot_v1_dot_pool__pb2.SnapshotResponse.SerializeToString,
+                    response_serializer=fastvideo3_dot_v1_dot_pool__pb2.StateSnapshot.SerializeToString,
             ),
             'Restore': grpc.unary_unary_rpc_method_handler(
                     servicer.Restore,
-                    request_deserializer=fastvideo3_dot_v1_dot_pool__pb2.RestoreRequest.FromString,
+                    request_deserializer=fastvideo3_dot_v1_dot_pool__pb2.StateSnapshot.FromString,
                     response_serializer=fastvideo3_dot_v1_dot_pool__pb2.RestoreResponse.SerializeToString,
             ),
             'LoadAdapter': grpc.unary_unary_rpc_method_handler(
@@ -292,7 +293,7 @@ class RolePool:
             target,
             '/fastvideo3.v1.RolePool/Snapshot',
             fastvideo3_dot_v1_dot_pool__pb2.SnapshotRequest.SerializeToString,
-            fastvideo3_dot_v1_dot_pool__pb2.SnapshotResponse.FromString,
+            fastvideo3_dot_v1_dot_pool__pb2.StateSnapshot.FromString,
             options,
             channel_credentials,
             insecure,
@@ -318,7 +319,7 @@ class RolePool:
             request,
             target,
             '/fastvideo3.v1.RolePool/Restore',
-            fastvideo3_dot_v1_dot_pool__pb2.RestoreRequest.SerializeToString,
+            fastvideo3_dot_v1_dot_pool__pb2.StateSnapshot.SerializeToString,
             fastvideo3_dot_v1_dot_pool__pb2.RestoreResponse.FromString,
             options,
             channel_credentials,

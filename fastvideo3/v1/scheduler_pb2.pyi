@@ -363,7 +363,7 @@ class LoadReport(_message.Message):
     def __init__(self, owed_gpu_seconds: _Optional[_Mapping[str, float]] = ..., requests: _Optional[int] = ..., replicas: _Optional[_Mapping[str, int]] = ..., admission: _Optional[bool] = ..., admission_reserved_gpu_seconds: _Optional[float] = ..., admission_waiting: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., memory_free_bytes: _Optional[int] = ...) -> None: ...
 
 class SchedulerDescription(_message.Message):
-    __slots__ = ("card", "queued_requests", "running_requests", "pools", "budget_gpu_seconds", "reserved_gpu_seconds", "counters", "transport_edges", "batching", "batch_invariant_bucket", "adapters", "load", "diagnostics_json")
+    __slots__ = ("card", "queued_requests", "running_requests", "pools", "budget_gpu_seconds", "counters", "transport_edges", "batching", "batch_invariant_bucket", "adapters", "load", "diagnostics_json")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -390,7 +390,6 @@ class SchedulerDescription(_message.Message):
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     POOLS_FIELD_NUMBER: _ClassVar[int]
     BUDGET_GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    RESERVED_GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_EDGES_FIELD_NUMBER: _ClassVar[int]
     BATCHING_FIELD_NUMBER: _ClassVar[int]
@@ -403,7 +402,6 @@ class SchedulerDescription(_message.Message):
     running_requests: int
     pools: _containers.RepeatedCompositeFieldContainer[PoolStatus]
     budget_gpu_seconds: float
-    reserved_gpu_seconds: float
     counters: _containers.ScalarMap[str, float]
     transport_edges: _containers.ScalarMap[str, str]
     batching: bool
@@ -411,4 +409,4 @@ class SchedulerDescription(_message.Message):
     adapters: _containers.ScalarMap[str, str]
     load: LoadReport
     diagnostics_json: str
-    def __init__(self, card: _Optional[_Union[_deployment_pb2.DeploymentCard, _Mapping]] = ..., queued_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., budget_gpu_seconds: _Optional[float] = ..., reserved_gpu_seconds: _Optional[float] = ..., counters: _Optional[_Mapping[str, float]] = ..., transport_edges: _Optional[_Mapping[str, str]] = ..., batching: _Optional[bool] = ..., batch_invariant_bucket: _Optional[int] = ..., adapters: _Optional[_Mapping[str, str]] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., diagnostics_json: _Optional[str] = ...) -> None: ...
+    def __init__(self, card: _Optional[_Union[_deployment_pb2.DeploymentCard, _Mapping]] = ..., queued_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ..., budget_gpu_seconds: _Optional[float] = ..., counters: _Optional[_Mapping[str, float]] = ..., transport_edges: _Optional[_Mapping[str, str]] = ..., batching: _Optional[bool] = ..., batch_invariant_bucket: _Optional[int] = ..., adapters: _Optional[_Mapping[str, str]] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., diagnostics_json: _Optional[str] = ...) -> None: ...

@@ -22,20 +22,15 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from fastvideo3.v1 import common_pb2 as fastvideo3_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x66\x61stvideo3/v1/transfer.proto\x12\rfastvideo3.v1\x1a\x1a\x66\x61stvideo3/v1/common.proto\"I\n\x0bPullRequest\x12%\n\x03ref\x18\x01 \x01(\x0b\x32\x18.fastvideo3.v1.TensorRef\x12\x13\n\x0b\x63hunk_bytes\x18\x02 \x01(\x03\"K\n\x0bTensorChunk\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0c\n\x04last\x18\x03 \x01(\x08\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\t2R\n\x0eTensorTransfer\x12@\n\x04Pull\x12\x1a.fastvideo3.v1.PullRequest\x1a\x1a.fastvideo3.v1.TensorChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x66\x61stvideo3/v1/transfer.proto\x12\rfastvideo3.v12\x10\n\x0eTensorTransferb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fastvideo3.v1.transfer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PULLREQUEST']._serialized_start=75
-  _globals['_PULLREQUEST']._serialized_end=148
-  _globals['_TENSORCHUNK']._serialized_start=150
-  _globals['_TENSORCHUNK']._serialized_end=225
-  _globals['_TENSORTRANSFER']._serialized_start=227
-  _globals['_TENSORTRANSFER']._serialized_end=309
+  _globals['_TENSORTRANSFER']._serialized_start=47
+  _globals['_TENSORTRANSFER']._serialized_end=63
 # @@protoc_insertion_point(module_scope)

@@ -3,7 +3,6 @@
 import grpc
 import warnings
 
-from fastvideo3.v1 import transfer_pb2 as fastvideo3_dot_v1_dot_transfer__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -26,7 +25,12 @@ if _version_not_supported:
 
 
 class TensorTransferStub:
-    """Served by every pool replica that offers the "grpc" backend; called by other pools.
+    """Served by every pool replica that offers the "grpc" backend; called by other pools. Its one
+    method, Fetch (fastvideo3/transport/grpc_bytes.py), is unary-stream and carries raw bytes, not
+    protobuf messages, so it is not declared here: the request is b"<owner>\n<buffer_id>", the
+    reply the buffer's bytes in order, in chunks of at most 1 MiB; the reader checks them against
+    the checksum of the TensorRef it already holds. (A protobuf `Pull` method, with PullRequest and
+    TensorChunk messages, was declared here but never served or called.)
     """
 
     def __init__(self, channel):
@@ -35,32 +39,20 @@ class TensorTransferStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Pull = channel.unary_stream(
-                '/fastvideo3.v1.TensorTransfer/Pull',
-                request_serializer=fastvideo3_dot_v1_dot_transfer__pb2.PullRequest.SerializeToString,
-                response_deserializer=fastvideo3_dot_v1_dot_transfer__pb2.TensorChunk.FromString,
-                _registered_method=True)
 
 
 class TensorTransferServicer:
-    """Served by every pool replica that offers the "grpc" backend; called by other pools.
+    """Served by every pool replica that offers the "grpc" backend; called by other pools. Its one
+    method, Fetch (fastvideo3/transport/grpc_bytes.py), is unary-stream and carries raw bytes, not
+    protobuf messages, so it is not declared here: the request is b"<owner>\n<buffer_id>", the
+    reply the buffer's bytes in order, in chunks of at most 1 MiB; the reader checks them against
+    the checksum of the TensorRef it already holds. (A protobuf `Pull` method, with PullRequest and
+    TensorChunk messages, was declared here but never served or called.)
     """
-
-    def Pull(self, request, context):
-        """Stream the bytes of a resident buffer to the caller, in order.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
 
 
 def add_TensorTransferServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Pull': grpc.unary_stream_rpc_method_handler(
-                    servicer.Pull,
-                    request_deserializer=fastvideo3_dot_v1_dot_transfer__pb2.PullRequest.FromString,
-                    response_serializer=fastvideo3_dot_v1_dot_transfer__pb2.TensorChunk.SerializeToString,
-            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'fastvideo3.v1.TensorTransfer', rpc_method_handlers)
@@ -70,32 +62,10 @@ def add_TensorTransferServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class TensorTransfer:
-    """Served by every pool replica that offers the "grpc" backend; called by other pools.
+    """Served by every pool replica that offers the "grpc" backend; called by other pools. Its one
+    method, Fetch (fastvideo3/transport/grpc_bytes.py), is unary-stream and carries raw bytes, not
+    protobuf messages, so it is not declared here: the request is b"<owner>\n<buffer_id>", the
+    reply the buffer's bytes in order, in chunks of at most 1 MiB; the reader checks them against
+    the checksum of the TensorRef it already holds. (A protobuf `Pull` method, with PullRequest and
+    TensorChunk messages, was declared here but never served or called.)
     """
-
-    @staticmethod
-    def Pull(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
-            target,
-            '/fastvideo3.v1.TensorTransfer/Pull',
-            fastvideo3_dot_v1_dot_transfer__pb2.PullRequest.SerializeToString,
-            fastvideo3_dot_v1_dot_transfer__pb2.TensorChunk.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)

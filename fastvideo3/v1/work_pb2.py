@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from fastvideo3.v1 import common_pb2 as fastvideo3_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66\x61stvideo3/v1/work.proto\x12\rfastvideo3.v1\x1a\x1a\x66\x61stvideo3/v1/common.proto\"\x8a\x04\n\x08WorkUnit\x12\x0f\n\x07unit_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0f\n\x07loop_id\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x0f\n\x07\x63\x61rd_id\x18\x05 \x01(\t\x12\x30\n\tshape_sig\x18\x06 \x01(\x0b\x32\x1d.fastvideo3.v1.ShapeSignature\x12+\n\tresources\x18\x07 \x01(\x0b\x32\x18.fastvideo3.v1.Resources\x12,\n\ninput_refs\x18\x08 \x03(\x0b\x32\x18.fastvideo3.v1.TensorRef\x12\x13\n\x0bparams_json\x18\t \x01(\x0c\x12\x14\n\x0c\x63\x61ncel_scope\x18\n \x01(\t\x12\x18\n\x10\x64\x65\x61\x64line_unix_ms\x18\x0b \x01(\x03\x12@\n\rtrace_context\x18\x0c \x03(\x0b\x32).fastvideo3.v1.WorkUnit.TraceContextEntry\x12\x12\n\nstep_index\x18\r \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x0e \x01(\x05\x12\x0c\n\x04role\x18\x14 \x01(\t\x12\x13\n\x0btotal_steps\x18\x15 \x01(\x03\x12\x18\n\x10output_transport\x18\x16 \x01(\t\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa0\x03\n\nStepResult\x12\x0f\n\x07unit_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0f\n\x07loop_id\x18\x03 \x01(\t\x12\n\n\x02ok\x18\x04 \x01(\x08\x12#\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x14.fastvideo3.v1.Error\x12-\n\x0boutput_refs\x18\x06 \x03(\x0b\x32\x18.fastvideo3.v1.TensorRef\x12\x37\n\x07metrics\x18\x07 \x03(\x0b\x32&.fastvideo3.v1.StepResult.MetricsEntry\x12\r\n\x05\x66lags\x18\x08 \x03(\t\x12\x18\n\x10measured_seconds\x18\t \x01(\x01\x12\x14\n\x0cpayload_json\x18\n \x01(\x0c\x12\x13\n\x0binline_data\x18\x0b \x01(\x0c\x12\x12\n\nreplica_id\x18\x0c \x01(\t\x12\x13\n\x0b\x61rtifact_id\x18\r \x01(\t\x12\x16\n\x0e\x61rtifact_bytes\x18\x0e \x01(\x03\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66\x61stvideo3/v1/work.proto\x12\rfastvideo3.v1\x1a\x1a\x66\x61stvideo3/v1/common.proto\"\x88\x04\n\x08WorkUnit\x12\x0f\n\x07unit_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0f\n\x07loop_id\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x0f\n\x07\x63\x61rd_id\x18\x05 \x01(\t\x12\x30\n\tshape_sig\x18\x06 \x01(\x0b\x32\x1d.fastvideo3.v1.ShapeSignature\x12+\n\tresources\x18\x07 \x01(\x0b\x32\x18.fastvideo3.v1.Resources\x12,\n\ninput_refs\x18\x08 \x03(\x0b\x32\x18.fastvideo3.v1.TensorRef\x12\x13\n\x0bparams_json\x18\t \x01(\x0c\x12\x18\n\x10\x64\x65\x61\x64line_unix_ms\x18\x0b \x01(\x03\x12@\n\rtrace_context\x18\x0c \x03(\x0b\x32).fastvideo3.v1.WorkUnit.TraceContextEntry\x12\x12\n\nstep_index\x18\r \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x0e \x01(\x05\x12\x0c\n\x04role\x18\x14 \x01(\t\x12\x13\n\x0btotal_steps\x18\x15 \x01(\x03\x12\x18\n\x10output_transport\x18\x16 \x01(\t\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01J\x04\x08\n\x10\x0bR\x0c\x63\x61ncel_scope\"\x9e\x03\n\nStepResult\x12\x0f\n\x07unit_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\n\n\x02ok\x18\x04 \x01(\x08\x12#\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x14.fastvideo3.v1.Error\x12-\n\x0boutput_refs\x18\x06 \x03(\x0b\x32\x18.fastvideo3.v1.TensorRef\x12\x37\n\x07metrics\x18\x07 \x03(\x0b\x32&.fastvideo3.v1.StepResult.MetricsEntry\x12\r\n\x05\x66lags\x18\x08 \x03(\t\x12\x18\n\x10measured_seconds\x18\t \x01(\x01\x12\x14\n\x0cpayload_json\x18\n \x01(\x0c\x12\x13\n\x0binline_data\x18\x0b \x01(\x0c\x12\x12\n\nreplica_id\x18\x0c \x01(\t\x12\x13\n\x0b\x61rtifact_id\x18\r \x01(\t\x12\x16\n\x0e\x61rtifact_bytes\x18\x0e \x01(\x03\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01J\x04\x08\x03\x10\x04R\x07loop_idb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,11 +37,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STEPRESULT_METRICSENTRY']._loaded_options = None
   _globals['_STEPRESULT_METRICSENTRY']._serialized_options = b'8\001'
   _globals['_WORKUNIT']._serialized_start=72
-  _globals['_WORKUNIT']._serialized_end=594
-  _globals['_WORKUNIT_TRACECONTEXTENTRY']._serialized_start=543
-  _globals['_WORKUNIT_TRACECONTEXTENTRY']._serialized_end=594
-  _globals['_STEPRESULT']._serialized_start=597
-  _globals['_STEPRESULT']._serialized_end=1013
-  _globals['_STEPRESULT_METRICSENTRY']._serialized_start=967
-  _globals['_STEPRESULT_METRICSENTRY']._serialized_end=1013
+  _globals['_WORKUNIT']._serialized_end=592
+  _globals['_WORKUNIT_TRACECONTEXTENTRY']._serialized_start=521
+  _globals['_WORKUNIT_TRACECONTEXTENTRY']._serialized_end=572
+  _globals['_STEPRESULT']._serialized_start=595
+  _globals['_STEPRESULT']._serialized_end=1009
+  _globals['_STEPRESULT_METRICSENTRY']._serialized_start=948
+  _globals['_STEPRESULT_METRICSENTRY']._serialized_end=994
 # @@protoc_insertion_point(module_scope)

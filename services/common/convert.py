@@ -34,14 +34,14 @@ def _loads(blob: bytes, default: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- tensor refs
-def ref_to_wire(name: str, ref: TensorRef, request_id: str = "") -> common_pb2.TensorRef:
+def ref_to_wire(name: str, ref: TensorRef) -> common_pb2.TensorRef:
     if not isinstance(ref, TensorRef):
         raise TypeError(f"ref {name!r} is a {type(ref).__name__}, not a TensorRef")
     desc = dict(ref.descriptor)
     address = desc.get("address")
     return common_pb2.TensorRef(
         owner_pool=ref.owner, buffer_id=ref.buffer_id, dtype=ref.dtype, shape=[int(x) for x in ref.shape],
-        nbytes=int(ref.nbytes), checksum=ref.checksum, name=name, request_id=request_id,
+        nbytes=int(ref.nbytes), checksum=ref.checksum, name=name,
         transport=common_pb2.TransportDescriptor(
             backend=ref.backend, address=address if isinstance(address, str) else "", descriptor=_dumps(desc)),
     )
@@ -55,8 +55,8 @@ def ref_from_wire(msg: common_pb2.TensorRef) -> tuple[str, TensorRef]:
     )
 
 
-def refs_to_wire(refs: dict[str, TensorRef], request_id: str = "") -> list[common_pb2.TensorRef]:
-    return [ref_to_wire(name, ref, request_id) for name, ref in refs.items()]
+def refs_to_wire(refs: dict[str, TensorRef]) -> list[common_pb2.TensorRef]:
+    return [ref_to_wire(name, ref) for name, ref in refs.items()]
 
 
 def refs_from_wire(msgs) -> dict[str, TensorRef]:
@@ -113,11 +113,11 @@ def unit_to_wire(unit: WorkUnit, output_transport: str = "") -> work_pb2.WorkUni
     r = unit.resources
     return work_pb2.WorkUnit(
         unit_id=unit.unit_id, request_id=unit.request_id, loop_id=unit.loop_id, kind=unit.kind,
-        card_id=unit.card_id, shape_sig=common_pb2.ShapeSignature(kind=unit.kind, key=unit.shape_sig),
+        card_id=unit.card_id, shape_sig=common_pb2.ShapeSignature(key=unit.shape_sig),
         resources=common_pb2.Resources(gpu_seconds=r.gpu_seconds, resident_bytes=r.resident_bytes,
                                        peak_bytes=r.peak_bytes),
-        input_refs=refs_to_wire(unit.inputs, unit.request_id), params_json=_dumps(params_to_dict(unit.params)),
-        cancel_scope=unit.request_id, deadline_unix_ms=round(unit.deadline_unix * 1000),
+        input_refs=refs_to_wire(unit.inputs), params_json=_dumps(params_to_dict(unit.params)),
+        deadline_unix_ms=round(unit.deadline_unix * 1000),
         trace_context=dict(unit.trace), step_index=-1 if unit.step is None else int(unit.step),
         role=unit.role, total_steps=int(unit.total or 0), output_transport=output_transport,
     )
@@ -136,10 +136,10 @@ def unit_from_wire(msg: work_pb2.WorkUnit) -> WorkUnit:
 
 
 # --------------------------------------------------------------------------- step results
-def result_to_wire(res: StepResult, replica_id: str = "", loop_id: str = "") -> work_pb2.StepResult:
+def result_to_wire(res: StepResult, replica_id: str = "") -> work_pb2.StepResult:
     msg = work_pb2.StepResult(
-        unit_id=res.unit_id, request_id=res.request_id, loop_id=loop_id, ok=res.ok,
-        output_refs=refs_to_wire(res.outputs, res.request_id), metrics={k: float(v) for k, v in res.metrics.items()},
+        unit_id=res.unit_id, request_id=res.request_id, ok=res.ok,
+        output_refs=refs_to_wire(res.outputs), metrics={k: float(v) for k, v in res.metrics.items()},
         measured_seconds=res.measured_seconds, payload_json=_dumps(res.payload) if res.payload else b"",
         inline_data=res.inline, replica_id=replica_id,
     )

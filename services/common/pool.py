@@ -240,8 +240,7 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
                                    if self.telemetry is not None else execute(live))
                         for u, r in zip(live, results):
                             out[u.unit_id] = r
-                loops = {u.unit_id: u.loop_id for u in units}
-                wire = [convert.result_to_wire(out[u.unit_id], self.replica_id, loops[u.unit_id]) for u in units]
+                wire = [convert.result_to_wire(out[u.unit_id], self.replica_id) for u in units]
                 hold_back_large(wire, self.artifacts)  # the reply stays far below the message limit
                 return pool_pb2.ExecuteResponse(results=wire, batch_id=request.batch_id, replica_id=self.replica_id,
                                                 batch_seconds=time.perf_counter() - t0)
@@ -311,9 +310,9 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
             blob = self.executor.snapshot(request.request_id)
             self.counters["snapshots"] = self.counters.get("snapshots", 0) + 1
             names = [r.name for r in Snapshot.from_bytes(blob).regions]
-            return pool_pb2.SnapshotResponse(request_id=request.request_id, blob=blob,
-                                             runtime_fingerprint=self.fingerprint, regions=names,
-                                             checksum="sha256:" + hashlib.sha256(blob).hexdigest())
+            return pool_pb2.StateSnapshot(request_id=request.request_id, blob=blob,
+                                          runtime_fingerprint=self.fingerprint, regions=names,
+                                          checksum="sha256:" + hashlib.sha256(blob).hexdigest())
 
     def Restore(self, request, context):  # noqa: N802
         """Load a snapshot; FAILED_PRECONDITION unless it was written under this fingerprint."""
@@ -364,8 +363,10 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
                                        executor=pool_pb2.ExecutorSummary(fake=cfg.fake))
         if self.load_error is not None:
             e = self.load_error
-            msg.load_error.CopyFrom(pool_pb2.PoolLoadError(code=str(e.get("code") or ""), field=str(e.get("field") or ""),
-                                                           message=str(e.get("message") or "")))
+            codes = common_pb2.Error.Code
+            code = str(e.get("code") or "INTERNAL")
+            msg.load_error.CopyFrom(common_pb2.Error(code=codes.Value(code) if code in codes.keys() else codes.INTERNAL,
+                                                     field=str(e.get("field") or ""), message=str(e.get("message") or "")))
         info: dict[str, Any] = {"inflight_rpcs": self.host.inflight, "rpc_counters": dict(self.counters),
                                 "uptime_s": round(time.time() - self.started, 3)}
         if self.executor is None:

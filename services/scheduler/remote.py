@@ -158,8 +158,8 @@ class RemoteExecutor:
 
     def restore(self, request_id: str, blob: bytes) -> None:
         import hashlib
-        req = pool_pb2.RestoreRequest(request_id=request_id, blob=blob,
-                                      checksum="sha256:" + hashlib.sha256(blob).hexdigest())
+        req = pool_pb2.StateSnapshot(request_id=request_id, blob=blob,
+                                     checksum="sha256:" + hashlib.sha256(blob).hexdigest())
         self._call(self.stub.Restore, req, self.control_timeout_s)
 
     # -- adapters (RolePool LoadAdapter / UnloadAdapter) --------------------------------------

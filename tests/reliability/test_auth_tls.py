@@ -134,7 +134,7 @@ def test_every_rpc_but_health_refuses_a_missing_or_wrong_token(fleet, pki, token
                                     (stub.Describe, pool_pb2.DescribePoolRequest()),
                                     (stub.Release, pool_pb2.ReleaseRequest(request_id="x")),
                                     (stub.Snapshot, pool_pb2.SnapshotRequest(request_id="x")),
-                                    (stub.Restore, pool_pb2.RestoreRequest(request_id="x"))):
+                                    (stub.Restore, pool_pb2.StateSnapshot(request_id="x"))):
                     assert _code(method, msg, timeout=10) == "UNAUTHENTICATED", method
                 fetch = ch.unary_stream("/fastvideo3.v1.TensorTransfer/Fetch", request_serializer=None,
                                         response_deserializer=None)

@@ -224,17 +224,17 @@ def test_snapshot_restores_only_onto_a_matching_fingerprint(balanced):
         other = pool_describe(bf16.target).runtime_fingerprint
         assert other != snap.runtime_fingerprint
         for fp in ("", snap.runtime_fingerprint):
-            err = pool_error(pool_stub(bf16.target).Restore, pool_pb2.RestoreRequest(
+            err = pool_error(pool_stub(bf16.target).Restore, pool_pb2.StateSnapshot(
                 request_id=rid, blob=snap.blob, runtime_fingerprint=fp), timeout=10)
             assert err is not None and err.code == "FAILED_PRECONDITION", err
             assert err.field in ("fingerprint", "runtime_fingerprint")
         assert pool_describe(bf16.target).resident_buffers == 0
         bad = bytearray(snap.blob)
         bad[-1] ^= 0xFF
-        err = pool_error(pool_stub(d1).Restore, pool_pb2.RestoreRequest(request_id=rid, blob=bytes(bad)), timeout=10)
+        err = pool_error(pool_stub(d1).Restore, pool_pb2.StateSnapshot(request_id=rid, blob=bytes(bad)), timeout=10)
         assert err is not None and err.code == "DATA_LOSS"
         # same fingerprint: the request continues on the other replica, exactly as it would have
-        pool_stub(d1).Restore(pool_pb2.RestoreRequest(request_id=rid, blob=snap.blob, checksum=snap.checksum),
+        pool_stub(d1).Restore(pool_pb2.StateSnapshot(request_id=rid, blob=snap.blob, checksum=snap.checksum),
                               timeout=10)
         state = state.model_copy(update={"step": 1})
         step1 = WorkUnit.from_plan(loop.next(state), card.model_id)

@@ -25,7 +25,7 @@ REF = TensorRef(owner="encoder-0", buffer_id="r1/prompt_embeds#3", dtype="float3
 
 
 def test_tensor_ref_round_trips_exactly_with_int_descriptor_values():
-    name, back = convert.ref_from_wire(convert.ref_to_wire("prompt_embeds", REF, "r1"))
+    name, back = convert.ref_from_wire(convert.ref_to_wire("prompt_embeds", REF))
     assert name == "prompt_embeds" and back == REF
     assert isinstance(back.descriptor["generation"], int)
     grpc_ref = dataclasses.replace(REF, backend="grpc", descriptor={"address": "127.0.0.1:5"})

@@ -95,12 +95,12 @@ def test_generate_reports_protoc_errors(tmp_path: Path) -> None:
 
 def _ref(name: str, pool: str = "denoiser") -> common_pb2.TensorRef:
     return common_pb2.TensorRef(
-        owner_pool=pool, owner_replica=f"{pool}-0", buffer_id=f"buf-{name}", dtype="bfloat16",
+        owner_pool=pool, buffer_id=f"buf-{name}", dtype="bfloat16",
         shape=[1, 16, 21, 60, 104], nbytes=2 * 16 * 21 * 60 * 104, checksum="xxh64:0123456789abcdef",
         transport=common_pb2.TransportDescriptor(
             backend="nixl", address="agent-denoiser-0", descriptor=b"\x00\x01\xff", attrs={"device": "0"},
         ),
-        name=name, request_id="req-1",
+        name=name,
     )
 
 
@@ -118,13 +118,13 @@ def test_work_unit_and_step_result_roundtrip() -> None:
     unit = work_pb2.WorkUnit(
         unit_id="u-7", request_id="req-1", loop_id="denoise", kind="diffusion_step", card_id="wan2.1-t2v-1.3b",
         shape_sig=common_pb2.ShapeSignature(
-            kind="diffusion_step", frames=81, height=480, width=832, latent_shape=[16, 21, 60, 104],
+            frames=81, height=480, width=832, latent_shape=[16, 21, 60, 104],
             text_length=512, dtype="bfloat16", cfg_branches=2, extra={"patch": "1x2x2"},
             key="diffusion_step|81x480x832|t512|bf16|cfg2|patch=1x2x2",
         ),
         resources=common_pb2.Resources(gpu_seconds=0.41, resident_bytes=1 << 22, peak_bytes=3 << 30, queue_slots=1),
         input_refs=[_ref("prompt_embeds", "encoder"), _ref("latents")],
-        params_json=json.dumps(params).encode(), cancel_scope="req-1", deadline_unix_ms=1_900_000_000_000,
+        params_json=json.dumps(params).encode(), deadline_unix_ms=1_900_000_000_000,
         trace_context={"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
         step_index=3, attempt=1,
     )
@@ -134,7 +134,7 @@ def test_work_unit_and_step_result_roundtrip() -> None:
     assert back.input_refs[0].transport.descriptor == b"\x00\x01\xff"
 
     failed = work_pb2.StepResult(
-        unit_id="u-7", request_id="req-1", loop_id="denoise", ok=False,
+        unit_id="u-7", request_id="req-1", ok=False,
         error=common_pb2.Error(code=common_pb2.Error.ABORTED, message="non-finite latents", step=3,
                                request_id="req-1", details={"first_nan": "block.12"}),
         output_refs=[_ref("latents")], metrics={"latent_norm": float("inf")}, flags=["nan"],
@@ -268,7 +268,8 @@ def test_deployment_card_roundtrip() -> None:
     assert back.models[0].limits.frames_multiple == 4
     assert back.parallel_plans[0].degrees["tp"] == 1
     described = _roundtrip(scheduler_pb2.SchedulerDescription(
-        card=card, queued_requests=1, running_requests=2, budget_gpu_seconds=100.0, reserved_gpu_seconds=12.5,
+        card=card, queued_requests=1, running_requests=2, budget_gpu_seconds=100.0,
+        load=scheduler_pb2.LoadReport(admission=True, admission_reserved_gpu_seconds=12.5),
         pools=[scheduler_pb2.PoolStatus(role="denoiser", replica_id="denoiser-0", address="127.0.0.1:1",
                                         healthy=True, in_flight_units=3)]))
     assert described.card == card
@@ -289,7 +290,7 @@ class _EchoPool(pool_pb2_grpc.RolePoolServicer):
         results = []
         for unit in request.units:
             result = work_pb2.StepResult(unit_id=unit.unit_id, request_id=unit.request_id,
-                                         loop_id=unit.loop_id, replica_id="denoiser-0")
+                                         replica_id="denoiser-0")
             if unit.kind != "diffusion_step":
                 result.error.CopyFrom(common_pb2.Error(
                     code=common_pb2.Error.INVALID_ARGUMENT, message="unsupported kind", field="kind",
