@@ -113,6 +113,63 @@ def test_time_padded_input_and_cache():
         vf.time_padded(conv, x, torch.zeros(1, 4, 3, 3, 3))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_upsample_and_interleave_are_diffusers_values(dtype):
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanUpsample
+    g = torch.Generator().manual_seed(7)
+    up = WanUpsample(scale_factor=(2.0, 2.0), mode="nearest-exact")
+    fused = copy.deepcopy(up)
+    fused.__class__ = vf.FusedUpsample
+    x = torch.randn(3, 8, 5, 7, generator=g).to(dtype)
+    for xx in (x, x.contiguous(memory_format=torch.channels_last)):
+        got, want = fused(xx), up(xx)
+        assert torch.equal(got, want) and got.dtype == dtype
+        assert got.is_contiguous(memory_format=torch.channels_last) == xx.is_contiguous(memory_format=torch.channels_last)
+    y = torch.randn(2, 12, 3, 4, 5, generator=g).to(dtype)
+    for yy in (y, y.contiguous(memory_format=CL)):
+        b, c2, t, h, w = yy.shape
+        r = yy.reshape(b, 2, c2 // 2, t, h, w)
+        want = torch.stack((r[:, 0], r[:, 1]), 3).reshape(b, c2 // 2, t * 2, h, w)  # WanResample's
+        got = vf.interleave(yy)
+        assert torch.equal(got, want)
+        assert got.is_contiguous(memory_format=CL) == yy.is_contiguous(memory_format=CL)
+
+
+def _norm_inputs(model, z, chunk: int) -> list[tuple[int, torch.Tensor]]:
+    """(chunk frames, input) of every WanRMS_norm (fused or not) in a chunked decode."""
+    seen: list = []
+    hooks = [m.register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
+             for m in model.decoder.modules() if isinstance(m, WanRMS_norm)]
+    orig = vf.rms_norm_silu
+    vf.rms_norm_silu = lambda x, *a, **k: (seen.append(x), orig(x, *a, **k))[1]
+    try:
+        vd.chunked_decode(model, z, chunk)
+    finally:
+        vf.rms_norm_silu = orig
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+def test_fused_decode_keeps_activations_channels_last():
+    """bf16 convolutions on a CPU keep channels-last as cuDNN's do: fused, every norm of a
+    multi-frame chunk reads a channels-last activation (the kernel's contiguous rows), where
+    diffusers' time upsampler hands the next block a [B, T, C, H, W]-ordered one."""
+    z = torch.randn(1, WAN21["z_dim"], 3, 4, 6, generator=torch.Generator().manual_seed(8)).bfloat16()
+
+    def multi_frame_cl(model) -> list[bool]:
+        vd.to_channels_last(model)
+        layouts = [row_layout(x) for x in _norm_inputs(model, z, 2) if x.dim() == 5 and x.shape[2] > 1]
+        return [lay is not None and lay[2] == 1 for lay in layouts]
+
+    ref = tiny_vae(WAN21).bfloat16()
+    fused = copy.deepcopy(ref)
+    vd.fuse_decoder(fused, impl="torch")
+    plain, ours = multi_frame_cl(ref), multi_frame_cl(fused)
+    assert ours and all(ours), ours
+    assert not all(plain)  # the upsampler's stack leaves channels-last
+
+
 def _caches_close(a: list, b: list) -> None:
     assert len(a) == len(b)
     for u, v in zip(a, b):

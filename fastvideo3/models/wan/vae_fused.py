@@ -10,7 +10,12 @@ diffusers' ``WanCausalConv3d`` builds its input with ``torch.cat([cache, x])`` a
 * a residual block and the decoder's head write the fused norm + SiLU
   (:func:`fastvideo3.kernels.vae_norm.rms_norm_silu`) straight into the next convolution's
   padded input, so that activation is written once and never copied;
-* the attention block's norm is the fused norm without SiLU.
+* the attention block's norm is the fused norm without SiLU;
+* the upsamplers' nearest-exact interpolation runs in the activation dtype (diffusers' fp32
+  round trip copies values exactly, so it changes nothing but two passes), and the time
+  upsampler interleaves its two output halves with one copy into the activation's own memory
+  format (diffusers' ``torch.stack`` of 6-D tensors leaves channels-last, so every layer after
+  it ran channels-first).
 
 The feature cache holds what diffusers' holds (each causal convolution's last ``CACHE_T``
 input frames, the previous chunk's last frame prepended after a one-frame chunk), so a fused
@@ -25,7 +30,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from diffusers.models.autoencoders.autoencoder_kl_wan import (CACHE_T, AutoencoderKLWan, WanCausalConv3d,
-                                                              WanDecoder3d, WanResidualBlock, WanRMS_norm)
+                                                              WanDecoder3d, WanResample, WanResidualBlock,
+                                                              WanRMS_norm, WanUpsample)
 from torch import nn
 
 from fastvideo3.kernels.vae_norm import rms_norm_silu
@@ -107,6 +113,50 @@ class FusedRMSNorm(_Fused, WanRMS_norm):
         return rms_norm_silu(x, self.gamma, self.bias, silu=False, scale=self.scale, impl=self._fused_impl)
 
 
+class FusedUpsample(_Fused, WanUpsample):
+    """``WanUpsample`` (nearest or nearest-exact) without the fp32 round trip: the same values."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.Upsample.forward(self, x)
+
+
+def interleave(y: torch.Tensor) -> torch.Tensor:
+    """The time upsampler's ``[B, 2C, T, H, W] -> [B, C, 2T, H, W]`` (frame ``2i + k`` is channel
+    half ``k`` of frame ``i``), in one copy, in ``y``'s memory format."""
+    b, c2, t, h, w = y.shape
+    c = c2 // 2
+    fmt = _CL if _strictly_cl(y) else torch.contiguous_format
+    out = torch.empty((b, c, 2 * t, h, w), dtype=y.dtype, device=y.device, memory_format=fmt)
+    out.unflatten(2, (t, 2)).copy_(y.view(b, 2, c, t, h, w).permute(0, 2, 3, 1, 4, 5))
+    return out
+
+
+class FusedResample(_Fused, WanResample):
+    """``WanResample`` whose time upsampler interleaves with :func:`interleave` (the other modes
+    as diffusers runs them)."""
+
+    def forward(self, x: torch.Tensor, feat_cache=None, feat_idx=[0]) -> torch.Tensor:  # noqa: B006
+        if self.mode != "upsample3d" or feat_cache is None:
+            return super().forward(x, feat_cache, feat_idx)
+        b, c, t, h, w = x.shape
+        idx = feat_idx[0]
+        cache = feat_cache[idx]
+        if cache is None:  # the first chunk: no time upsampling ("Rep" marks the next chunk's)
+            feat_cache[idx] = "Rep"
+        else:
+            rep = isinstance(cache, str)
+            cache_x = x[:, :, -CACHE_T:].clone()
+            if cache_x.shape[2] < 2:
+                head = torch.zeros_like(cache_x) if rep else cache[:, :, -1:].to(cache_x.device)
+                cache_x = torch.cat([head, cache_x], dim=2)
+            x = interleave(self.time_conv(x) if rep else self.time_conv(x, cache))
+            feat_cache[idx] = cache_x
+        feat_idx[0] += 1
+        t = x.shape[2]
+        x = self.resample(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w))
+        return x.view(b, t, x.size(1), x.size(2), x.size(3)).permute(0, 2, 1, 3, 4)
+
+
 def norm_silu_conv(norm: WanRMS_norm, conv: WanCausalConv3d, x: torch.Tensor, feat_cache, feat_idx,
                    impl: str | None) -> torch.Tensor:
     """``conv(silu(norm(x)))`` with the feature cache as diffusers keeps it: the norm writes into
@@ -163,7 +213,8 @@ class FusedDecoder3d(_Fused, WanDecoder3d):
 
 
 _FUSED: dict[type, type] = {WanCausalConv3d: FusedCausalConv3d, WanRMS_norm: FusedRMSNorm,
-                            WanResidualBlock: FusedResidualBlock, WanDecoder3d: FusedDecoder3d}
+                            WanResidualBlock: FusedResidualBlock, WanDecoder3d: FusedDecoder3d,
+                            WanUpsample: FusedUpsample, WanResample: FusedResample}
 
 
 def _fusable(m: nn.Module) -> bool:
@@ -175,6 +226,10 @@ def _fusable(m: nn.Module) -> bool:
         return supported(m)
     if t is WanRMS_norm:
         return m.channel_first
+    if t is WanUpsample:
+        return m.mode in ("nearest", "nearest-exact")
+    if t is WanResample:
+        return m.mode != "upsample3d" or supported(m.time_conv)
     if t is WanResidualBlock:
         return (isinstance(m.nonlinearity, nn.SiLU) and m.norm1.channel_first and m.norm2.channel_first
                 and supported(m.conv1) and supported(m.conv2) and m.conv1._padding[4] >= CACHE_T
