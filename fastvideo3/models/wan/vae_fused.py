@@ -14,8 +14,8 @@ diffusers' ``WanCausalConv3d`` builds its input with ``torch.cat([cache, x])`` a
 * the upsamplers' nearest-exact interpolation runs in the activation dtype (diffusers' fp32
   round trip copies values exactly, so it changes nothing but two passes), and the time
   upsampler interleaves its two output halves with one copy into the activation's own memory
-  format (diffusers' ``torch.stack`` of 6-D tensors leaves channels-last, so every layer after
-  it ran channels-first).
+  format (diffusers' ``torch.stack`` of 6-D tensors leaves channels-last: its 2-D convolution
+  then ran channels-first and the next block read a [B, T, C, H, W]-ordered activation).
 
 The feature cache holds what diffusers' holds (each causal convolution's last ``CACHE_T``
 input frames, the previous chunk's last frame prepended after a one-frame chunk), so a fused
@@ -53,9 +53,8 @@ def supported(conv: WanCausalConv3d) -> bool:
 def time_padded(conv: WanCausalConv3d, x: torch.Tensor,
                 cache: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(buf, body)``: ``conv``'s input [B, C, pad_t + T, H, W] for an activation shaped like
-    ``x``, its first ``pad_t`` frames zeros then ``cache``'s
-    frames (as diffusers pads ``cat([cache, x])``), and ``body`` the last T frames, still to be
-    written. Channels-last when ``x`` or the weight is (the layout cuDNN picks for the
+    ``x``, its first ``pad_t`` frames zeros then ``cache``'s frames (as diffusers pads
+    ``cat([cache, x])``), and ``body`` the last T frames, still to be written. Channels-last when ``x`` or the weight is (the layout cuDNN picks for the
     convolution). Without time padding ``cache`` is ignored (as in diffusers) and ``buf`` is
     ``body``."""
     b, c, t, h, w = x.shape
