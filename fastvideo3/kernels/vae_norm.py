@@ -7,15 +7,15 @@ three products/sums) plus the SiLU's. :func:`rms_norm_silu` reads ``x`` once and
 result once, into a fresh tensor or into ``out`` (a view of the next causal convolution's padded
 input, so that convolution's copy disappears too).
 
-``impl="triton"`` runs one program per block of rows, a row being one ``(b, t, h, w)``
-position's ``C`` channels: a contiguous run in a channels-last tensor (the layout cuDNN's
-channels-last convolutions write); a channels-first tensor works too (coalesced across
-positions instead). It accumulates the row's sum of squares in fp32 and rounds to the
+``impl="triton"`` runs one program per block of rows of one sample, a row being one
+``(t, h, w)`` position's ``C`` channels: a contiguous run in a channels-last tensor (the
+layout cuDNN's channels-last convolutions write); a channels-first tensor works too (coalesced
+across positions instead). It accumulates the row's sum of squares in fp32 and rounds to the
 activation dtype after each step where diffusers rounds (the normalised value, ``* sqrt(C)``,
-``* gamma``, ``+ bias``, SiLU), so it differs from diffusers only in the order of the sum
-(and the last bit of ``exp``). A layout whose spatial dims do not collapse to one strided run,
-a gamma of another dtype than ``x``, or ``impl="torch"`` take the PyTorch twin: diffusers' own
-expression.
+``* gamma``, ``+ bias``, SiLU), so it differs from diffusers only in the last fp32 bits before
+those roundings (the sum's order, one reciprocal per row, the GPU's fast ``exp``). A layout
+whose spatial dims do not collapse to one strided run, a gamma of another dtype than ``x``, or
+``impl="torch"`` take the PyTorch twin: diffusers' own expression.
 """
 from __future__ import annotations
 
@@ -67,21 +67,26 @@ def _kernel():
     import triton
     import triton.language as tl
 
-    @triton.jit
-    def rms_norm_silu_kernel(x_ptr, g_ptr, b_ptr, o_ptr, n_rows, P, C, scale, eps,
+    # P (positions per sample) only bounds the mask: not specialising it keeps one compiled
+    # variant per layer width and layout instead of one per frame count
+    @triton.jit(do_not_specialize=["P"])
+    def rms_norm_silu_kernel(x_ptr, g_ptr, b_ptr, o_ptr, P, C, scale, eps,
                              xsb, xsp, xsc, osb, osp, osc,
                              HAS_BIAS: tl.constexpr, SILU: tl.constexpr, ROUND: tl.constexpr,
                              BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-        rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        # grid (position blocks, samples): no per-row division to find a row's sample
+        sample = tl.program_id(1).to(tl.int64)
+        pos = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         cols = tl.arange(0, BLOCK_C)
         cmask = cols < C
         cols64 = cols.to(tl.int64)
-        mask = (rows < n_rows)[:, None] & cmask[None, :]
-        sample, pos = rows // P, rows % P
+        mask = (pos < P)[:, None] & cmask[None, :]
         x = tl.load(x_ptr + (sample * xsb + pos * xsp)[:, None] + (cols64 * xsc)[None, :], mask=mask, other=0.0)
         x = x.to(tl.float32)
-        denom = tl.maximum(tl.sqrt(tl.sum(x * x, axis=1)), eps)  # F.normalize: x / max(||x||, eps)
-        y = tl.math.div_rn(x, denom[:, None])
+        # F.normalize: x / max(||x||, eps); one reciprocal per row (the sum's order already moves
+        # the last fp32 bit, and a division per element would make this pass compute-bound)
+        inv = 1.0 / tl.maximum(tl.sqrt(tl.sum(x * x, axis=1)), eps)
+        y = x * inv[:, None]
         odt = o_ptr.dtype.element_ty
         if ROUND:  # diffusers rounds to the activation dtype after each op
             y = y.to(odt).to(tl.float32)
@@ -96,7 +101,7 @@ def _kernel():
         if SILU:
             if ROUND:
                 y = y.to(odt).to(tl.float32)
-            y = tl.math.div_rn(y, 1.0 + tl.exp(-y))
+            y = y / (1.0 + tl.exp(-y))
         tl.store(o_ptr + (sample * osb + pos * osp)[:, None] + (cols64 * osc)[None, :], y.to(odt), mask=mask)
 
     return rms_norm_silu_kernel
@@ -133,13 +138,13 @@ def rms_norm_silu(x: torch.Tensor, gamma: torch.Tensor, bias: torch.Tensor | flo
         y = _torch(x, gamma, 0.0 if bias is None else bias, eps, silu, scale)
         return y if out is None else out.copy_(y)
     import triton
-    rows = x.numel() // c
     block_c = triton.next_power_of_2(c)
     block_r = max(1, TILE // block_c)
     g = gamma.reshape(c).contiguous()
     b = bias.reshape(c).contiguous() if bias is not None else g
-    _kernel()[(triton.cdiv(rows, block_r),)](
-        x, g, b, out, rows, rows // x.shape[0], c, float(scale), float(eps), *xs, *os_,
+    positions = x.numel() // (c * x.shape[0])
+    _kernel()[(triton.cdiv(positions, block_r), x.shape[0])](
+        x, g, b, out, positions, c, float(scale), float(eps), *xs, *os_,
         HAS_BIAS=bias is not None, SILU=silu, ROUND=x.dtype != torch.float32,
         BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4)
     return out
