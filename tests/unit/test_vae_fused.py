@@ -1,8 +1,9 @@
 """The fused Wan VAE decoder (models/wan/vae_fused.py, kernels/vae_norm.py) against diffusers'
 modules on a CPU: the norm's PyTorch twin against ``WanRMS_norm`` (+ SiLU), the one-allocation
-causal convolution against ``WanCausalConv3d`` (with and without a cache), a fused tiny
-``AutoencoderKLWan`` (Wan2.1 and Wan2.2 layouts) against the same model unfused, and the
-``VideoDecoder`` switch. The Triton kernel's checks live in ``test_vae_fused_triton.py``, run
+causal convolution against ``WanCausalConv3d`` (with and without a cache), the upsamplers'
+interpolation and time interleave against diffusers' values, a fused tiny ``AutoencoderKLWan``
+(Wan2.1 and Wan2.2 layouts) against the same model unfused (frames and feature cache), the
+activations' channels-last layout through a fused bf16 decode, and the ``VideoDecoder`` switch. The Triton kernel's checks live in ``test_vae_fused_triton.py``, run
 here in a child pytest under ``TRITON_INTERPRET=1`` (skipped only when Triton is missing)."""
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from tests.helpers_vae import WAN21, WAN22, tiny_vae
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[2]
 CL = torch.channels_last_3d
+
 
 def _ref_norm(norm: WanRMS_norm, x: torch.Tensor, silu: bool) -> torch.Tensor:
     y = norm(x)
