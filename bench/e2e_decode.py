@@ -10,9 +10,11 @@ de-normalise them with the VAE's ``latents_mean`` / ``latents_std`` and map ``[-
 ``[0, 1]``. Each variant is called once untimed (cuDNN autotuning, allocator), then timed
 ``--decode-repeats`` times, synchronised; the median is reported. Frame errors are against
 diffusers' fp32 decode (what ``WanPipeline`` runs). ``summary.vae_decode_s`` is ours at the card's
-decode precision with the default settings; the batched variant decodes ``--decode-batch``
-copies-with-other-seeds in one call and reports seconds per latent and the largest difference
-between a latent decoded in the batch and alone.
+decode precision with the default settings; ``ours_fused`` / ``ours_unfused`` are the same
+with the fused decoder (:func:`fastvideo3.models.wan.vae_decode.fuse_decoder`) forced on / off
+(``summary.fused_vae_decode_s``, ``summary.unfused_vae_decode_s``; on CUDA the default is fused).
+The batched variant decodes ``--decode-batch`` copies-with-other-seeds in one call and reports
+seconds per latent and the largest difference between a latent decoded in the batch and alone.
 """
 from __future__ import annotations
 
@@ -97,14 +99,17 @@ def run_decode_only(a, result: dict, save) -> int:
         print("decode", f"diffusers_{prec}", v, flush=True)
 
     chunks = [int(x) for x in a.time_chunks.split(",") if x.strip()]
-    plan = [("ours_default", card_precision, None, None)]  # the card's precision and our defaults
+    plan = [("ours_default", card_precision, None, None, None)]  # the card's precision and our defaults
+    # the defaults with the fused decoder forced on and off (on CUDA the default is fused)
+    plan += [("ours_fused", card_precision, None, None, True), ("ours_unfused", card_precision, None, None, False)]
     for prec in ("fp32", "bf16"):
         for tc in chunks:
-            plan.append((f"ours_{prec}_chunk{tc}", prec, tc, True))
-        plan.append((f"ours_{prec}_chunk{chunks[-1]}_no_channels_last", prec, chunks[-1], False))
-    for name, prec, tc, cl in plan:
+            plan.append((f"ours_{prec}_chunk{tc}", prec, tc, True, None))
+        plan.append((f"ours_{prec}_chunk{chunks[-1]}_no_channels_last", prec, chunks[-1], False, None))
+    for name, prec, tc, cl, fused in plan:
         try:  # one variant's failure (memory, a kernel) is recorded; the others still run
-            variants[name] = _ours(card, a, z, shape, g, ref_frames, prec, tc, cl, batch=name == "ours_default")
+            variants[name] = _ours(card, a, z, shape, g, ref_frames, prec, tc, cl, batch=name == "ours_default",
+                                   fused=fused)
         except Exception as e:  # noqa: BLE001
             variants[name] = {"side": "ours", "precision": prec, "time_chunk": tc, "error": f"{type(e).__name__}: {e}"[:500]}
         if a.device.startswith("cuda"):
@@ -137,25 +142,28 @@ def decode_only_summary(result: dict) -> dict:
         "frames_max_abs_vs_diffusers": err["max_abs"], "frames_mean_abs_vs_diffusers": err["mean_abs"],
         "tolerance_frames_abs": tol, "tolerance_frames_mean_abs": tol_mean,
         "within_tolerance": err["max_abs"] <= tol and err["mean_abs"] <= tol_mean,
-        "fastest_variant": {k: best.get(k) for k in ("precision", "time_chunk", "channels_last", "s")},
+        "fastest_variant": {k: best.get(k) for k in ("precision", "time_chunk", "channels_last", "fused", "s")},
         "variants_measured": sorted(variants),
         "goal_s": GOAL_DECODE_S, "goal_met": ours["s"] <= GOAL_DECODE_S,
     }
+    for name in ("ours_fused", "ours_unfused"):
+        if "s" in variants.get(name, {}):
+            summary[f"{name.removeprefix('ours_')}_vae_decode_s"] = variants[name]["s"]
     if "batch" in ours:
         summary["batched_s_per_latent"] = ours["batch"]["s_per_latent"]
     return summary
 
 
-def _ours(card, a, z, shape, g, ref_frames, prec: str, tc, cl, batch: bool) -> dict:
+def _ours(card, a, z, shape, g, ref_frames, prec: str, tc, cl, batch: bool, fused: bool | None = None) -> dict:
     from fastvideo3.models.wan.components import VideoDecoder, precision_dtype
-    # a variant that names its chunking takes the fast path on any device (the default: CUDA only)
-    dec = VideoDecoder(card, a.device, precision_dtype(prec), fast=True if tc else None, time_chunk=tc,
-                       channels_last=cl)
+    # a variant that names its chunking or fusion takes the fast path on any device (the default: CUDA only)
+    dec = VideoDecoder(card, a.device, precision_dtype(prec), fast=True if tc or fused is not None else None,
+                       time_chunk=tc, channels_last=cl, fused=fused)
     if a.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     first, med, frames = _time(lambda: dec.decode(z), a.device, a.decode_repeats)
     v = {"side": "ours", "precision": prec, "fast": dec.fast, "time_chunk": dec.time_chunk,
-         "channels_last": dec.channels_last, "first_s": round(first, 3), "s": round(med, 3),
+         "channels_last": dec.channels_last, "fused": dec.fused, "first_s": round(first, 3), "s": round(med, 3),
          "peak_gib": _peak_gib(a.device), "frames_vs_diffusers_fp32": _err(frames, ref_frames)}
     if batch and a.decode_batch > 1:
         zb = torch.cat([z] + [torch.randn(*shape, generator=g) for _ in range(a.decode_batch - 1)])

@@ -2,33 +2,78 @@
 channels-last weights, time chunk 8, the serving path's ``chunked_decode``), timed once warm and
 then profiled, the CUDA kernels listed by total time.
 
-    python bench/vae_decode_profile.py        # on a CUDA machine with diffusers installed
+    python bench/vae_decode_profile.py                 # fused decoder (the serving default on CUDA)
+    python bench/vae_decode_profile.py --no-fused      # diffusers' modules, chunked
+    python bench/vae_decode_profile.py --compare       # time unfused, fused and diffusers' decode, then profile
+
+``--compare`` also reports the fused and unfused frames' largest difference from diffusers'
+own ``decode`` of the same latents (bf16 all three).
 """
+import argparse
 import collections
+import os
+import sys
 import time
 
-import torch
-from diffusers import AutoencoderKLWan
-from torch.profiler import ProfilerActivity, profile
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fastvideo3.models.wan import vae_decode as vd
+import torch  # noqa: E402
+from diffusers import AutoencoderKLWan  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from fastvideo3.models.wan import vae_decode as vd  # noqa: E402
+
+
+def timed(fn, repeats: int) -> tuple[float, torch.Tensor]:
+    """Median seconds of ``repeats`` synchronised calls after one warm call, and the last output."""
+    out = fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2], out
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fused", action=argparse.BooleanOptionalAction, default=True,
+                    help="profile the fused decoder (vae_decode.fuse_decoder); --no-fused: diffusers' modules")
+    ap.add_argument("--compare", action="store_true", help="time unfused, fused and diffusers' decode first")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--time-chunk", type=int, default=8)
+    a = ap.parse_args()
     torch.manual_seed(0)
     m = AutoencoderKLWan(base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
                          temperal_downsample=[False, True, True]).cuda().to(torch.bfloat16).eval()
     vd.to_channels_last(m)
     z = torch.randn(1, 16, 21, 60, 104, device="cuda", dtype=torch.bfloat16)
+    decode = lambda: vd.chunked_decode(m, z, a.time_chunk)  # noqa: E731
     with vd.cuda_flags("cuda"):
-        vd.chunked_decode(m, z, 8)
+        if a.compare:
+            s_unfused, v_unfused = timed(decode, a.repeats)
+            vd.fuse_decoder(m)
+            s_fused, v_fused = timed(decode, a.repeats)
+            vd.unfuse_decoder(m)
+            with torch.no_grad():
+                s_ref, v_ref = timed(lambda: m.decode(z, return_dict=False)[0], 1)
+            err = lambda v: round(float((v.float() - v_ref.float()).abs().max()), 4)  # noqa: E731
+            print(f"decode_s unfused {s_unfused:.3f}  fused {s_fused:.3f}  diffusers {s_ref:.3f}  "
+                  f"(speedup fused/unfused {s_unfused / s_fused:.2f}x)")
+            print(f"max_abs_vs_diffusers unfused {err(v_unfused)}  fused {err(v_fused)}")
+            del v_unfused, v_fused, v_ref
+        if a.fused:
+            print("fused modules", vd.fuse_decoder(m))
+        decode()
         torch.cuda.synchronize()
         t = time.perf_counter()
-        vd.chunked_decode(m, z, 8)
+        decode()
         torch.cuda.synchronize()
-        print("decode_s", time.perf_counter() - t)
+        print("decode_s", time.perf_counter() - t, "fused" if a.fused else "unfused")
         with profile(activities=[ProfilerActivity.CUDA]) as p:
-            vd.chunked_decode(m, z, 8)
+            decode()
             torch.cuda.synchronize()
     agg, cnt = collections.defaultdict(float), collections.Counter()
     for e in p.key_averages():

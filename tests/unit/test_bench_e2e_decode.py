@@ -25,6 +25,10 @@ def test_decode_only_writes_its_summary(tiny_wan_dir, tmp_path):
     assert s["within_tolerance"] is True and s["frames_max_abs_vs_diffusers"] <= s["tolerance_frames_abs"]
     assert s["goal_met"] == (s["vae_decode_s"] <= s["goal_s"])
     assert "ours_default" in s["variants_measured"] and s["batched_s_per_latent"] > 0
+    fused, unfused = r["decode"]["ours_fused"], r["decode"]["ours_unfused"]
+    assert fused["fused"] is True and unfused["fused"] is False and r["decode"]["ours_default"]["fused"] is False
+    assert s["fused_vae_decode_s"] == fused["s"] and s["unfused_vae_decode_s"] == unfused["s"]
+    assert fused["frames_vs_diffusers_fp32"]["max_abs"] <= 1e-5  # fp32 on the CPU: the same computation
 
     sys.path.insert(0, str(BENCH))
     try:

@@ -303,11 +303,14 @@ class VideoDecoder:
     """latents -> frames float32 [F, H, W, 3] in [0, 1] (the reference's de-normalisation).
 
     ``fast`` (default: on CUDA) decodes a Wan VAE through :mod:`fastvideo3.models.wan.vae_decode`:
-    ``time_chunk`` latent frames per decoder call instead of one, cuDNN autotuning, and
-    ``channels_last`` 3-D convolution weights; otherwise ``AutoencoderKLWan.decode`` as is."""
+    ``time_chunk`` latent frames per decoder call instead of one, cuDNN autotuning,
+    ``channels_last`` 3-D convolution weights and (``fused``, default: on CUDA) the fused norm +
+    SiLU and causal convolutions of :func:`~fastvideo3.models.wan.vae_decode.fuse_decoder`;
+    otherwise ``AutoencoderKLWan.decode`` as is."""
 
     def __init__(self, card: ModelCard, device: str = "cpu", dtype: torch.dtype = torch.float32,
-                 fast: bool | None = None, time_chunk: int | None = None, channels_last: bool | None = None):
+                 fast: bool | None = None, time_chunk: int | None = None, channels_last: bool | None = None,
+                 fused: bool | None = None):
         spec = card.components["vae"]
         if spec.source in ("seeded", "shipped"):
             torch.manual_seed(_seed_for(card, "vae"))
@@ -332,6 +335,9 @@ class VideoDecoder:
         self.channels_last = self.fast and (cuda if channels_last is None else bool(channels_last))
         if self.channels_last:
             vae_decode.to_channels_last(self.model)
+        self.fused = self.fast and (cuda if fused is None else bool(fused))
+        if self.fused:
+            vae_decode.fuse_decoder(self.model)
         c = self.model.config
         self.z_dim = c.z_dim
         self.temporal_scale = 2 ** sum(c.temperal_downsample)

@@ -15,7 +15,10 @@ is diffusers' schedule.
 On CUDA, :func:`cuda_flags` turns on cuDNN autotuning for the decode's convolution shapes
 (scoped to the call, so nothing else in the process changes) and :func:`to_channels_last`
 stores the decoder's 3-D convolution weights channels-last, the layout cuDNN's fastest
-bf16 kernels read.
+bf16 kernels read. :func:`fuse_decoder` swaps the decoder's norm + SiLU pairs and causal
+convolutions for fused forwards (:mod:`fastvideo3.models.wan.vae_fused`: one Triton pass per
+norm, written into the next convolution's padded input, and no ``cat`` + ``F.pad`` copies);
+:func:`unfuse_decoder` restores diffusers' modules.
 """
 from __future__ import annotations
 
@@ -70,6 +73,33 @@ def to_channels_last(model) -> None:
     for m in model.modules():
         if isinstance(m, torch.nn.Conv3d):
             m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last_3d)
+
+
+def fuse_decoder(model, impl: str | None = None) -> int:
+    """Fuse the Wan VAE decoder's norm + SiLU pairs and causal convolutions in place (the same
+    computation; see :mod:`fastvideo3.models.wan.vae_fused`). ``impl`` picks the norm kernel:
+    ``"triton"``, ``"torch"``, or None for Triton on CUDA tensors when it is installed. Returns
+    how many modules were swapped (0 for a model that is not an ``AutoencoderKLWan``)."""
+    if not is_wan_vae(model):
+        return 0
+    from fastvideo3.models.wan import vae_fused
+    return vae_fused.fuse(model, impl)
+
+
+def unfuse_decoder(model) -> int:
+    """Undo :func:`fuse_decoder`: diffusers' own modules again; returns how many were restored."""
+    if not is_wan_vae(model):
+        return 0
+    from fastvideo3.models.wan import vae_fused
+    return vae_fused.unfuse(model)
+
+
+def is_fused(model) -> bool:
+    """Whether :func:`fuse_decoder` has fused this model's decoder."""
+    if not is_wan_vae(model):
+        return False
+    from fastvideo3.models.wan import vae_fused
+    return vae_fused.is_fused(model)
 
 
 @contextlib.contextmanager
