@@ -111,8 +111,7 @@ def decoder_pool():
     remote = RemoteExecutor(Role.DECODER, f"127.0.0.1:{port}", rpc_timeout_s=120.0)
     yield servicer, remote, card
     remote.channel.close()
-    host.request_stop()
-    host.wait_and_drain(1.0)
+    host.server.stop(None).wait(5.0)  # no grace period: no thread outlives the test
 
 
 def _units(card, n: int) -> list[WorkUnit]:
