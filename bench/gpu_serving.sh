@@ -17,7 +17,8 @@
 #
 # Wheels missing from the machine's image come from the folders in $WHEELS (default: .wheels
 # .wheels_fa3 .wheels_extra, those present, and their fleet/ subfolders; git-ignored: carry them),
-# as in bench/gpu_call.sh. <PART>_TIMEOUT_S overrides a part's time limit (seconds).
+# as in bench/gpu_call.sh. <PART>_TIMEOUT_S overrides a part's time limit (seconds); DECODE_CHUNKS the
+# decode part's time chunks (default 1,4,8,20).
 set -uo pipefail
 OUT=${OUT:-out/gpu_serving}
 WORK=${WORK:-$(mktemp -d)}
@@ -52,7 +53,7 @@ serving() {  # serving <name> <timeout> <args...>
 for part in "$@"; do
   case "$part" in
     decode)    timeout "${DECODE_TIMEOUT_S:-300}" python3 bench/e2e_generation.py --model "$MODEL" --device cuda \
-                 --decode-only --frames 81 --height 480 --width 832 --decode-repeats 2 --time-chunks 1,4,8,20 \
+                 --decode-only --frames 81 --height 480 --width 832 --decode-repeats 2 --time-chunks "${DECODE_CHUNKS:-1,4,8,20}" \
                  --decode-batch 2 --out "$OUT/e2e_decode_h200.json" 2>&1 | grep -v Loading | tail -n 30 ;;
     steps8)    serving steps8 "${STEPS8_TIMEOUT_S:-300}" --steps 8 --parts batching,request,diffusers ;;
     steps50)   serving steps50 "${STEPS50_TIMEOUT_S:-360}" --steps 50 --parts batching,request,diffusers ;;
