@@ -20,11 +20,10 @@ import multiprocessing as mp
 import pstats
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
-from timing import cuda_times  # noqa: E402 - the sibling module in bench/
+from timing import cuda_times, synced_seconds, upper_median  # noqa: E402 - the sibling module in bench/
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -62,16 +61,8 @@ def _owner(sizes: list[int], conn) -> None:
 
 
 def _host_median(fn, repeats: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-        del out
-    return statistics.median(times)
+    """Median wall seconds of ``repeats`` synchronised calls after one warm call."""
+    return upper_median(synced_seconds(fn, repeats, torch.cuda.synchronize)[1])
 
 
 def _device_median(fn, repeats: int) -> float:

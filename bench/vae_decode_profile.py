@@ -22,19 +22,13 @@ from diffusers import AutoencoderKLWan  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from fastvideo3.models.wan import vae_decode as vd  # noqa: E402
+from timing import synced_seconds, upper_median  # noqa: E402
 
 
 def timed(fn, repeats: int) -> tuple[float, torch.Tensor]:
     """Median seconds of ``repeats`` synchronised calls after one warm call, and the last output."""
-    out = fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2], out
+    _, times, out = synced_seconds(fn, repeats, torch.cuda.synchronize)
+    return upper_median(times), out
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ A replica that answers NOT_SERVING (draining) keeps its in-flight calls and gets
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -103,38 +104,30 @@ class RemoteExecutor:
         if timeout <= 0:
             raise DeadlineExceeded("deadline passed before a held-back result was read", field="deadline_s")
         call = self.stub.ReadArtifact(pool_pb2.ReadArtifactRequest(artifact_id=artifact_id), timeout=timeout)
-        with self._calls_lock:
-            self._calls.add(call)
-        buf = bytearray()
-        try:
-            for chunk in call:
-                buf += chunk.data
-        except grpc.RpcError as err:
-            if err.code() == grpc.StatusCode.CANCELLED:
-                raise Unavailable(f"{self.role} replica {self.target} stopped answering health checks",
-                                  field="replica") from None
-            raise error_from_rpc(err) from None
-        finally:
-            with self._calls_lock:
-                self._calls.discard(call)
-        if len(buf) != nbytes:
-            raise Unavailable(f"held-back result {artifact_id!r} came back {len(buf)} of {nbytes} bytes",
+        with self._tracked(call):
+            data = b"".join(chunk.data for chunk in call)
+        if len(data) != nbytes:
+            raise Unavailable(f"held-back result {artifact_id!r} came back {len(data)} of {nbytes} bytes",
                               field="artifact_bytes")
         self.counters["artifact_reads"] = self.counters.get("artifact_reads", 0) + 1
-        return bytes(buf)
+        return data
 
     def _call(self, method, req, timeout: float):
         """A unary call that :meth:`abort_inflight` can cancel; raises the typed error."""
         call = method.future(req, timeout=timeout)
+        with self._tracked(call):
+            return call.result()
+
+    @contextlib.contextmanager
+    def _tracked(self, call):
+        """While the block runs, :meth:`abort_inflight` can cancel ``call``; its gRPC failure
+        leaves as the typed error (a cancelled call: the replica stopped answering)."""
         with self._calls_lock:
             self._calls.add(call)
         try:
-            return call.result()
-        except grpc.FutureCancelledError:
-            raise Unavailable(f"{self.role} replica {self.target} stopped answering health checks",
-                              field="replica") from None
-        except grpc.RpcError as err:
-            if err.code() == grpc.StatusCode.CANCELLED:
+            yield
+        except (grpc.FutureCancelledError, grpc.RpcError) as err:
+            if isinstance(err, grpc.FutureCancelledError) or err.code() == grpc.StatusCode.CANCELLED:
                 raise Unavailable(f"{self.role} replica {self.target} stopped answering health checks",
                                   field="replica") from None
             raise error_from_rpc(err) from None

@@ -11,15 +11,9 @@ import os
 import pytest
 import torch
 
-pytest.importorskip("triton")
+from tests.helpers_triton import CUDA, DEV, INTERPRET, MARKS  # noqa: E402 - skips without triton
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-CUDA = torch.cuda.is_available() and not INTERPRET
-pytestmark = [
-    pytest.mark.skipif(not (INTERPRET or CUDA), reason="Triton needs a CUDA device or TRITON_INTERPRET=1"),
-    pytest.mark.timeout(120),
-]
-DEV = "cuda" if CUDA else "cpu"
+pytestmark = MARKS
 WIDTHS = [48, 1536, 5120] if CUDA else [48]
 
 from fastvideo3.kernels import add_norm, qk_norm_rope  # noqa: E402

@@ -9,21 +9,14 @@ a truncation (the same rounding points); compiled, it is the twin itself.
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-pytest.importorskip("triton")
+from tests.helpers_triton import CUDA, DEV, INTERPRET, MARKS  # noqa: E402 - skips without triton
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-CUDA = torch.cuda.is_available() and not INTERPRET
-pytestmark = [
-    pytest.mark.skipif(not (INTERPRET or CUDA), reason="Triton needs a CUDA device or TRITON_INTERPRET=1"),
-    pytest.mark.timeout(120),
-]
-DEV = "cuda" if CUDA else "cpu"
+pytestmark = MARKS
 CL = torch.channels_last_3d
 
 from diffusers.models.autoencoders.autoencoder_kl_wan import WanRMS_norm  # noqa: E402
