@@ -125,16 +125,18 @@ class ExecutorSummary(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., fake: _Optional[bool] = ..., resident_regions: _Optional[int] = ..., experts: _Optional[_Iterable[str]] = ..., decoder: _Optional[_Union[DecoderSettings, _Mapping]] = ...) -> None: ...
 
 class DecoderSettings(_message.Message):
-    __slots__ = ("max_decode_batch", "fast", "time_chunk", "channels_last")
+    __slots__ = ("max_decode_batch", "fast", "time_chunk", "channels_last", "fused")
     MAX_DECODE_BATCH_FIELD_NUMBER: _ClassVar[int]
     FAST_FIELD_NUMBER: _ClassVar[int]
     TIME_CHUNK_FIELD_NUMBER: _ClassVar[int]
     CHANNELS_LAST_FIELD_NUMBER: _ClassVar[int]
+    FUSED_FIELD_NUMBER: _ClassVar[int]
     max_decode_batch: int
     fast: bool
     time_chunk: int
     channels_last: bool
-    def __init__(self, max_decode_batch: _Optional[int] = ..., fast: _Optional[bool] = ..., time_chunk: _Optional[int] = ..., channels_last: _Optional[bool] = ...) -> None: ...
+    fused: bool
+    def __init__(self, max_decode_batch: _Optional[int] = ..., fast: _Optional[bool] = ..., time_chunk: _Optional[int] = ..., channels_last: _Optional[bool] = ..., fused: _Optional[bool] = ...) -> None: ...
 
 class ParallelInfo(_message.Message):
     __slots__ = ("spec", "kind", "cfg", "ring", "ulysses", "world", "pad", "rank", "backend", "rank_pids", "broken")

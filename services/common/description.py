@@ -33,7 +33,8 @@ def executor_fields(d: Mapping[str, Any], *, role: str, fake: bool) -> dict[str,
         dec = d["decode"]
         out["executor"].decoder.CopyFrom(pool_pb2.DecoderSettings(
             max_decode_batch=int(dec.get("max_decode_batch", 0)), fast=bool(dec.get("fast")),
-            time_chunk=int(dec.get("time_chunk") or 0), channels_last=bool(dec.get("channels_last"))))
+            time_chunk=int(dec.get("time_chunk") or 0), channels_last=bool(dec.get("channels_last")),
+            fused=bool(dec.get("fused"))))
     if d.get("parallel"):
         out["parallel"] = parallel_info(d["parallel"])
     if d.get("adapters"):

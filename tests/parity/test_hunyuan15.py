@@ -77,6 +77,11 @@ def test_c0_text_encoders_and_vae_match_diffusers(hy_dir, pipe):
             for i in range(2)])
     assert frames.shape == ref.shape == (2, 5, 16, 32, 3)
     assert float(np.abs(frames.numpy() - ref).max()) <= card.parity.c0_vae_abs
+    from fastvideo3.runtime.pool.vae_executor import DecoderExecutor
+    from fastvideo3.transport import make_transport
+    pool = DecoderExecutor(card, make_transport("inproc", owner="hy-decoder"), "cpu")
+    assert pool.describe()["decode"] == {"max_decode_batch": pool.max_decode_batch, "fast": False, "time_chunk": 1,
+                                         "channels_last": False, "fused": False}  # diffusers' decode, described
 
 
 def test_system_prompt_is_the_pipelines():

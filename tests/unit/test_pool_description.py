@@ -65,9 +65,10 @@ def test_reward_merged_and_fake_executors():
                                                       fake=False))
     assert (fake.executor.kind, fake.executor.fake) == ("fake", True)
     dec = pool_pb2.PoolDescription(**executor_fields({"decode": {"max_decode_batch": 4, "fast": True, "time_chunk": 8,
-                                                                 "channels_last": False}}, role="decoder", fake=False))
-    assert (dec.executor.kind, dec.executor.decoder.max_decode_batch, dec.executor.decoder.time_chunk) == (
-        "decoder", 4, 8)
+                                                                 "channels_last": False, "fused": True}}, role="decoder",
+                                                      fake=False))
+    assert (dec.executor.kind, dec.executor.decoder.max_decode_batch, dec.executor.decoder.time_chunk,
+            dec.executor.decoder.fused) == ("decoder", 4, 8, True)
 
 
 def test_the_diagnostics_hold_only_what_no_field_holds():

@@ -166,6 +166,9 @@ class VideoDecoder:
     """latents -> frames float32 ``[B, F, H, W, 3]`` in [0, 1]: ``latents / scaling_factor``, the
     VAE's decode, then the pipeline's post-processing."""
 
+    #: the decode settings a pool describes: this VAE decodes as diffusers does, one call per latent
+    fast, time_chunk, channels_last, fused = False, 1, False, False
+
     def __init__(self, card: ModelCard, device: str = "cpu", dtype: torch.dtype = torch.float32,
                  fast: bool | None = None):
         # ``fast``: the pools' switch for a family's fast decode; this VAE has none (diffusers' decode)

@@ -213,7 +213,8 @@ class DecoderExecutor(_Base):
     def describe(self) -> dict:
         d = super().describe()
         d["decode"] = {"max_decode_batch": self.max_decode_batch, "fast": self.vae.fast,
-                       "time_chunk": self.vae.time_chunk, "channels_last": self.vae.channels_last}
+                       "time_chunk": self.vae.time_chunk, "channels_last": self.vae.channels_last,
+                       "fused": self.vae.fused}
         d["decode_warm"] = [dict(w) for w in self.warmed]
         return d
 
