@@ -111,7 +111,7 @@ def test_decoder_fused_with_the_kernel_matches_diffusers(monkeypatch):
     assert (got - want).abs().max() <= 1e-5
 
 
-@pytest.mark.skipif(not CUDA, reason="bf16 convolutions at the serving layout: cuDNN")
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: bf16 convolutions at the serving layout (cuDNN)")
 def test_bf16_fused_decode_on_gpu_stays_within_the_cards_tolerance():
     """bf16 on a GPU, channels-last weights: fused and unfused against diffusers' fp32 decode, the
     fused error no larger than the unfused one's by more than bf16 noise (the card's default
