@@ -268,8 +268,10 @@ def test_small_requests_take_a_busy_replica_before_a_large_one_and_waiting_raise
 
 def test_a_large_batch_is_not_sent_beside_small_ones_in_flight():
     """Double buffering sends a second batch beside the one in flight; a second batch of requests
-    less slowed-down than those in flight would hold their next step behind it, so it waits."""
-    p = _planner(pricer=Pricer(CalibratedCostModel()), clock=lambda: 1000.0)
+    far less slowed-down (under half) than those in flight would hold their next step behind it,
+    so it waits."""
+    now = [1000.0]
+    p = _planner(pricer=Pricer(CalibratedCostModel()), clock=lambda: now[0])
     large = [_submit(p, _req(f"l{i}", steps=4, width=192, height=192)) for i in range(2)]
     small = [_submit(p, _req(f"s{i}", steps=4)) for i in range(2)]
     busy = {"n": 0}
@@ -278,6 +280,7 @@ def test_a_large_batch_is_not_sent_beside_small_ones_in_flight():
         return (2 - busy["n"], busy["n"]) if ex.role == "denoiser" else None
 
     _round(p, capacity=capacity)  # encode
+    now[0] += 1.0  # all four have waited a second: the small ones are far more slowed down
     batches = p.schedule(capacity, split_min_units=4)
     assert [sorted(u.request_id for u, _ in b.units) for b in batches] == [["s0", "s1"]]
     assert all(r.pending is not None for r in large)  # two of them would double-buffer, but not beside these

@@ -207,7 +207,7 @@ class Planner:
             where[key] = (pool, idx, ex)
         state: dict[int, list[int] | None] = {}  # id(executor) -> [free slots, batches in flight]
         out: list[Batch] = []
-        in_flight_rank = self._outranked_in_flight() if split_min_units > 0 else None
+        in_flight = self._slowdowns_in_flight() if split_min_units > 0 else None
         now = self.clock()
         for key, members in self._ordered(groups):
             pool, idx, ex = where[key]
@@ -225,17 +225,17 @@ class Planner:
                     # a replica runs one batch at a time, unless the next one is large enough to
                     # double-buffer; otherwise its units wait and join the replica's next batch
                     second = dbuf and len(chunk) >= max(1, split_min_units // 2)
-                    if second and in_flight_rank and id(ex) in in_flight_rank:  # beside a batch of more slowed-down
+                    if second and in_flight and id(ex) in in_flight:  # beside a batch of far more slowed-down
                         # requests, it would hold their next step behind it: it waits instead
-                        second = min(self._rank(r, now) for _, r in chunk) <= in_flight_rank[id(ex)]
+                        second = 2 * max(self._slowdown(r, now) for _, r in chunk) >= in_flight[id(ex)]
                     if st[0] <= 0 or (st[1] > 0 and not second):
                         for unit, run in chunk:
                             run.pending = unit
                         continue
                     st[0], st[1] = st[0] - 1, st[1] + 1
-                    if in_flight_rank is not None and any(r.work_s > 0 for _, r in chunk):
-                        best = min(self._rank(r, now) for _, r in chunk)
-                        in_flight_rank[id(ex)] = min(in_flight_rank.get(id(ex), best), best)
+                    if in_flight is not None and any(r.work_s > 0 for _, r in chunk):
+                        most = max(self._slowdown(r, now) for _, r in chunk)
+                        in_flight[id(ex)] = max(in_flight.get(id(ex), most), most)
                 for _, run in chunk:
                     run.in_flight = True
                     if idx is not None:
@@ -244,11 +244,14 @@ class Planner:
                 out.append(Batch(chunk, pool, idx, ex))
         return out
 
+    def _slowdown(self, run: RequestRun, now: float) -> float:
+        """Time since the request started over its priced work (GPU-seconds; 0 when unpriced)."""
+        return max(0.0, now - (run.started or run.created)) / run.work_s if run.work_s > 0 else 0.0
+
     def _rank(self, run: RequestRun, now: float) -> tuple[float, float]:
-        """A request's place when batches compete for a replica, lowest first: its slowdown (time
-        since it started over its priced work, GPU-seconds), negated; equal ones, smaller work."""
-        work = max(run.work_s, 1e-6)
-        return -round(max(0.0, now - (run.started or run.created)) / work, 3), work
+        """A request's place when batches compete for a replica, lowest first: its slowdown,
+        negated; equal ones (to the millisecond of slowdown), the smaller work."""
+        return -round(self._slowdown(run, now), 3), max(run.work_s, 1e-6)
 
     def _ordered(self, groups) -> list:
         """The round's batch groups, the one holding the most slowed-down request first.
@@ -264,17 +267,17 @@ class Planner:
         ranked = sorted(enumerate(groups.items()), key=lambda g: (min(self._rank(r, now) for _, r in g[1][1]), g[0]))
         return [item for _, item in ranked]
 
-    def _outranked_in_flight(self) -> dict[int, tuple[float, float]]:
-        """id(executor) -> the best rank among the requests in flight there (priced ones only)."""
-        now, best = self.clock(), {}
+    def _slowdowns_in_flight(self) -> dict[int, float]:
+        """id(executor) -> the highest slowdown among the (priced) requests in flight there."""
+        now, most = self.clock(), {}
         for run in self.runs.values():
             if run.in_flight and run.work_s > 0 and run.last_replica is not None:
                 pool, idx = run.last_replica
                 replicas = self.executors.get(pool) or []
                 if idx < len(replicas):
                     key = id(replicas[idx])
-                    best[key] = min(best.get(key, (0.0, float("inf"))), self._rank(run, now))
-        return best
+                    most[key] = max(most.get(key, 0.0), self._slowdown(run, now))
+        return most
 
     def _placements(self, units) -> list[tuple[str, int | None, Any]]:
         """(pool key, replica index, executor) for each unit: the request's pinned replica of that
