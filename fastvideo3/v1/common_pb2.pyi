@@ -47,45 +47,20 @@ class TensorRef(_message.Message):
     def __init__(self, owner_pool: _Optional[str] = ..., buffer_id: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ..., checksum: _Optional[str] = ..., transport: _Optional[_Union[TransportDescriptor, _Mapping]] = ..., name: _Optional[str] = ...) -> None: ...
 
 class ShapeSignature(_message.Message):
-    __slots__ = ("frames", "height", "width", "latent_shape", "text_length", "dtype", "cfg_branches", "extra", "key")
-    class ExtraEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: str
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
-    FRAMES_FIELD_NUMBER: _ClassVar[int]
-    HEIGHT_FIELD_NUMBER: _ClassVar[int]
-    WIDTH_FIELD_NUMBER: _ClassVar[int]
-    LATENT_SHAPE_FIELD_NUMBER: _ClassVar[int]
-    TEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
-    DTYPE_FIELD_NUMBER: _ClassVar[int]
-    CFG_BRANCHES_FIELD_NUMBER: _ClassVar[int]
-    EXTRA_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("key",)
     KEY_FIELD_NUMBER: _ClassVar[int]
-    frames: int
-    height: int
-    width: int
-    latent_shape: _containers.RepeatedScalarFieldContainer[int]
-    text_length: int
-    dtype: str
-    cfg_branches: int
-    extra: _containers.ScalarMap[str, str]
     key: str
-    def __init__(self, frames: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., latent_shape: _Optional[_Iterable[int]] = ..., text_length: _Optional[int] = ..., dtype: _Optional[str] = ..., cfg_branches: _Optional[int] = ..., extra: _Optional[_Mapping[str, str]] = ..., key: _Optional[str] = ...) -> None: ...
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
 
 class Resources(_message.Message):
-    __slots__ = ("gpu_seconds", "resident_bytes", "peak_bytes", "queue_slots")
+    __slots__ = ("gpu_seconds", "resident_bytes", "peak_bytes")
     GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
-    QUEUE_SLOTS_FIELD_NUMBER: _ClassVar[int]
     gpu_seconds: float
     resident_bytes: int
     peak_bytes: int
-    queue_slots: int
-    def __init__(self, gpu_seconds: _Optional[float] = ..., resident_bytes: _Optional[int] = ..., peak_bytes: _Optional[int] = ..., queue_slots: _Optional[int] = ...) -> None: ...
+    def __init__(self, gpu_seconds: _Optional[float] = ..., resident_bytes: _Optional[int] = ..., peak_bytes: _Optional[int] = ...) -> None: ...
 
 class Error(_message.Message):
     __slots__ = ("code", "message", "field", "limit", "step", "retry_after_s", "request_id", "details", "retryable", "resume_from_step", "loss")

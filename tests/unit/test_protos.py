@@ -117,12 +117,8 @@ def test_work_unit_and_step_result_roundtrip() -> None:
     params = {"t": 999.0, "sigma": 0.9973, "guidance_scale": 5.0, "seed": 2**63 - 1}
     unit = work_pb2.WorkUnit(
         unit_id="u-7", request_id="req-1", loop_id="denoise", kind="diffusion_step", card_id="wan2.1-t2v-1.3b",
-        shape_sig=common_pb2.ShapeSignature(
-            frames=81, height=480, width=832, latent_shape=[16, 21, 60, 104],
-            text_length=512, dtype="bfloat16", cfg_branches=2, extra={"patch": "1x2x2"},
-            key="diffusion_step|81x480x832|t512|bf16|cfg2|patch=1x2x2",
-        ),
-        resources=common_pb2.Resources(gpu_seconds=0.41, resident_bytes=1 << 22, peak_bytes=3 << 30, queue_slots=1),
+        shape_sig=common_pb2.ShapeSignature(key="diffusion_step|81x480x832|t512|bf16|cfg2|patch=1x2x2"),
+        resources=common_pb2.Resources(gpu_seconds=0.41, resident_bytes=1 << 22, peak_bytes=3 << 30),
         input_refs=[_ref("prompt_embeds", "encoder"), _ref("latents")],
         params_json=json.dumps(params).encode(), deadline_unix_ms=1_900_000_000_000,
         trace_context={"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
