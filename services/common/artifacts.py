@@ -20,7 +20,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from fastvideo3.errors import NotFound, ResourceExhausted
+from fastvideo3.errors import ErrorInfo, NotFound, ResourceExhausted
+from services.common import convert
 
 #: the most bytes of inline results one Execute reply carries (the rest is held back)
 INLINE_REPLY_BYTES = 32 << 20
@@ -111,8 +112,6 @@ def hold_back_large(results, store: ArtifactStore) -> None:
     """Move inline data out of wire StepResults (in place, in order) until the reply's inline bytes
     are within :data:`INLINE_REPLY_BYTES` and none alone exceeds :data:`INLINE_RESULT_BYTES`. A
     result that cannot be held fails with the store's error."""
-    from services.common import convert
-    from fastvideo3.errors import ErrorInfo
     total = 0
     for r in results:
         n = len(r.inline_data)

@@ -207,9 +207,9 @@ class Planner:
             where[key] = (pool, idx, ex)
         state: dict[int, list[int] | None] = {}  # id(executor) -> [free slots, batches in flight]
         out: list[Batch] = []
-        in_flight = self._slowdowns_in_flight() if split_min_units > 0 else None
         now = self.clock()
-        for key, members in self._ordered(groups):
+        in_flight = self._slowdowns_in_flight(now) if split_min_units > 0 else None
+        for key, members in self._ordered(groups, now):
             pool, idx, ex = where[key]
             if ex is not None and id(ex) not in state:
                 cap = capacity(ex) if capacity is not None else None
@@ -253,7 +253,7 @@ class Planner:
         negated; equal ones (to the millisecond of slowdown), the smaller work."""
         return -round(self._slowdown(run, now), 3), max(run.work_s, 1e-6)
 
-    def _ordered(self, groups) -> list:
+    def _ordered(self, groups, now: float) -> list:
         """The round's batch groups, the one holding the most slowed-down request first.
 
         A replica runs one batch at a time, so the group planned first takes it and the others
@@ -263,13 +263,12 @@ class Planner:
         Unpriced rounds (no pricer) keep arrival order."""
         if len(groups) < 2 or not any(r.work_s > 0 for g in groups.values() for _, r in g):
             return list(groups.items())
-        now = self.clock()
         ranked = sorted(enumerate(groups.items()), key=lambda g: (min(self._rank(r, now) for _, r in g[1][1]), g[0]))
         return [item for _, item in ranked]
 
-    def _slowdowns_in_flight(self) -> dict[int, float]:
+    def _slowdowns_in_flight(self, now: float) -> dict[int, float]:
         """id(executor) -> the highest slowdown among the (priced) requests in flight there."""
-        now, most = self.clock(), {}
+        most: dict[int, float] = {}
         for run in self.runs.values():
             if run.in_flight and run.work_s > 0 and run.last_replica is not None:
                 pool, idx = run.last_replica
