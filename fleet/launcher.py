@@ -41,10 +41,23 @@ class FleetError(RuntimeError):
     """A fleet process failed to start or died; the message carries the tail of its log."""
 
 
+_HANDED_OUT: set[tuple[str, int]] = set()
+_HANDED_OUT_LOCK = threading.Lock()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now and that this process has not handed out before: a fleet
+    takes all its ports before its processes bind them, and the OS can offer one port twice
+    in that window (two processes given one port would both fail or, with SO_REUSEPORT, share it)."""
+    for _ in range(64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        with _HANDED_OUT_LOCK:
+            if (host, port) not in _HANDED_OUT:
+                _HANDED_OUT.add((host, port))
+                return port
+    raise FleetError(f"no free port on {host} that was not handed out already (64 tries)")
 
 
 @dataclass

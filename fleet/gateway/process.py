@@ -55,6 +55,7 @@ class GatewayProcess:
 
     def wait_ready(self, timeout_s: float) -> None:
         end = time.monotonic() + timeout_s
+        last = "no answer yet"
         while True:
             if self.proc is not None and self.proc.poll() is not None:
                 raise GatewayError(f"the gateway exited with status {self.proc.returncode}:\n{self.log_tail()}")
@@ -62,11 +63,24 @@ class GatewayProcess:
                 with urllib.request.urlopen(self.url + "/readyz", timeout=2.0) as r:
                     if r.status == 200:
                         return
-            except (urllib.error.URLError, OSError):
-                pass
+            except urllib.error.HTTPError as e:  # 503: the body says what is not ready
+                last = f"/readyz answered {e.code}: {e.read(500).decode(errors='replace')}"
+            except (urllib.error.URLError, OSError) as e:
+                last = f"/readyz: {e}"
             if time.monotonic() >= end:
-                raise GatewayError(f"the gateway is not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
+                self.dump_stacks()
+                raise GatewayError(f"the gateway is not ready after {timeout_s:.0f}s (last: {last}):\n"
+                                   f"{self.log_tail(80)}")
             time.sleep(0.1)
+
+    def dump_stacks(self, wait_s: float = 1.0) -> None:
+        """Have a running gateway write every thread's stack to its log (SIGUSR1)."""
+        if self.alive():
+            try:
+                os.kill(self.proc.pid, signal.SIGUSR1)
+            except OSError:
+                return
+            time.sleep(wait_s)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -63,6 +63,9 @@ class ServiceHost:
         if max_receive_bytes:
             options = [o for o in options if o[0] != "grpc.max_receive_message_length"]
             options.append(("grpc.max_receive_message_length", int(max_receive_bytes)))
+        # no SO_REUSEPORT: a second process on a taken port fails to bind instead of silently sharing
+        # it (the kernel would then hand each new connection to either, e.g. a client's to a pool)
+        options.append(("grpc.so_reuseport", 0))
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
                                   options=options, interceptors=security.interceptors() if security else None)
         self.health = health.HealthServicer(experimental_non_blocking=True)
@@ -85,9 +88,12 @@ class ServiceHost:
         names = [*self.services, health.SERVICE_NAME, reflection.SERVICE_NAME]
         reflection.enable_server_reflection(names, self.server)
         address = f"{self.host}:{self.port}"
-        bound = self.security.bind(self.server, address) if self.security else self.server.add_insecure_port(address)
+        try:
+            bound = self.security.bind(self.server, address) if self.security else self.server.add_insecure_port(address)
+        except RuntimeError:  # grpcio raises where older versions returned 0
+            bound = 0
         if bound == 0:
-            raise Unavailable(f"cannot listen on {self.host}:{self.port}", field="port")
+            raise Unavailable(f"cannot listen on {self.host}:{self.port} (is it taken?)", field="port")
         self.port = bound
         self.server.start()
         self._set_all(health_pb2.HealthCheckResponse.NOT_SERVING)

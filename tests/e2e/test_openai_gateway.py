@@ -23,7 +23,7 @@ from fastvideo3.client import FleetClient  # noqa: E402
 from fastvideo3.media import probe_video  # noqa: E402
 from tests.fleet_fixture import pool_describe, wait_until  # noqa: E402
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+pytestmark = [pytest.mark.timeout(360), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 warnings.filterwarnings("ignore", category=DeprecationWarning)  # the SDK marks its video methods deprecated
 MODEL = "wan-tiny"
 SMALL = {"fastvideo3": {"steps": 2, "seed": 7}}

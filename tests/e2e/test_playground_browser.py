@@ -16,7 +16,7 @@ from selenium import webdriver  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(360)  # the shared fleet may take two starts (gateway_stack.py)
 PLAY_DEADLINE_S = 120.0
 
 
