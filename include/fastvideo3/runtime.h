@@ -169,23 +169,33 @@ typedef struct fv3_model_verbs_v1 {
   int32_t (*step)(void *ctx);                        /* fire the stages in declared order */
 } fv3_model_verbs_v1;
 
-typedef struct fv3_model_runtime_v1 {
-  uint32_t abi_version;  /* FV3_MODEL_RUNTIME_ABI_VERSION */
-  uint32_t struct_size;  /* >= FV3_MODEL_RUNTIME_V1_BASE_SIZE */
-  const fv3_runtime_export_v1 *exp; /* held by the model runtime; do not retain separately */
-  uint32_t num_ports;
-  uint32_t num_stages;
-  const fv3_port_v1 *ports;
-  const fv3_stage_v1 *stages;
-  void *ctx;
-  fv3_model_verbs_v1 verbs;
-  const char *(*last_error)(void *ctx); /* message of this thread's last failed call, or "" */
-  int32_t (*retain)(void *ctx);
+/* The v1 base of the model-runtime struct, in order; frozen (later fields are tails). */
+#define FV3_MODEL_RUNTIME_V1_BASE_FIELDS                                                      \
+  uint32_t abi_version;  /* FV3_MODEL_RUNTIME_ABI_VERSION */                                   \
+  uint32_t struct_size;  /* >= FV3_MODEL_RUNTIME_V1_BASE_SIZE */                               \
+  const fv3_runtime_export_v1 *exp; /* held by the model runtime; do not retain separately */  \
+  uint32_t num_ports;                                                                          \
+  uint32_t num_stages;                                                                         \
+  const fv3_port_v1 *ports;                                                                    \
+  const fv3_stage_v1 *stages;                                                                  \
+  void *ctx;                                                                                   \
+  fv3_model_verbs_v1 verbs;                                                                    \
+  const char *(*last_error)(void *ctx); /* message of this thread's last failed call, or "" */ \
+  int32_t (*retain)(void *ctx);                                                                \
   int32_t (*release)(void *ctx);
+
+typedef struct fv3_model_runtime_v1 {
+  FV3_MODEL_RUNTIME_V1_BASE_FIELDS
   /* ---- end of the v1 base; tails below are size-probed one by one ---- */
   int32_t (*query_extension)(void *ctx, uint32_t extension_id, const void **table,
                              uint64_t *table_size);
 } fv3_model_runtime_v1;
+
+/* The struct as a host that knows no tail declares it: the base alone. Such a host requires
+ * struct_size >= sizeof(fv3_model_runtime_v1_base) and never reads past it. */
+typedef struct fv3_model_runtime_v1_base {
+  FV3_MODEL_RUNTIME_V1_BASE_FIELDS
+} fv3_model_runtime_v1_base;
 
 #define FV3_FIELD_END(type, field) (offsetof(type, field) + sizeof(((type *)0)->field))
 /* True when a struct filled with `size` bytes covers `field`. */

@@ -8,20 +8,7 @@
 
 #include "fastvideo3/runtime.h"
 
-typedef struct old_model_runtime_v1 { /* the v1 base, as the older header declared it */
-  uint32_t abi_version;
-  uint32_t struct_size;
-  const fv3_runtime_export_v1 *exp;
-  uint32_t num_ports;
-  uint32_t num_stages;
-  const fv3_port_v1 *ports;
-  const fv3_stage_v1 *stages;
-  void *ctx;
-  fv3_model_verbs_v1 verbs;
-  const char *(*last_error)(void *ctx);
-  int32_t (*retain)(void *ctx);
-  int32_t (*release)(void *ctx);
-} old_model_runtime_v1;
+typedef fv3_model_runtime_v1_base old_model_runtime_v1; /* the v1 base, as a host that predates tails has it */
 
 _Static_assert(sizeof(old_model_runtime_v1) == FV3_MODEL_RUNTIME_V1_BASE_SIZE, "base prefix drifted");
 
