@@ -97,3 +97,13 @@ def test_pricer_reads_the_family_formula():
     assert req.cfg_policy != "none" and req.guidance_scale == 6.0 and req.sampler == Sampler.EULER
     feats = Pricer().features("diffusion_step", card, req)
     assert feats.config.family == "hunyuan15" and feats.shape == StepShape(31, 30, 53, 1, 2)
+
+
+def test_flop_shape_reads_the_transformer_config():
+    """The pricer's shape comes from the checkpoint's config (diffusers' names), its defaults the
+    8.3B model's; a config without the block sizes is refused."""
+    assert DitConfig.from_transformer_config(HV15_DIT) == DitConfig()
+    tiny = DitConfig.from_transformer_config({**HV15_DIT, "num_layers": 2, "patch_size": 2, "mlp_ratio": 2})
+    assert (tiny.num_layers, tiny.patch_size, tiny.mlp_ratio) == (2, (1, 2, 2), 2.0)
+    with pytest.raises(KeyError, match="attention_head_dim"):
+        DitConfig.from_transformer_config({k: v for k, v in HV15_DIT.items() if k != "attention_head_dim"})

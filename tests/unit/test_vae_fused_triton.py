@@ -114,8 +114,10 @@ def test_decoder_fused_with_the_kernel_matches_diffusers(monkeypatch):
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: bf16 convolutions at the serving layout (cuDNN)")
 def test_bf16_fused_decode_on_gpu_stays_within_the_cards_tolerance():
     """bf16 on a GPU, channels-last weights: fused and unfused against diffusers' fp32 decode, the
-    fused error no larger than the unfused one's by more than bf16 noise (the card's default
-    tolerances: 1e-1 max, 5e-3 mean on [-1, 1] frames)."""
+    fused error no larger than the unfused one's by more than bf16 noise. The absolute bounds are
+    the card's max tolerance (1e-1 on [-1, 1] frames) and twice its mean one: this tiny random
+    decoder in bf16 is already 5-6e-3 off on average unfused (PyTorch's bf16 path on a CPU: 6.1e-3
+    for the 2.1 layout, 5.1e-3 for 2.2), above the 5e-3 a real checkpoint keeps."""
     from tests.helpers_vae import WAN22
     for cfg in (WAN21, WAN22):
         ref = tiny_vae(cfg).to(DEV)
@@ -130,5 +132,5 @@ def test_bf16_fused_decode_on_gpu_stays_within_the_cards_tolerance():
                 (vd.fuse_decoder if fused else vd.unfuse_decoder)(m)
                 d = (vd.chunked_decode(m, z.bfloat16(), 2).float() - want).abs()
                 errs[fused] = (float(d.max()), float(d.mean()))
-        assert errs[True][0] <= 1e-1 and errs[True][1] <= 5e-3, errs
+        assert errs[True][0] <= 1e-1 and errs[True][1] <= 1e-2, errs
         assert errs[True][1] <= 2 * errs[False][1] + 1e-3, errs

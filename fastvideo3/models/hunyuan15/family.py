@@ -25,15 +25,7 @@ def latent_shape(card: ModelCard, frames: int, height: int, width: int) -> tuple
 
 
 def dit_config(card: ModelCard) -> flops.DitConfig:
-    c = card.components["transformer"].config
-    pt, p = int(c.get("patch_size_t", 1)), int(c.get("patch_size", 1))
-    return flops.DitConfig(
-        num_layers=int(c["num_layers"]), num_heads=int(c["num_attention_heads"]), head_dim=int(c["attention_head_dim"]),
-        mlp_ratio=float(c.get("mlp_ratio", 4.0)), num_refiner_layers=int(c.get("num_refiner_layers", 2)),
-        text_dim=int(c.get("text_embed_dim", 3584)), text_dim_2=int(c.get("text_embed_2_dim", 1472)),
-        image_dim=int(c.get("image_embed_dim", 1152)), in_channels=int(c.get("in_channels", 65)),
-        out_channels=int(c.get("out_channels", 32)), patch_size=(pt, p, p),
-    )
+    return flops.DitConfig.from_transformer_config(card.components["transformer"].config)
 
 
 #: HunyuanVideo-1.5 text-to-video (diffusers' HunyuanVideo15Pipeline layout); it ships no weights

@@ -24,11 +24,16 @@ it the joint attention.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, Mapping
 
 from fastvideo3.models.flops import ComponentCost, DitForwardCost, DitShape, ResidentMemory, StepShape, linear_cost
 
 BYT5_HIDDEN = 2048
+#: DitConfig's fields under their diffusers config names (the others are spelt alike)
+_DIFFUSERS_KEYS = {"num_heads": "num_attention_heads", "head_dim": "attention_head_dim",
+                   "text_dim": "text_embed_dim", "text_dim_2": "text_embed_2_dim", "image_dim": "image_embed_dim"}
+_REQUIRED = ("num_layers", "num_heads", "head_dim")
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,23 @@ class DitConfig(DitShape):
     @property
     def ffn_dim(self) -> int:
         return int(self.hidden * self.mlp_ratio)
+
+    @classmethod
+    def from_transformer_config(cls, c: Mapping[str, Any]) -> "DitConfig":
+        """The shape of a checkpoint's transformer config (diffusers' names); a key it lacks
+        keeps this class's default, except the three that size every block."""
+        kw: dict[str, Any] = {}
+        for f in fields(cls):
+            key = _DIFFUSERS_KEYS.get(f.name, f.name)
+            if f.name == "patch_size":
+                default = f.default
+                pt, p = int(c.get("patch_size_t", default[0])), int(c.get("patch_size", default[1]))
+                kw[f.name] = (pt, p, p)
+            elif key in c:
+                kw[f.name] = type(f.default)(c[key]) if f.default is not MISSING else int(c[key])
+            elif f.name in _REQUIRED:
+                raise KeyError(f"the transformer config has no {key!r}")
+        return cls(**kw)
 
     def param_count(self) -> int:
         """Every parameter of the checkpoint (the image projection included): 8.33e9 at 480p/720p."""
