@@ -153,10 +153,29 @@ def _norm_inputs(model, z, chunk: int) -> list[tuple[int, torch.Tensor]]:
     return seen
 
 
-def test_fused_decode_keeps_activations_channels_last():
-    """bf16 convolutions on a CPU keep channels-last as cuDNN's do: fused, every norm of a
-    multi-frame chunk reads a channels-last activation (the kernel's contiguous rows), where
-    diffusers' time upsampler hands the next block a [B, T, C, H, W]-ordered one."""
+def _convs_keep_channels_last() -> bool:
+    """Whether this CPU's 3-D convolutions return channels-last for channels-last weights, as
+    cuDNN's do (oneDNN's on CPUs with AVX-512; an AVX2 CPU returns channels-first)."""
+    conv = torch.nn.Conv3d(4, 4, 3, padding=1).bfloat16()
+    conv.weight.data = conv.weight.data.contiguous(memory_format=torch.channels_last_3d)
+    x = torch.randn(1, 4, 2, 3, 3).bfloat16().contiguous(memory_format=torch.channels_last_3d)
+    return conv(x).is_contiguous(memory_format=torch.channels_last_3d)
+
+
+def test_fused_decode_keeps_activations_channels_last(monkeypatch):
+    """With convolutions that keep channels-last (cuDNN's; on a CPU whose convolutions do not,
+    each convolution's output is made channels-last as cuDNN would return it), every norm of a
+    multi-frame chunk of the fused decoder reads a channels-last activation (the kernel's
+    contiguous rows), where diffusers' time upsampler hands the next block a [B, T, C, H, W]-ordered one."""
+    if not _convs_keep_channels_last():
+        conv3d = F.conv3d
+
+        def like_cudnn(x, weight, *args, **kw):
+            y = conv3d(x, weight, *args, **kw)
+            # PyTorch's rule for cuDNN: channels-last out when the input or the weight is
+            cl = any(t.is_contiguous(memory_format=torch.channels_last_3d) for t in (x, weight))
+            return y.contiguous(memory_format=torch.channels_last_3d) if cl else y
+        monkeypatch.setattr(torch.nn.functional, "conv3d", like_cudnn)
     z = torch.randn(1, WAN21["z_dim"], 3, 4, 6, generator=torch.Generator().manual_seed(8)).bfloat16()
 
     def multi_frame_cl(model) -> list[bool]:
