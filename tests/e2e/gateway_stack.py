@@ -37,13 +37,14 @@ class ServeStack:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip())
-            m = re.match(r"\s+(scheduler|encoder|denoiser|decoder)\s+(\S+)", line)
-            if m:
-                self.targets[m.group(1)] = m.group(2).rstrip(",")
-            if line.startswith("Ctrl-C stops the fleet"):
-                self.ready.set()
+        with contextlib.suppress(ValueError, OSError):  # the pipe closed under it (_stop)
+            for line in self.proc.stdout:
+                self.lines.append(line.rstrip())
+                m = re.match(r"\s+(scheduler|encoder|denoiser|decoder)\s+(\S+)", line)
+                if m:
+                    self.targets[m.group(1)] = m.group(2).rstrip(",")
+                if line.startswith("Ctrl-C stops the fleet"):
+                    self.ready.set()
 
     def output(self) -> str:
         return "\n".join(self.lines[-60:])
@@ -117,6 +118,9 @@ def _stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+    if proc.stdout is not None:
+        with contextlib.suppress(OSError):
+            proc.stdout.close()
 
 
 def _wait_started(stack: ServeStack, timeout_s: float) -> str | None:
