@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.helpers_env import triton_interpreter_env
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +30,7 @@ def run_under_interpreter(select: str, files: list[str], passed: int) -> None:
     """Run the ``-k select`` tests of ``files`` in a child process under ``TRITON_INTERPRET=1``
     (Triton decides when a kernel is first defined) and check that ``passed`` of them pass, none
     skipped."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    env = triton_interpreter_env()
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", select, *files],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.helpers_env import triton_interpreter_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(600)
 def test_device_checksum_under_the_interpreter():
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    env = triton_interpreter_env()
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit/test_device_checksum.py"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=580)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

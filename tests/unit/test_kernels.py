@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from fastvideo3.kernels import add_norm, qk_norm_rope, triton_available
 from fastvideo3.kernels.fused import RopeGrid
 from fastvideo3.models.wan.dit import _layer_norm_fp32, apply_rope, rope_tables
+from tests.helpers_env import triton_interpreter_env
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,7 +82,7 @@ def test_rope_grid_tables_match_the_models_rope():
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="the Triton file runs in-process already")
 def test_triton_kernels_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    env = triton_interpreter_env()
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit/test_kernels_triton.py"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=110,

@@ -23,6 +23,7 @@ from fastvideo3.kernels.vae_norm import rms_norm_silu, row_layout
 from fastvideo3.models.wan import vae_decode as vd
 from fastvideo3.models.wan import vae_fused as vf
 from tests.helpers_vae import WAN21, WAN22, tiny_vae
+from tests.helpers_env import triton_interpreter_env
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[2]
@@ -266,7 +267,7 @@ def test_video_decoder_fuses_on_request():
 @pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="the Triton file runs in-process already")
 def test_triton_kernel_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    env = triton_interpreter_env()
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit/test_vae_fused_triton.py",
          "-k", "not on_gpu"],
