@@ -13,9 +13,9 @@ layout cuDNN's channels-last convolutions write); a channels-first tensor works 
 across positions instead). It accumulates the row's sum of squares in fp32 and rounds to the
 activation dtype after each step where diffusers rounds (the normalised value, ``* sqrt(C)``,
 ``* gamma``, ``+ bias``, SiLU), so it differs from diffusers only in the last fp32 bits before
-those roundings (the sum's order, one reciprocal per row, the GPU's fast ``exp``). A layout
-whose spatial dims do not collapse to one strided run, a gamma of another dtype than ``x``, or
-``impl="torch"`` take the PyTorch twin: diffusers' own expression.
+those roundings (the sum's order, one correctly rounded reciprocal per row, the GPU's fast
+``exp``). A layout whose spatial dims do not collapse to one strided run, a gamma of another
+dtype than ``x``, or ``impl="torch"`` take the PyTorch twin: diffusers' own expression.
 """
 from __future__ import annotations
 
@@ -84,8 +84,10 @@ def _kernel():
         x = tl.load(x_ptr + (sample * xsb + pos * xsp)[:, None] + (cols64 * xsc)[None, :], mask=mask, other=0.0)
         x = x.to(tl.float32)
         # F.normalize: x / max(||x||, eps); one reciprocal per row (the sum's order already moves
-        # the last fp32 bit, and a division per element would make this pass compute-bound)
-        inv = 1.0 / tl.maximum(tl.sqrt(tl.sum(x * x, axis=1)), eps)
+        # the last fp32 bit, and a division per element would make this pass compute-bound).
+        # IEEE-rounded sqrt and division: on CUDA, tl.sqrt and `/` are approximate (a few ulps
+        # off per row, which flips more of the bf16 roundings after it); once per row, free here
+        inv = tl.div_rn(1.0, tl.maximum(tl.sqrt_rn(tl.sum(x * x, axis=1)), eps))
         y = x * inv[:, None]
         odt = o_ptr.dtype.element_ty
         if ROUND:  # diffusers rounds to the activation dtype after each op
