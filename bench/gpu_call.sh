@@ -12,6 +12,8 @@
 #   fp8        bench/denoiser_fp8.py: FP8 against bf16 (needs the fa3_fwd wheel for FP8 attention)
 #   models     bench/denoiser.py --models $MODELS: newer families against diffusers (bench/denoiser_models.py),
 #              rows named in $SKIP_ROWS (family:shape,...) left out; JSON as $MODELS_JSON
+#   decode_small bench/vae_decode_profile.py --shape $DECODE_SHAPE (17x256x256) at batch sizes $DECODE_BATCHES
+#              (1,2,4,8,16): wall against kernel time per call (decode_small_h200.json)
 #   gputests   pytest on the GPU of the test files in $GPU_TESTS (default: the Triton kernel and FP8
 #              files, whose CUDA tests CI never runs); every failure's text in gpu_tests.txt, a
 #              JUnit XML in gpu_tests.xml
@@ -46,6 +48,9 @@ for part in "$@"; do
     models)    timeout "${MODELS_TIMEOUT_S:-480}" python3 bench/denoiser.py --models "${MODELS:?}" --quick \
                  --stage-timeout "${STAGE_TIMEOUT_S:-150}" --skip-rows "${SKIP_ROWS:-}" \
                  --out "$work/$part/${MODELS_JSON:-denoiser_models_h200.json}" ;;
+    decode_small) timeout "${DECODE_SMALL_TIMEOUT_S:-150}" python3 bench/vae_decode_profile.py \
+                 --shape "${DECODE_SHAPE:-17x256x256}" --batches "${DECODE_BATCHES:-1,2,4,8,16}" \
+                 --out "$work/$part/decode_small_h200.json" ;;
     gputests)  timeout "${GPUTESTS_TIMEOUT_S:-300}" python3 -m pytest -q -p no:cacheprovider -rfE \
                  -o addopts="" --junitxml "$work/$part/gpu_tests.xml" ${GPU_TESTS:-tests/unit/test_vae_fused_triton.py \
                  tests/unit/test_vae_fused.py tests/unit/test_kernels.py tests/unit/test_lora_kernel.py \
@@ -55,7 +60,7 @@ for part in "$@"; do
   echo "== $part rc=$? in $((SECONDS - start))s"; tail -n 25 "$work/$part.log"
 done
 for f in "$work"/*/*.json; do
-  case "$(basename "$f")" in nixl_probe.json|ipc_probe.json|transport_h200.json|lora_h200.json|denoiser_fp8_h200.json|denoiser_models*.json)
+  case "$(basename "$f")" in nixl_probe.json|ipc_probe.json|transport_h200.json|lora_h200.json|denoiser_fp8_h200.json|denoiser_models*.json|decode_small_h200.json)
     cp "$f" "$OUT"/ ;; esac
 done
 for f in "$work"/gputests/gpu_tests.*; do

@@ -44,7 +44,14 @@ def latency_stats(lat: list[float]) -> dict:
 
 # ------------------------------------------------------------------------------ counters
 def _pool_counters(desc: dict) -> dict[str, dict]:
-    return {pool.get("role"): pool.get("counters", {}) for pool in desc["description"].get("pools", {}).values()}
+    """Per role: the pool's own counters, and (prefixed ``scheduler.``) the scheduler's counters of
+    its calls to that pool."""
+    out = {}
+    for pool in desc["description"].get("pools", {}).values():
+        c = dict(pool.get("counters", {}))
+        c.update({f"scheduler.{k}": v for k, v in (pool.get("remote_counters") or {}).items()})
+        out[pool.get("role")] = c
+    return out
 
 
 def snapshot(target: str) -> tuple[dict, dict]:
@@ -67,7 +74,13 @@ def deltas(before: tuple[dict, dict], after: tuple[dict, dict]) -> dict:
                         "dit_forwards": int(pool("denoiser", "forwards")), "dit_rows": int(pool("denoiser", "rows"))},
             "decode": {"batches": int(c1.get("vae_tile.batches", 0) - c0.get("vae_tile.batches", 0)),
                        "units": int(c1.get("vae_tile.units", 0) - c0.get("vae_tile.units", 0)),
-                       "vae_calls": int(pool("decoder", "decode_calls"))},
+                       "vae_calls": int(pool("decoder", "decode_calls")),
+                       # where a decode batch's time goes: the VAE calls, publishing and encoding each
+                       # request's frames, the Execute reply, and the scheduler's Execute call and result reads
+                       "seconds": {k: round(pool("decoder", c), 3) for k, c in (
+                           ("vae", "decode_seconds"), ("publish", "publish_seconds"), ("encode", "encode_seconds"),
+                           ("reply_build", "rpc.reply_build_seconds"), ("scheduler_rpc", "scheduler.rpc_seconds"),
+                           ("scheduler_results", "scheduler.results_seconds"))}},
             "pool_busy_s": {role: round(pool(role, "busy_seconds"), 3) for role in p1}}
 
 

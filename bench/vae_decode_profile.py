@@ -6,6 +6,10 @@ then profiled, the CUDA kernels listed by total time.
     python bench/vae_decode_profile.py --no-fused      # diffusers' modules, chunked
     python bench/vae_decode_profile.py --compare       # time unfused, fused and diffusers' decode, then profile
 
+``--shape 17x256x256 --batches 1,2,4,8`` times the serving path's decode of that clip shape at each
+batch size (wall seconds per call against the CUDA kernels' total: how much of a small decode is
+launch and host time) and writes them to ``--out`` as JSON.
+
 ``--compare`` also reports the fused and unfused frames' largest difference from diffusers'
 own ``decode`` of the same latents (bf16 all three).
 """
@@ -38,7 +42,12 @@ def main() -> None:
     ap.add_argument("--compare", action="store_true", help="time unfused, fused and diffusers' decode first")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--time-chunk", type=int, default=8)
+    ap.add_argument("--shape", default=None, help="FRAMESxHEIGHTxWIDTH: time this clip shape per batch size instead")
+    ap.add_argument("--batches", default="1,2,4,8", help="batch sizes for --shape")
+    ap.add_argument("--out", default=None, help="JSON for --shape")
     a = ap.parse_args()
+    if a.shape:
+        return per_batch(a)
     torch.manual_seed(0)
     m = AutoencoderKLWan(base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
                          temperal_downsample=[False, True, True]).cuda().to(torch.bfloat16).eval()
@@ -76,6 +85,48 @@ def main() -> None:
     print("kernel ms total", round(sum(agg.values()), 1))
     for k, v in sorted(agg.items(), key=lambda kv: -kv[1])[:30]:
         print(f"{v:9.1f} ms {cnt[k]:6d}  {k}")
+
+
+def device_ms(fn) -> float:
+    """The CUDA kernels' total milliseconds of one call of ``fn``."""
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        fn()
+        torch.cuda.synchronize()
+    return sum(e.device_time_total for e in p.key_averages()) / 1e3
+
+
+def per_batch(a) -> None:
+    import json
+    frames, height, width = (int(v) for v in a.shape.lower().split("x"))
+    torch.manual_seed(0)
+    m = AutoencoderKLWan(base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
+                         temperal_downsample=[False, True, True]).cuda().to(torch.bfloat16).eval()
+    vd.to_channels_last(m)
+    fused = vd.fuse_decoder(m) if a.fused else 0
+    rows = []
+    with vd.cuda_flags("cuda"), torch.no_grad():
+        for b in (int(v) for v in a.batches.split(",")):
+            z = torch.randn(b, 16, (frames - 1) // 4 + 1, height // 8, width // 8, device="cuda", dtype=torch.bfloat16)
+            decode = lambda: vd.chunked_decode(m, z, a.time_chunk)  # noqa: E731
+            t_first = time.perf_counter()
+            decode()
+            torch.cuda.synchronize()
+            first = time.perf_counter() - t_first
+            s, _ = timed(decode, a.repeats)
+            dev = device_ms(decode) / 1e3
+            # what serving adds: the frames to [0, 1], [B, F, H, W, 3] fp32 on the host
+            s_host, _ = timed(lambda: ((decode() / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 4, 1).float().cpu()), a.repeats)
+            rows.append({"batch": b, "first_call_s": round(first, 3), "wall_s": round(s, 4),
+                         "wall_s_per_latent": round(s / b, 4), "kernels_s": round(dev, 4),
+                         "kernel_fraction": round(dev / s, 3), "with_host_frames_s": round(s_host, 4)})
+            print(json.dumps(rows[-1]), flush=True)
+    out = {"what": f"Wan2.1 VAE decode (random weights, bf16, channels-last, fused={bool(fused)}) of "
+                   f"{a.shape} per batch size", "time_chunk": a.time_chunk, "rows": rows,
+           "summary": {"shape": a.shape, "wall_s_per_latent": {str(r["batch"]): r["wall_s_per_latent"] for r in rows},
+                       "kernel_fraction": {str(r["batch"]): r["kernel_fraction"] for r in rows}}}
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -157,6 +157,14 @@ def _write_mp4(frames: np.ndarray, dest: Path, fps: float, crf: int) -> None:
             raise Internal(f"ffmpeg exited with status {returncode}: {tail}", details={"cmd": cmd})
 
 
+def npy_bytes(frames: np.ndarray) -> bytes:
+    """The ``.npy`` file :func:`save_video` writes for ``frames``, made in memory (no file)."""
+    import io
+    buf = io.BytesIO()
+    np.save(buf, _validate_frames(frames), allow_pickle=False)
+    return buf.getvalue()
+
+
 def _write_npy(frames: np.ndarray, dest: Path) -> None:
     with open(dest, "wb") as fh:
         np.save(fh, frames, allow_pickle=False)

@@ -240,8 +240,11 @@ class RolePoolServicer(pool_pb2_grpc.RolePoolServicer):
                                    if self.telemetry is not None else execute(live))
                         for u, r in zip(live, results):
                             out[u.unit_id] = r
+                t_reply = time.perf_counter()
                 wire = [convert.result_to_wire(out[u.unit_id], self.replica_id) for u in units]
                 hold_back_large(wire, self.artifacts)  # the reply stays far below the message limit
+                self.counters["reply_build_seconds"] = (self.counters.get("reply_build_seconds", 0.0)
+                                                        + time.perf_counter() - t_reply)
                 return pool_pb2.ExecuteResponse(results=wire, batch_id=request.batch_id, replica_id=self.replica_id,
                                                 batch_seconds=time.perf_counter() - t0)
         except FastVideoError as e:

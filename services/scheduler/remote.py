@@ -91,11 +91,13 @@ class RemoteExecutor:
             self.counters["rpc_seconds"] += time.perf_counter() - t0
         inline = sum(len(r.inline_data) for r in resp.results)  # encoded media: the artifact itself
         self.counters["bytes_received"] = self.counters.get("bytes_received", 0) + resp.ByteSize() - inline
+        t_back = time.perf_counter()
         results = [convert.result_from_wire(r) for r in resp.results]
         for r, res in zip(resp.results, results):
             if r.artifact_id:  # too large for the reply: held in the pool, read now in chunks
                 res.inline = self._read_artifact(r.artifact_id, r.artifact_bytes, timeout - (time.perf_counter() - t0))
                 inline += len(res.inline)
+        self.counters["results_seconds"] = self.counters.get("results_seconds", 0.0) + time.perf_counter() - t_back
         self.counters["artifact_bytes"] = self.counters.get("artifact_bytes", 0) + inline
         return results
 

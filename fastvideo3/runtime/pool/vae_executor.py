@@ -99,7 +99,8 @@ class DecoderExecutor(_Base):
         self.max_decode_batch = max_decode_batch
         self.vae = family_module(card).VideoDecoder(card, self.device, self.dtype, fast=fast)
         self.weights_digest = self.vae.digest
-        self.counters.update({"decode_calls": 0, "decoded_latents": 0, "max_decode_batch_seen": 0, "oom_splits": 0})
+        self.counters.update({"decode_calls": 0, "decoded_latents": 0, "max_decode_batch_seen": 0, "oom_splits": 0,
+                              "decode_seconds": 0.0, "publish_seconds": 0.0, "encode_seconds": 0.0})
         #: the warm phase's record, one entry per bucket shape (Describe's diagnostics "decode_warm")
         self.warmed: list[dict] = []
 
@@ -193,21 +194,27 @@ class DecoderExecutor(_Base):
                 results[unit.unit_id] = _fail(unit, e)
 
     def _decode(self, latents: list[torch.Tensor]) -> torch.Tensor:
+        t0 = time.perf_counter()
         z = latents[0] if len(latents) == 1 else torch.cat([x.to(latents[0].device) for x in latents])
         frames = self.vae.decode(z)  # [B, F, H, W, 3] float32 in [0, 1]
+        self.counters["decode_seconds"] += time.perf_counter() - t0
         self.counters["decode_calls"] += 1
         self.counters["decoded_latents"] += len(latents)
         self.counters["max_decode_batch_seen"] = max(self.counters["max_decode_batch_seen"], len(latents))
         return frames
 
     def _publish(self, unit, frames: torch.Tensor, wire_dtype: str) -> StepResult:
+        t0 = time.perf_counter()
         ref = self.transport.publish(unit.request_id, "frames", frames_for_transport(frames, wire_dtype))
         res = StepResult(unit.unit_id, unit.request_id, outputs={"frames": ref},
                          payload={"frames_shape": list(frames.shape), "frames_dtype": ref.dtype})
+        t1 = time.perf_counter()
+        self.counters["publish_seconds"] += t1 - t0
         fmt = unit.params.get("encode")
         if fmt:  # the pool encodes the file itself; only its bytes travel back
             res.inline = encode_media(frames.numpy(), fmt, int(unit.params.get("fps", self.card.limits.fps)))
             res.payload.update({"media_format": fmt, "media_bytes": len(res.inline)})
+            self.counters["encode_seconds"] += time.perf_counter() - t1
         return res
 
     def describe(self) -> dict:
@@ -224,9 +231,11 @@ def encode_media(frames, fmt: str, fps: int) -> bytes:
     import tempfile
     from pathlib import Path
 
-    from fastvideo3.media import save_video
+    from fastvideo3.media import npy_bytes, save_video
     if fmt not in MEDIA_FORMATS:
         raise InvalidRequest(f"unknown output format {fmt!r}", field="output_format", limit=", ".join(MEDIA_FORMATS))
+    if fmt == "npy":  # made in memory: no temporary file written and read back
+        return npy_bytes(frames)
     with tempfile.TemporaryDirectory(prefix="fv3-media-") as tmp:
         path = Path(tmp) / f"video.{fmt}"
         save_video(frames, path, fps=fps)
