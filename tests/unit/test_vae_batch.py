@@ -191,3 +191,35 @@ def test_warm_decode_decodes_each_planned_batch_and_stops_a_shape_at_oom(monkeyp
     assert [s[0] for s in seen] == [1, 2, 3, 1, 2]
     assert dec.describe()["decode_warm"] == warmed
     assert dec.warm_decode("off") == []
+
+
+def test_every_vae_call_runs_on_the_executors_one_thread():
+    """cuDNN's tuned plans are per thread in PyTorch: a decode on each caller's own thread (a gRPC
+    worker) would tune again. Whichever thread executes, the VAE runs on the executor's thread."""
+    import threading
+    transport = make_transport("inproc", owner="t")
+    dec = DecoderExecutor(resolve_card("wan-tiny"), transport, "cpu")
+    seen, real = [], dec.vae.decode
+
+    def recording(z):
+        seen.append(threading.get_ident())
+        return real(z)
+
+    dec.vae.decode = recording
+    latents = [torch.randn(1, 16, 2, 4, 4, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    callers, results = [], []
+    alive = threading.Barrier(3)  # no caller ends (and frees its thread id) before all have run
+
+    def run(i: int) -> None:
+        callers.append(threading.get_ident())
+        results.append(dec.execute(_units(transport, [latents[i]]))[0])
+        alive.wait(timeout=60)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert all(r.ok for r in results) and len(results) == 3
+    assert len(seen) == 3 and len(set(callers)) == 3
+    assert len(set(seen)) == 1 and seen[0] not in callers and seen[0] != threading.get_ident()
