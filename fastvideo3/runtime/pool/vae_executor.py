@@ -28,7 +28,7 @@ from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import InvalidRequest, ResourceExhausted
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.runtime.pool.executors import _Base, _fail
-from fastvideo3.vocab import OUTPUT_FORMATS, Role, UnitKind
+from fastvideo3.vocab import OUTPUT_FORMATS, OutputFormat, Role, UnitKind
 
 FRAME_DTYPES = ("uint8", "float32")
 MEDIA_FORMATS = OUTPUT_FORMATS
@@ -244,7 +244,7 @@ def encode_media(frames, fmt: str, fps: int) -> bytes:
     from fastvideo3.media import npy_bytes, save_video
     if fmt not in MEDIA_FORMATS:
         raise InvalidRequest(f"unknown output format {fmt!r}", field="output_format", limit=", ".join(MEDIA_FORMATS))
-    if fmt == "npy":  # made in memory: no temporary file written and read back
+    if fmt == OutputFormat.NPY:  # made in memory: no temporary file written and read back
         return npy_bytes(frames)
     with tempfile.TemporaryDirectory(prefix="fv3-media-") as tmp:
         path = Path(tmp) / f"video.{fmt}"
