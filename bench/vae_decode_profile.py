@@ -35,6 +35,15 @@ def timed(fn, repeats: int) -> tuple[float, torch.Tensor]:
     return upper_median(times), out
 
 
+def random_vae():
+    """A random-weight Wan2.1 VAE in bf16 on CUDA, its convolution weights channels-last."""
+    torch.manual_seed(0)
+    m = AutoencoderKLWan(base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
+                         temperal_downsample=[False, True, True]).cuda().to(torch.bfloat16).eval()
+    vd.to_channels_last(m)
+    return m
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fused", action=argparse.BooleanOptionalAction, default=True,
@@ -48,10 +57,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.shape:
         return per_batch(a)
-    torch.manual_seed(0)
-    m = AutoencoderKLWan(base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
-                         temperal_downsample=[False, True, True]).cuda().to(torch.bfloat16).eval()
-    vd.to_channels_last(m)
+    m = random_vae()
     z = torch.randn(1, 16, 21, 60, 104, device="cuda", dtype=torch.bfloat16)
     decode = lambda: vd.chunked_decode(m, z, a.time_chunk)  # noqa: E731
     with vd.cuda_flags("cuda"):
@@ -98,10 +104,7 @@ def device_ms(fn) -> float:
 def per_batch(a) -> None:
     import json
     frames, height, width = (int(v) for v in a.shape.lower().split("x"))
-    torch.manual_seed(0)
-    m = AutoencoderKLWan(base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
-                         temperal_downsample=[False, True, True]).cuda().to(torch.bfloat16).eval()
-    vd.to_channels_last(m)
+    m = random_vae()
     fused = vd.fuse_decoder(m) if a.fused else 0
     rows = []
     with vd.cuda_flags("cuda"), torch.no_grad():

@@ -47,8 +47,7 @@ def vae_encode(executor, unit) -> StepResult:
     if "image_encoder" not in executor.card.components:
         raise InvalidRequest(f"card {executor.card.model_id} is not image-to-video", field="image", limit="unset")
     pixels = vae_pixels(open_rgb(base64.b64decode(p["image"])), int(p["height"]), int(p["width"]))
-    run = getattr(executor, "on_vae_thread", None) or (lambda fn, *a: fn(*a))
-    cond = run(encode_image_condition, executor.vae, pixels, int(p["num_frames"])).contiguous()
+    cond = executor.on_vae_thread(encode_image_condition, executor.vae, pixels, int(p["num_frames"])).contiguous()
     ref = executor.transport.publish(unit.request_id, "image_latents", cond)
     return StepResult(unit.unit_id, unit.request_id, outputs={"image_latents": ref},
                       payload={"image_latents_shape": list(cond.shape)})
