@@ -47,6 +47,6 @@ stage 15 env
 stage 45 micro
 grep -A12 "^FP8 attention, one layer" "$OUT/bench.log"  # the micro-check's table, as soon as it is in
 stage 65 1.3b
-stage 40 tiny
+stage 60 tiny
 stage 100 14b --quick  # last: the budget left (a cut keeps its bf16/FP8 figures once they are in)
 timeout 15 $B --stage table 2>&1 | tee -a "$OUT/bench.log"
