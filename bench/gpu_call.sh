@@ -9,6 +9,7 @@
 #   ipc        bench/ipc_probe.py: where a cuda_ipc fetch spends its time, per device-checksum setting
 #   transport  bench/gpu_transport.sh: the data plane (NIXL probe + bench/transport.py --device cuda)
 #   lora       bench/lora.py: mixed-adapter batches against no LoRA, eager and as CUDA graphs
+#   lora_norm  bench/lora_norm_probe.py: the fused LoRA norm pass per tile config and feature
 #   fp8        bench/denoiser_fp8.py: FP8 against bf16 (needs the fa3_fwd wheel for FP8 attention)
 #   models     bench/denoiser.py --models $MODELS: newer families against diffusers (bench/denoiser_models.py),
 #              rows named in $SKIP_ROWS (family:shape,...) left out; JSON as $MODELS_JSON
@@ -44,6 +45,7 @@ for part in "$@"; do
                  timeout $(( ${TRANSPORT_TIMEOUT_S:-200} + 30 )) bash bench/gpu_transport.sh ;;
     lora)      timeout "${LORA_TIMEOUT_S:-330}" python3 bench/lora.py --out "$work/$part/lora_h200.json" \
                  --graphs both --variants --layers --profile --time-limit $(( ${LORA_TIMEOUT_S:-330} - 120 )) ;;
+    lora_norm) timeout "${LORA_NORM_TIMEOUT_S:-200}" python3 bench/lora_norm_probe.py --out "$work/$part/lora_norm_probe.json" ;;
     fp8)       timeout "${FP8_TIMEOUT_S:-300}" python3 bench/denoiser_fp8.py --out "$work/$part/denoiser_fp8_h200.json" ;;
     models)    timeout "${MODELS_TIMEOUT_S:-480}" python3 bench/denoiser.py --models "${MODELS:?}" --quick \
                  --stage-timeout "${STAGE_TIMEOUT_S:-150}" --skip-rows "${SKIP_ROWS:-}" \
@@ -60,7 +62,7 @@ for part in "$@"; do
   echo "== $part rc=$? in $((SECONDS - start))s"; tail -n 25 "$work/$part.log"
 done
 for f in "$work"/*/*.json; do
-  case "$(basename "$f")" in nixl_probe.json|ipc_probe.json|transport_h200.json|lora_h200.json|denoiser_fp8_h200.json|denoiser_models*.json|decode_small_h200.json)
+  case "$(basename "$f")" in nixl_probe.json|ipc_probe.json|transport_h200.json|lora_h200.json|lora_norm_probe.json|denoiser_fp8_h200.json|denoiser_models*.json|decode_small_h200.json)
     cp "$f" "$OUT"/ ;; esac
 done
 for f in "$work"/gputests/gpu_tests.*; do

@@ -32,3 +32,36 @@ install_fa3() {
     echo "fa3_fwd: not used${note:+ $note}"
   fi
 }
+
+# An ffmpeg for mp4 results on a machine whose image lacks imageio-ffmpeg. Its wheel (29 MB,
+# zip-compressed) does not fit a call's carry beside the other wheels; its package as an xz tarball
+# (21 MB) does. Here, once:   source bench/gpu_env.sh && pack_ffmpeg .wheels_extra
+# There (gpu_serving.sh does it):   install_ffmpeg .wheels_extra
+pack_ffmpeg() {  # pack_ffmpeg <dir>
+  local dir=$1 tmp
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux2014_x86_64 -d "$tmp" imageio-ffmpeg
+  python3 - "$tmp" "$dir" <<'PY'
+import sys, tarfile, zipfile, pathlib
+tmp, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+whl = next(tmp.glob("imageio_ffmpeg-*.whl"))
+zipfile.ZipFile(whl).extractall(tmp / "site")
+out.mkdir(parents=True, exist_ok=True)
+with tarfile.open(out / "imageio_ffmpeg.tar.xz", "w:xz", preset=9) as tar:
+    tar.add(tmp / "site" / "imageio_ffmpeg", arcname="imageio_ffmpeg")
+print(out / "imageio_ffmpeg.tar.xz", (out / "imageio_ffmpeg.tar.xz").stat().st_size)
+PY
+  rm -rf "$tmp"
+}
+
+install_ffmpeg() {  # install_ffmpeg <dir>: its imageio_ffmpeg.tar.xz unpacked onto PYTHONPATH
+  local tarball=$1/imageio_ffmpeg.tar.xz
+  python3 -c "import imageio_ffmpeg" 2>/dev/null && { echo "imageio-ffmpeg: the image's"; return; }
+  if [[ -e $tarball ]] && mkdir -p /tmp/site_ffmpeg \
+    && python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$tarball" /tmp/site_ffmpeg; then
+    export PYTHONPATH="$PYTHONPATH:/tmp/site_ffmpeg"; echo "imageio-ffmpeg: from $tarball"
+  else
+    echo "imageio-ffmpeg: MISSING (mp4 results fail; run with --output-format npy)"
+  fi
+}

@@ -16,6 +16,9 @@
 #   python bench/serving.py --merge OUT_OL/serving_open_loop.json OUT_MX/serving_mixed.json \
 #          OUT_8/serving_steps8.json OUT_50/serving_steps50.json --out bench/results/serving_h200.json
 #
+# Each request asks for an mp4 (bench/serving.py --output-format; SERVING_FORMAT=npy for the float
+# frames): the image lacks imageio-ffmpeg, so carry .wheels_extra/imageio_ffmpeg.tar.xz
+# (`source bench/gpu_env.sh && pack_ffmpeg .wheels_extra` makes it).
 # Wheels missing from the machine's image come from the folders in $WHEELS (default: .wheels
 # .wheels_fa3 .wheels_extra, those present, and their fleet/ subfolders; git-ignored: carry them),
 # as in bench/gpu_call.sh. <PART>_TIMEOUT_S overrides a part's time limit (seconds); DECODE_CHUNKS the
@@ -34,6 +37,8 @@ if ((${#wheels[@]})); then
   export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+install_ffmpeg .wheels_extra >"$WORK/ffmpeg.txt"  # mp4 results (bench/gpu_env.sh: pack_ffmpeg); not in a pipe:
+tee -a "$OUT/gpu.txt" <"$WORK/ffmpeg.txt"          # it exports PYTHONPATH
 python3 -c "import diffusers, grpc; print('diffusers', diffusers.__version__, 'grpc', grpc.__version__)
 try:
     import opentelemetry.sdk; print('opentelemetry sdk: yes')
@@ -47,7 +52,8 @@ echo "build done at ${SECONDS}s"
 serving() {  # serving <name> <timeout> <args...>
   local name=$1 limit=$2; shift 2
   timeout $((limit + 30)) python3 bench/serving.py --card "$MODEL" --device cuda --mode fleet --time-limit "$limit" \
-    --log-dir "$WORK/logs-$name" --out "$OUT/serving_$name.json" "$@" >"$OUT/serving_$name.log" 2>&1
+    --log-dir "$WORK/logs-$name" --out "$OUT/serving_$name.json" \
+    --output-format "${SERVING_FORMAT:-mp4}" "$@" >"$OUT/serving_$name.log" 2>&1
   echo "serving $name rc=$? at ${SECONDS}s"; tail -n 25 "$OUT/serving_$name.log"
   tail -n 40 "$WORK/logs-$name"/*.log >"$OUT/fleet_logs_$name.txt" 2>/dev/null
 }

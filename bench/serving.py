@@ -55,7 +55,7 @@ HERE = str(Path(__file__).resolve().parent)
 if HERE not in sys.path:  # the sibling modules
     sys.path.insert(0, HERE)
 
-from serving_fleet import latency_stats, pct, prompts, request_kw  # noqa: E402,F401 - re-exported
+from serving_fleet import OUTPUT, latency_stats, pct, prompts, request_kw  # noqa: E402,F401 - re-exported
 
 PARTS = ("batching", "request", "diffusers", "mixed", "open_loop")
 GOALS = {"denoiser_utilization_50": 0.90, "denoiser_utilization_8": 0.80, "speedup_vs_diffusers_50": 8.0,
@@ -228,7 +228,7 @@ def run_fleet(a, deadline: float, save, log_dir: Path, trace_dir: Path | None, o
             warm.append((a.large_frames, a.large_width, a.large_height))
         with FleetClient(fleet.target, timeout_s=max(5.0, deadline - time.time())) as c:
             for i, (f, w, h) in enumerate(warm):  # one untimed request per shape, every step count's path
-                c.generate("warm-up", seed=999 + i, output_format="npy",
+                c.generate("warm-up", seed=999 + i, output_format=OUTPUT["format"],
                            **request_kw(f, w, h, min(a.steps_list), a.guidance))
             out["pools"] = _pool_info(c.describe())
         out["warmup_s"] = round(time.perf_counter() - t0, 2)
@@ -353,6 +353,9 @@ def parse(argv: list[str] | None):
     ap.add_argument("--guidance", type=float, default=5.0)
     ap.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS))
     ap.add_argument("--mode", choices=("fleet", "inproc", "auto"), default="auto")
+    ap.add_argument("--output-format", choices=("mp4", "npy"), default="mp4",
+                    help="the file each request asks for (default mp4, what a client gets by default; the "
+                         "diffusers column encodes the same file with the same encoder)")
     ap.add_argument("--max-batch", type=int, default=16, help="the batching scheduler's --max-batch")
     ap.add_argument("--diffusers-requests", type=int, default=None, help="diffusers requests per step count "
                                                                          "(default --requests)")
@@ -436,12 +439,13 @@ def main(argv: list[str] | None = None) -> int:
         print_summary(result)
         return 0
     deadline = time.time() + a.time_limit
+    OUTPUT["format"] = a.output_format
     result: dict = {
         "command": "python bench/serving.py " + portable(argv if argv is not None else sys.argv[1:]),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine(a.device), "parts": a.parts,
         "workload": {"card": Path(a.card).name if Path(a.card).exists() else a.card, "requests": a.requests,
                      "frames": a.frames, "size": f"{a.width}x{a.height}", "steps": a.steps_list,
-                     "guidance": a.guidance, "cfg": a.guidance > 1.0, "output_format": "npy"},
+                     "guidance": a.guidance, "cfg": a.guidance > 1.0, "output_format": a.output_format},
     }
     save = lambda: write(result)  # noqa: E731
     from serving_fleet import diffusers_column, matmul_peak

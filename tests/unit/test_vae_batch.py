@@ -223,3 +223,39 @@ def test_every_vae_call_runs_on_the_executors_one_thread():
     assert all(r.ok for r in results) and len(results) == 3
     assert len(seen) == 3 and len(set(callers)) == 3
     assert len(set(seen)) == 1 and seen[0] not in callers and seen[0] != threading.get_ident()
+
+
+def test_batch_files_are_encoded_side_by_side_and_a_failed_encode_fails_its_unit_alone(monkeypatch):
+    """A decode batch's files go to the encode threads together (each unit gets its own file, the
+    same bytes as encoding it alone); an encode that raises fails that unit and no other."""
+    import threading
+
+    import numpy as np
+
+    from fastvideo3.runtime.pool import vae_executor as ve
+    g = torch.Generator().manual_seed(4)
+    transport = make_transport("inproc", owner="t")
+    dec = DecoderExecutor(resolve_card("wan-tiny"), transport, "cpu")
+    lat = [torch.randn(1, 16, 2, 4, 4, generator=g) for _ in range(3)]
+    alone = [dec.execute(_units(transport, [x], encode="npy"))[0].inline for x in lat]
+    real, threads, calls, lock = ve.encode_media, set(), [], threading.Lock()
+
+    def spy(frames, fmt, fps):
+        with lock:
+            threads.add(threading.current_thread().name)
+            calls.append(frames)
+            second = len(calls) == 2
+        if second:
+            raise RuntimeError("encoder crashed")
+        return real(frames, fmt, fps)
+
+    monkeypatch.setattr(ve, "encode_media", spy)
+    res = dec.execute(_units(transport, lat, encode="npy"))
+    assert dec.counters["max_decode_batch_seen"] == 3 and len(calls) == 3
+    assert all(name.startswith("decoder-encode") for name in threads)
+    failed = [r for r in res if not r.ok]
+    assert len(failed) == 1 and "encoder crashed" in str(failed[0].error)
+    for i, r in enumerate(res):
+        if r.ok:
+            assert r.inline == alone[i] and r.payload["media_bytes"] == len(alone[i])
+            assert np.load(__import__("io").BytesIO(r.inline)).shape == (5, 32, 32, 3)

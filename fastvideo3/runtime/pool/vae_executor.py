@@ -18,6 +18,7 @@ at each decode batch size, instead of inside the first requests' decodes.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -40,6 +41,9 @@ DECODE_WARM_MODES = ("off", "card")
 #: the warm phase decodes a bucket shape at every batch size whose call holds at most this many
 #: video frames x pixels (one 81x480x832 clip; a larger shape warms at batch 1 only)
 WARM_PIXEL_BUDGET = 81 * 480 * 832
+#: files of one decode batch encoded at once (an mp4 is an ffmpeg process: they run side by side;
+#: a 17x256^2 clip takes tens of milliseconds, so a batch's files one after another held its reply)
+ENCODE_WORKERS = 8
 
 log = logging.getLogger("fastvideo3.decoder")
 
@@ -109,6 +113,8 @@ class DecoderExecutor(_Base):
         # tuned every convolution again, ~1-3 s per batch size and thread (H200: a 4-latent
         # 17x256^2 decode took 1.15 s in the pool against 0.11 s once tuned).
         self._vae_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.role}-vae")
+        self._encode_pool = ThreadPoolExecutor(max_workers=ENCODE_WORKERS, thread_name_prefix=f"{self.role}-encode")
+        self._count_lock = threading.Lock()
 
     def on_vae_thread(self, fn, *args):
         """``fn(*args)`` on the executor's VAE thread (where cuDNN's tuned plans live); its result."""
@@ -169,13 +175,19 @@ class DecoderExecutor(_Base):
                 groups.setdefault((tuple(latent.shape[1:]), str(latent.dtype)), []).append((unit, latent, wire))
             except Exception as e:  # noqa: BLE001
                 results[unit.unit_id] = _fail(unit, e)
+        pending: list[tuple] = []  # (unit, its file's encode future)
         for members in groups.values():
             for i in range(0, len(members), self.max_decode_batch):
-                self._decode_group(members[i : i + self.max_decode_batch], results)
+                self._decode_group(members[i : i + self.max_decode_batch], results, pending)
+        for unit, fut in pending:
+            err = fut.result()
+            if err is not None:
+                results[unit.unit_id] = _fail(unit, err)
         return [results[u.unit_id] for u in batch]
 
-    def _decode_group(self, members: list[tuple], results: dict[str, StepResult]) -> None:
-        """One VAE call for ``members`` (same latent shape); halves on device OOM."""
+    def _decode_group(self, members: list[tuple], results: dict[str, StepResult], pending: list) -> None:
+        """One VAE call for ``members`` (same latent shape); halves on device OOM. Each member's
+        file (its ``encode`` param) is submitted to the encode threads; ``pending`` gets the futures."""
         try:
             frames = self._decode([lat for _, lat, _ in members])
         except torch.OutOfMemoryError as e:
@@ -189,19 +201,23 @@ class DecoderExecutor(_Base):
             if self.device.startswith("cuda"):
                 torch.cuda.empty_cache()
             half = len(members) // 2
-            self._decode_group(members[:half], results)
-            self._decode_group(members[half:], results)
+            self._decode_group(members[:half], results, pending)
+            self._decode_group(members[half:], results, pending)
             return
         except Exception as e:  # noqa: BLE001 - the call's failure is each member's
             for unit, _, _ in members:
                 results[unit.unit_id] = _fail(unit, e)
             return
         for (unit, _, wire), f in zip(members, frames):
+            # a row of a batched call is cloned: its frames must not pin the whole batch's memory
+            f = f.clone() if len(members) > 1 else f
             try:
-                # a row of a batched call is cloned: its frames must not pin the whole batch's memory
-                results[unit.unit_id] = self._publish(unit, f.clone() if len(members) > 1 else f, wire)
+                results[unit.unit_id] = self._publish(unit, f, wire)
             except Exception as e:  # noqa: BLE001
                 results[unit.unit_id] = _fail(unit, e)
+                continue
+            if unit.params.get("encode"):  # encoded beside the next group's decode and the other files
+                pending.append((unit, self._encode_pool.submit(self._encode, results[unit.unit_id], unit, f)))
 
     def _decode(self, latents: list[torch.Tensor]) -> torch.Tensor:
         t0 = time.perf_counter()
@@ -218,14 +234,23 @@ class DecoderExecutor(_Base):
         ref = self.transport.publish(unit.request_id, "frames", frames_for_transport(frames, wire_dtype))
         res = StepResult(unit.unit_id, unit.request_id, outputs={"frames": ref},
                          payload={"frames_shape": list(frames.shape), "frames_dtype": ref.dtype})
-        t1 = time.perf_counter()
-        self.counters["publish_seconds"] += t1 - t0
-        fmt = unit.params.get("encode")
-        if fmt:  # the pool encodes the file itself; only its bytes travel back
-            res.inline = encode_media(frames.numpy(), fmt, int(unit.params.get("fps", self.card.limits.fps)))
-            res.payload.update({"media_format": fmt, "media_bytes": len(res.inline)})
-            self.counters["encode_seconds"] += time.perf_counter() - t1
+        self.counters["publish_seconds"] += time.perf_counter() - t0
         return res
+
+    def _encode(self, res: StepResult, unit, frames: torch.Tensor) -> Exception | None:
+        """The file the unit's ``encode`` param names, made by the pool itself into ``res.inline``
+        (only its bytes travel back); the error instead of raising (this runs on the encode
+        threads, one per file of a batch)."""
+        t0 = time.perf_counter()
+        fmt = unit.params["encode"]
+        try:
+            res.inline = encode_media(frames.numpy(), fmt, int(unit.params.get("fps", self.card.limits.fps)))
+        except Exception as e:  # noqa: BLE001 - the unit's failure
+            return e
+        res.payload.update({"media_format": fmt, "media_bytes": len(res.inline)})
+        with self._count_lock:
+            self.counters["encode_seconds"] += time.perf_counter() - t0  # summed over the batch's files
+        return None
 
     def describe(self) -> dict:
         d = super().describe()
