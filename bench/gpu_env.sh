@@ -47,6 +47,8 @@ import sys, tarfile, zipfile, pathlib
 tmp, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 whl = next(tmp.glob("imageio_ffmpeg-*.whl"))
 zipfile.ZipFile(whl).extractall(tmp / "site")
+for exe in (tmp / "site" / "imageio_ffmpeg" / "binaries").glob("ffmpeg-*"):
+    exe.chmod(0o755)  # zipfile drops the mode bits
 out.mkdir(parents=True, exist_ok=True)
 with tarfile.open(out / "imageio_ffmpeg.tar.xz", "w:xz", preset=9) as tar:
     tar.add(tmp / "site" / "imageio_ffmpeg", arcname="imageio_ffmpeg")
@@ -60,6 +62,7 @@ install_ffmpeg() {  # install_ffmpeg <dir>: its imageio_ffmpeg.tar.xz unpacked o
   python3 -c "import imageio_ffmpeg" 2>/dev/null && { echo "imageio-ffmpeg: the image's"; return; }
   if [[ -e $tarball ]] && mkdir -p /tmp/site_ffmpeg \
     && python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$tarball" /tmp/site_ffmpeg; then
+    chmod +x /tmp/site_ffmpeg/imageio_ffmpeg/binaries/ffmpeg-* 2>/dev/null
     export PYTHONPATH="$PYTHONPATH:/tmp/site_ffmpeg"; echo "imageio-ffmpeg: from $tarball"
   else
     echo "imageio-ffmpeg: MISSING (mp4 results fail; run with --output-format npy)"

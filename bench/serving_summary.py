@@ -150,7 +150,12 @@ def merge(paths: list[str]) -> dict:
     first = parts[0]
     out: dict = {k: first[k] for k in ("started", "machine", "workload", "flops") if k in first}
     out["merged_from"] = [{"file": Path(p).name, "command": d.get("command"), "parts": d.get("parts"),
-                           "wall_s": d.get("wall_s")} for p, d in zip(paths, parts)]
+                           "wall_s": d.get("wall_s"), "output_format": d.get("workload", {}).get("output_format"),
+                           **({"merged_from": d["merged_from"]} if "merged_from" in d else {})}
+                          for p, d in zip(paths, parts)]
+    formats = {m["file"]: m["output_format"] for m in out["merged_from"]}
+    if "workload" in out and len(set(formats.values())) > 1:  # parts measured with different result files
+        out["workload"] = {**out["workload"], "output_format": formats}
     out["parts"] = sorted({x for d in parts for x in d.get("parts", [])})
     peaks = [d["matmul_peak"] for d in parts if d.get("matmul_peak", {}).get("flops_per_s")]
     if peaks:
