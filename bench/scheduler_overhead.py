@@ -85,6 +85,9 @@ def overhead(n_concurrent: int, steps: int, log_dir: Path) -> dict:
     try:
         pools = {r: fleet.spawn_pool(r) for r in ("encoder", "denoiser", "decoder")}
         remote = {r: [RemoteExecutor(r, p.target, rpc_timeout_s=30)] for r, p in pools.items()}
+        for reps in remote.values():  # a replica serves once a health check has seen it SERVING
+            if not all(rep.check_health(timeout=10) for rep in reps):
+                raise RuntimeError(f"a no-op pool is not serving: {[rep.target for rep in reps]}")
         _drive(remote, 2, 5)  # warm the channels
         out["grpc_serial"] = _drive(remote, 1, steps)
         out["grpc_concurrent"] = _drive(remote, n_concurrent, steps)

@@ -184,3 +184,31 @@ def test_scheduler_dispatch_flags_are_validated_naming_the_field(argv, field):
     assert e.value.field == field and e.value.limit
     cfg = parse_args(pools + ["--pipeline-depth", "1", "--double-buffer-min-units", "0"])
     assert (cfg.pipeline_depth, cfg.double_buffer_min_units, cfg.release_after_s) == (1, 0, 1.0)
+
+
+def test_a_batchs_snapshots_are_taken_side_by_side():
+    """The snapshots one batch's results ask for (a burst's requests reach a checkpoint step
+    together) run at the same time, and every one is finished before the replica is settled."""
+    jobs = [(f"run{i}", "denoiser") for i in range(4)]
+    barrier = threading.Barrier(len(jobs), timeout=10)  # broken unless all four are in flight at once
+    finished, settled = [], []
+
+    class Snapshots:
+        defer_snapshots = False
+
+        def run_snapshot(self, job):
+            barrier.wait()
+            return b"blob-" + job[0].encode(), "fp"
+
+        def finish_snapshot(self, job, taken):
+            finished.append((job[0], taken))
+
+    pools = {"encoder": [Pool("encoder")], "denoiser": [SlowDenoiser(0.0)], "decoder": [Pool("decoder")]}
+    sched = CoreScheduler(pools, pipelined=True, snapshots=Snapshots())
+    sched.dispatcher.settle = lambda batch: settled.append((batch, len(finished)))
+    try:
+        sched._snapshot(jobs, "the batch")
+    finally:
+        sched.close()
+    assert sorted(finished) == [(f"run{i}", (f"blob-run{i}".encode(), "fp")) for i in range(4)]
+    assert settled == [("the batch", 4)]

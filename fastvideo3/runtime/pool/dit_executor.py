@@ -311,7 +311,9 @@ class DenoiserExecutor(_Base):
             reg = self.regions.get(request_id)
             if reg is None:
                 raise NotFound("no resident region for this request", field="request_id")
-            return snapshot_regions(self.identity, reg.latent, reg.history, reg.step, plugin=reg.plugin)
+        # copied and serialized outside the lock, so the snapshots of a batch's requests are taken
+        # side by side: the scheduler holds the request at this step boundary until it has the bytes
+        return snapshot_regions(self.identity, reg.latent, reg.history, reg.step, plugin=reg.plugin)
 
     def restore(self, request_id: str, blob: bytes) -> int:
         """Replace the request's region with a snapshot (same fingerprint only); returns its step.

@@ -33,6 +33,9 @@ from fastvideo3.runtime.scheduling.run import PROGRAM_T2V, RETRYABLE_CODES, TERM
 from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.vocab import RunStatus
 
+#: snapshots (RPCs to the replicas holding the requests) a batch's results may take at once
+SNAPSHOT_WORKERS = 8
+
 __all__ = ["CoreScheduler", "Event", "PROGRAM_T2V", "RETRYABLE_CODES", "RequestRun", "TERMINAL"]
 
 
@@ -91,6 +94,7 @@ class CoreScheduler:
         if self.snapshots is not None:
             self.snapshots.defer_snapshots = True
         self._lock = threading.RLock()
+        self._snap_pool, self._snap_lock = None, threading.Lock()  # the snapshot threads, made on first use
         self.dispatcher = Dispatcher(executors, telemetry=None, workers=dispatch_workers,
                                      threads=parallel_dispatch or pipelined,
                                      pipeline_depth=pipeline_depth if pipelined else 1,
@@ -235,16 +239,31 @@ class CoreScheduler:
                 self.wake()
 
     def _snapshot(self, jobs: list, batch: Batch) -> None:
+        """The snapshots a batch's results asked for, taken side by side (each an RPC to the
+        replica that holds the request; a burst's requests reach a checkpoint step together, and
+        one after another they held the replica's next batch for tens of milliseconds)."""
         taken: dict[int, Any] = {}
         try:
-            for n, job in enumerate(jobs):
-                taken[n] = self.snapshots.run_snapshot(job)
+            if len(jobs) == 1:
+                taken[0] = self.snapshots.run_snapshot(jobs[0])
+            else:
+                pool = self._snapshot_pool()
+                futures = {n: pool.submit(self.snapshots.run_snapshot, job) for n, job in enumerate(jobs)}
+                for n, fut in futures.items():
+                    taken[n] = fut.result()
         finally:
             with self._lock:
                 for n, job in enumerate(jobs):
                     self.snapshots.finish_snapshot(job, taken.get(n))
                 self.dispatcher.settle(batch)
                 self._collect_ended()
+
+    def _snapshot_pool(self):
+        with self._snap_lock:
+            if self._snap_pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+                self._snap_pool = ThreadPoolExecutor(max_workers=SNAPSHOT_WORKERS, thread_name_prefix="snapshot")
+            return self._snap_pool
 
     def _collect_ended(self) -> None:
         """Ended requests (lock held): the synchronous mode frees a failed or cancelled one on every
@@ -311,3 +330,5 @@ class CoreScheduler:
 
     def close(self) -> None:
         self.dispatcher.close()
+        if self._snap_pool is not None:
+            self._snap_pool.shutdown(wait=False)
