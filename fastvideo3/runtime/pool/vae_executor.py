@@ -42,7 +42,7 @@ DECODE_WARM_MODES = ("off", "card")
 #: video frames x pixels (one 81x480x832 clip; a larger shape warms at batch 1 only)
 WARM_PIXEL_BUDGET = 81 * 480 * 832
 #: files of one decode batch encoded at once (an mp4 is an ffmpeg process: they run side by side;
-#: a 17x256^2 clip takes tens of milliseconds, so a batch's files one after another held its reply)
+#: a 17x256^2 clip takes about 0.15 s, so a batch's files one after another held its reply)
 ENCODE_WORKERS = 8
 
 log = logging.getLogger("fastvideo3.decoder")
