@@ -28,18 +28,24 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fastvideo3.errors import Internal, InvalidRequest
+from fastvideo3.errors import DeadlineExceeded, Internal, InvalidRequest
 from fastvideo3.vocab import OutputFormat
 
 SUPPORTED_OUTPUTS = ".mp4, .npy, or a directory (PNG frames)"
 SIDECAR_IN_DIR = "video.json"
 FRAME_PATTERN = "frame_{:05d}.png"
 DEFAULT_CRF = 18  # visually lossless for generated content; files stay small at these sizes
+#: the deadline of one ffmpeg run: this many seconds, plus ENCODE_S_PER_MPIXEL per million frame
+#: pixels (an 81x480x832 clip: 32 M, ~7 s of libx264 `medium` on one core of a server CPU). A hung
+#: or starved ffmpeg is killed then, and the encode fails with DEADLINE_EXCEEDED.
+ENCODE_BASE_S = 30.0
+ENCODE_S_PER_MPIXEL = 2.0
 
 
 def ffmpeg_exe() -> str:
@@ -138,23 +144,46 @@ def _write_mp4(frames: np.ndarray, dest: Path, fps: float, crf: int) -> None:
         "-an", "-c:v", "libx264", "-pix_fmt", "yuv420p", "-crf", str(crf), "-preset", "medium",
         "-movflags", "+faststart", "-f", OutputFormat.MP4, str(dest),
     ]
+    deadline_s = encode_deadline_s(frames.shape)
     # stderr goes to a file, not a pipe: a chatty ffmpeg can never block on a full pipe while
     # we are still feeding it frames.
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log)
         assert proc.stdin is not None
+        # the watchdog kills an ffmpeg past its deadline; a write blocked on its full pipe then
+        # fails with a broken pipe, so neither the feeding nor the wait can outlive the deadline
+        killed = threading.Event()
+
+        def kill() -> None:
+            killed.set()
+            proc.kill()
+
+        watchdog = threading.Timer(deadline_s, kill)
+        watchdog.daemon = True
+        watchdog.start()
         try:
             for index in range(num_frames):  # one frame at a time: no second full-size copy
                 proc.stdin.write(_to_uint8(frames[index]).tobytes())
             proc.stdin.close()
         except BrokenPipeError:
-            pass  # ffmpeg died; its exit status and log say why
+            pass  # ffmpeg died (or was killed); its exit status and log say why
         finally:
             returncode = proc.wait()
+            watchdog.cancel()
+        if killed.is_set():
+            raise DeadlineExceeded(f"ffmpeg did not finish encoding {num_frames} frames of {width}x{height} "
+                                   f"within {deadline_s:.0f} s and was killed", field="encode",
+                                   limit=f"{deadline_s:.0f} s")
         if returncode != 0:
             log.seek(0)
             tail = log.read().decode(errors="replace").strip()[-2000:]
             raise Internal(f"ffmpeg exited with status {returncode}: {tail}", details={"cmd": cmd})
+
+
+def encode_deadline_s(shape: tuple[int, ...]) -> float:
+    """How long one ffmpeg run may take for frames of ``shape`` (``(F, H, W, 3)``)."""
+    num_frames, height, width = shape[0], shape[1], shape[2]
+    return ENCODE_BASE_S + ENCODE_S_PER_MPIXEL * num_frames * height * width / 1e6
 
 
 def npy_bytes(frames: np.ndarray) -> bytes:
@@ -199,8 +228,9 @@ def save_video(
     An existing output file is replaced atomically; an existing output directory must be empty.
     Raises :class:`~fastvideo3.errors.InvalidRequest` for bad frames (``field="frames"``), an
     unsupported or unusable path (``field="output"``), a bad ``fps`` or an unserializable
-    ``sidecar``; :class:`~fastvideo3.errors.Internal` if ffmpeg fails. On any error nothing new
-    is left at or beside ``path``.
+    ``sidecar``; :class:`~fastvideo3.errors.Internal` if ffmpeg fails, and
+    :class:`~fastvideo3.errors.DeadlineExceeded` if it runs past :func:`encode_deadline_s` (it is
+    killed). On any error nothing new is left at or beside ``path``.
     """
     kind, dest = _output_kind(path)  # first: a bad suffix is reported whatever the frames
     clean = _validate_frames(frames)
@@ -268,13 +298,19 @@ def probe_video(path: str | os.PathLike[str]) -> dict[str, Any]:
     Returns ``{"codec", "frames", "width", "height", "fps", "pix_fmt"}``; ``frames`` counts
     decoded frames, so a file that probes is a file that plays. Meant for short generated
     clips (it decodes everything). Raises :class:`~fastvideo3.errors.InvalidRequest`
-    (``field="path"``) if the file is missing or has no decodable video stream.
+    (``field="path"``) if the file is missing or has no decodable video stream, and
+    :class:`~fastvideo3.errors.DeadlineExceeded` if ffmpeg does not finish in time.
     """
     p = Path(path)
     if not p.is_file():
         raise InvalidRequest(f"no such file: {p.name!r}", field="path")
     cmd = [ffmpeg_exe(), "-hide_banner", "-nostdin", "-i", str(p), "-map", "0:v:0", "-f", "null", "-"]
-    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
+    limit = ENCODE_BASE_S + p.stat().st_size / 1e6  # and a second per MB of file: decoding is cheap
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False, timeout=limit)
+    except subprocess.TimeoutExpired:
+        raise DeadlineExceeded(f"ffmpeg did not decode {p.name!r} within {limit:.0f} s", field="path",
+                               limit=f"{limit:.0f} s") from None
     log = proc.stderr.decode(errors="replace")
     stream = _STREAM_RE.search(log)
     if proc.returncode != 0 or stream is None:

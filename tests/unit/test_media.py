@@ -208,3 +208,35 @@ def test_bad_fps_is_refused(tmp_path):
     with pytest.raises(InvalidRequest) as info:
         save_video(_frames(num=2), tmp_path / "o.mp4", fps=0)
     assert info.value.field == "fps"
+
+
+def _hung_ffmpeg(tmp_path):
+    """An "ffmpeg" that never reads its input nor exits (a hung or starved encoder)."""
+    exe = tmp_path / "hung-ffmpeg"
+    exe.write_text("#!/bin/sh\nexec sleep 600\n")
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def test_hung_encoder_is_killed_at_its_deadline_and_leaves_nothing(tmp_path, monkeypatch):
+    import time
+
+    from fastvideo3.errors import DeadlineExceeded
+    monkeypatch.setattr(media, "ffmpeg_exe", lambda: _hung_ffmpeg(tmp_path))
+    monkeypatch.setattr(media, "ENCODE_BASE_S", 1.0)
+    monkeypatch.setattr(media, "ENCODE_S_PER_MPIXEL", 0.1)
+    out = tmp_path / "out"
+    out.mkdir()
+    t0 = time.monotonic()
+    # 33 frames of 256x256 are 6.5 MB of RGB: more than a pipe holds, so the feeding blocks too
+    with pytest.raises(DeadlineExceeded, match="killed") as info:
+        save_video(_frames(num=33, height=256, width=256), out / "o.mp4")
+    assert time.monotonic() - t0 < 15  # the deadline: 1 s + 0.1 s per million frame pixels (2.2 M)
+    assert info.value.field == "encode" and info.value.limit == f"{media.encode_deadline_s((33, 256, 256)):.0f} s"
+    assert list(out.iterdir()) == []
+
+
+def test_encode_deadline_grows_with_the_clip():
+    assert media.encode_deadline_s((81, 480, 832, 3)) == pytest.approx(
+        media.ENCODE_BASE_S + media.ENCODE_S_PER_MPIXEL * 81 * 480 * 832 / 1e6)
+    assert media.encode_deadline_s((1, 16, 16, 3)) < media.encode_deadline_s((81, 480, 832, 3))
