@@ -71,6 +71,7 @@ class Checkpointer:
         self._end_infos: dict[str, dict] = {}  # request -> what end_request records with its status
         self._down_until = 0.0
         self._lock = threading.Lock()
+        self._count_lock = threading.Lock()
         self.writer = None  # a StoreWriter (start_writer): the step path's store writes, off it
         #: snapshots taken by the (pipelined) scheduler outside its lock: take_snapshots / run_snapshot
         self.defer_snapshots = False
@@ -211,11 +212,13 @@ class Checkpointer:
         try:
             blob = ex.snapshot(run.request_id)
         except FastVideoError as e:
-            self.counters["checkpoint_errors"] += 1
+            with self._count_lock:
+                self.counters["checkpoint_errors"] += 1
             log.warning("snapshot of %s on %s failed: %s", run.request_id, role, e.one_line())
             return b"", ""
-        self.counters["snapshots"] += 1
-        self.counters["snapshot_bytes"] += len(blob)
+        with self._count_lock:  # a batch's snapshots run on several threads at once
+            self.counters["snapshots"] += 1
+            self.counters["snapshot_bytes"] += len(blob)
         return blob, fingerprint_of(ex)
 
     def _write(self, record: RunRecord) -> None:
