@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     x_in = torch.randn(bsz, n, d, device=dev, dtype=dt)
     bytes_moved = 4 * bsz * n * d * x.element_size()  # read x, y; write x, h
     out: dict = {"what": "lora_add_norm_next per tile config and feature vs add_norm and the unfused kernels",
-                 "command": "python bench/lora_norm_probe.py " + " ".join(argv or sys.argv[1:]),
+                 "command": "python bench/lora_norm_probe.py " + " ".join(
+                     Path(x).name if x.startswith("/") else x for x in (argv or sys.argv[1:])),
                  "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                  "shape": {"rows": bsz, "tokens": n, "dim": d, "rank": r, "slots": slots_n},
                  "roofline_ms_at_4tbs": round(bytes_moved / 4e12 * 1e3, 4), "cases": {}}
