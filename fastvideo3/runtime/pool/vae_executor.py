@@ -180,9 +180,10 @@ class DecoderExecutor(_Base):
             for i in range(0, len(members), self.max_decode_batch):
                 self._decode_group(members[i : i + self.max_decode_batch], results, pending)
         for unit, fut in pending:
-            err = fut.result()
-            if err is not None:
-                results[unit.unit_id] = _fail(unit, err)
+            try:
+                fut.result()
+            except Exception as e:  # noqa: BLE001 - the unit's failure
+                results[unit.unit_id] = _fail(unit, e)
         return [results[u.unit_id] for u in batch]
 
     def _decode_group(self, members: list[tuple], results: dict[str, StepResult], pending: list) -> None:
@@ -237,20 +238,15 @@ class DecoderExecutor(_Base):
         self.counters["publish_seconds"] += time.perf_counter() - t0
         return res
 
-    def _encode(self, res: StepResult, unit, frames: torch.Tensor) -> Exception | None:
+    def _encode(self, res: StepResult, unit, frames: torch.Tensor) -> None:
         """The file the unit's ``encode`` param names, made by the pool itself into ``res.inline``
-        (only its bytes travel back); the error instead of raising (this runs on the encode
-        threads, one per file of a batch)."""
+        (only its bytes travel back). Runs on the encode threads, one per file of a batch."""
         t0 = time.perf_counter()
         fmt = unit.params["encode"]
-        try:
-            res.inline = encode_media(frames.numpy(), fmt, int(unit.params.get("fps", self.card.limits.fps)))
-        except Exception as e:  # noqa: BLE001 - the unit's failure
-            return e
+        res.inline = encode_media(frames.numpy(), fmt, int(unit.params.get("fps", self.card.limits.fps)))
         res.payload.update({"media_format": fmt, "media_bytes": len(res.inline)})
         with self._count_lock:
             self.counters["encode_seconds"] += time.perf_counter() - t0  # summed over the batch's files
-        return None
 
     def describe(self) -> dict:
         d = super().describe()
