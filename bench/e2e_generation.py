@@ -24,8 +24,8 @@ the relative Frobenius error of our latents against diffusers' after selected st
 end, and the frames' absolute difference. In bf16 the end error is far above the one-forward
 bound (2e-2): 50 steps compound each forward's rounding differences.
 
-A warm-up (one DiT forward at the run's shape per side, and a tiny whole-pipeline call) comes
-first, untimed. If the warm-up forwards predict that ``--frames`` cannot finish within
+A warm-up (one DiT forward and one VAE decode at the run's shape per side, and a tiny
+whole-pipeline call) comes first, untimed. If the warm-up forwards predict that ``--frames`` cannot finish within
 ``--time-limit``, the run uses ``--fallback-frames`` and says so. The JSON is rewritten after each
 part.
 
@@ -237,6 +237,27 @@ def warm_forwards(pipe, engine, a, frames: int) -> dict:
         fn()
         timer.stop(begin)
         out[name] = round(timer.ms()[0], 3)
+    out["decode_warm_s"] = warm_decoders(pipe, engine, a, lat)
+    return out
+
+
+@torch.no_grad()
+def warm_decoders(pipe, engine, a, lat: tuple) -> dict:
+    """One decode of zeros at the run's latent shape per side, untimed in the run: what a serving
+    decoder's warm phase does for its card's shapes (cuDNN tunes each new convolution shape once,
+    and keeps the plans per thread, so ours runs on the decoder's own VAE thread, where its decodes
+    run). Returns each side's warm-up seconds."""
+    out = {}
+    z = torch.zeros(1, *lat, device=a.device)
+    t0 = time.perf_counter()
+    pipe.vae.decode(z.to(pipe.vae.dtype), return_dict=False)
+    sync(a.device)
+    out["diffusers"] = round(time.perf_counter() - t0, 3)
+    dec = engine.decoder
+    t0 = time.perf_counter()
+    dec.on_vae_thread(dec.vae.decode, z.to(dec.dtype))
+    sync(a.device)
+    out["ours"] = round(time.perf_counter() - t0, 3)
     return out
 
 
