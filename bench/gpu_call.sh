@@ -56,7 +56,7 @@ for part in "$@"; do
     gputests)  timeout "${GPUTESTS_TIMEOUT_S:-300}" python3 -m pytest -q -p no:cacheprovider -rfE \
                  -o addopts="" --junitxml "$work/$part/gpu_tests.xml" ${GPU_TESTS:-tests/unit/test_vae_fused_triton.py \
                  tests/unit/test_vae_fused.py tests/unit/test_kernels.py tests/unit/test_lora_kernel.py \
-                 tests/unit/test_lora_fused.py tests/unit/test_fp8.py} | tee "$work/$part/gpu_tests.txt" ;;
+                 tests/unit/test_lora_fused.py tests/unit/test_fp8.py tests/unit/test_snapshot_copy_stream.py} | tee "$work/$part/gpu_tests.txt" ;;
     *) echo "unknown part $part" >&2; continue ;;
   esac > "$work/$part.log" 2>&1
   echo "== $part rc=$? in $((SECONDS - start))s"; tail -n 25 "$work/$part.log"

@@ -16,6 +16,7 @@ import copy
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -93,6 +94,9 @@ class Region:
     step: int = 0
     #: interceptor tensors ("policy/stream" -> name -> tensor); their JSON state is in the LoopState
     plugin: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    #: CUDA: an event recorded once the last step's writes of latent and history were queued, so
+    #: a snapshot's copies wait for that step alone (not for the batches queued after it)
+    ready: Any = None
 
 
 class DenoiserExecutor(_Base):
@@ -149,6 +153,10 @@ class DenoiserExecutor(_Base):
         self.runtime = self._build_runtime(card_buckets(card))
         self.batching = batching
         self.regions: dict[str, Region] = {}
+        #: CUDA: the stream snapshots copy on. On the stream the steps run on, a snapshot's copy
+        #: would queue behind the batch dispatched after its step (double buffering), and the
+        #: request would wait that batch out at every checkpoint
+        self._copy_stream = torch.cuda.Stream(device=self.device) if self.device.startswith("cuda") else None
         #: (request, input name) -> the pulled tensor, or the error pulling it raised (see prefetch)
         #: (request id, input name, owner, buffer id) -> the prefetched tensor, or the pull's error; keyed by
         #: the ref too, so a request whose input was made again never gets the old one's pull
@@ -313,7 +321,13 @@ class DenoiserExecutor(_Base):
                 raise NotFound("no resident region for this request", field="request_id")
         # copied and serialized outside the lock, so the snapshots of a batch's requests are taken
         # side by side: the scheduler holds the request at this step boundary until it has the bytes
-        return snapshot_regions(self.identity, reg.latent, reg.history, reg.step, plugin=reg.plugin)
+        if self._copy_stream is None or reg.ready is None:
+            return snapshot_regions(self.identity, reg.latent, reg.history, reg.step, plugin=reg.plugin)
+        # on the copy stream, after the step that wrote the region: the copies run beside the batch
+        # in flight (the region's tensors stay referenced until the copy has returned)
+        with torch.cuda.stream(self._copy_stream):
+            self._copy_stream.wait_event(reg.ready)
+            return snapshot_regions(self.identity, reg.latent, reg.history, reg.step, plugin=reg.plugin)
 
     def restore(self, request_id: str, blob: bytes) -> int:
         """Replace the request's region with a snapshot (same fingerprint only); returns its step.
@@ -556,6 +570,9 @@ class DenoiserExecutor(_Base):
                     observe(unit, reg.latent, noise, new)
                 reg.latent = new
                 reg.step += 1
+                if self._copy_stream is not None:
+                    reg.ready = torch.cuda.Event()
+                    reg.ready.record()
                 res = StepResult(unit.unit_id, unit.request_id,
                                  metrics={"latent_norm": float(new.float().norm()), "finite": 1.0,
                                           "batch_rows": float(len(chunk) * len(branches))},
