@@ -8,6 +8,7 @@ a 100 MB memory budget); ``sched_redis`` (state in a redis-server the tests stop
 from __future__ import annotations
 
 import signal
+import statistics
 import threading
 import time
 
@@ -153,8 +154,26 @@ def test_work_over_the_memory_budget_is_refused_before_its_first_step(fleet):
 # -- RELIABILITY 12: state-store outage -----------------------------------------------------------
 
 @pytest.mark.timeout(180)
+def _denoise_step_times(into: dict[str, list[float]]):
+    """An event hook recording each request's denoise progress events (one per step)."""
+    def hook(out, ev):
+        if ev.kind == "progress" and ev.data["phase"] == "denoise":
+            into.setdefault(out.request_id, []).append(time.monotonic())
+    return hook
+
+
+def _step_intervals(times: dict[str, list[float]]) -> list[float]:
+    return [b - a for ts in times.values() for a, b in zip(ts, ts[1:])]
+
+
 def test_state_store_outage_fails_admissions_fast_and_in_flight_requests_end(fleet, redis_proc):
     target, steps = fleet.sched_redis, 40
+    # the step rate with the store answering: the same two requests, a checkpoint every step
+    healthy: dict[str, list[float]] = {}
+    base = run_all([(target, "healthy", dict(num_inference_steps=steps, request_id=f"healthy-{i}", **SMALL,
+                                             on_event=_denoise_step_times(healthy))) for i in range(2)])
+    assert [o.state for o in base] == ["SUCCEEDED", "SUCCEEDED"]
+    base_step_s = statistics.median(_step_intervals(healthy))
     units = pool_units(pool_targets(fleet))
     started = threading.Barrier(3, timeout=30)
     at_step_3 = once_at_step(3, started.wait)
@@ -186,6 +205,9 @@ def test_state_store_outage_fails_admissions_fast_and_in_flight_requests_end(fle
         gaps = [b - a for ts in steps_seen.values() for a, b in zip([paused_at[0], *ts], ts)]
         assert len(gaps) >= steps, steps_seen
         assert sum(g >= 0.45 for g in gaps) <= 1, sorted(gaps)[-6:]
+        # the step rate while the store hangs: within 10% of the healthy run's
+        paused_step_s = statistics.median(_step_intervals(steps_seen))
+        assert paused_step_s <= 1.10 * base_step_s, (paused_step_s, base_step_s)
         assert sched_counters(target)["state.pending_ends"] >= 2  # their ends (and the refused one's cleanup)
     finally:
         redis_proc.resume()
