@@ -1,11 +1,15 @@
-"""A denoiser snapshot copies its region beside the batch in flight (CUDA), not behind it.
+"""A denoiser snapshot is taken beside the batch in flight, not behind it.
 
-With double-buffered dispatch the next batch is queued on the device while a request that just
-finished its step is being checkpointed. Copied on the stream the steps run on, the snapshot
-waited for that whole batch, and the request missed the next one: a gap in the denoiser at every
-checkpoint. The region records an event after its step; the copy waits for that event alone.
+With double-buffered dispatch the replica runs the next batch while a request that just finished
+its step is being checkpointed. A snapshot that waited for that batch (for the executor's lock,
+which a batch holds throughout, or, on CUDA, behind the batch's kernels on the steps' stream)
+held the request out of the next batch: a gap in the denoiser at every checkpoint. The snapshot
+takes no executor lock, and on CUDA copies on its own stream after an event its step recorded.
 """
 from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -15,18 +19,64 @@ CUDA = torch.cuda.is_available()
 BUSY_CYCLES = 2_000_000_000
 
 
-def _executor():
+def _executor(device: str = "cuda"):
     pytest.importorskip("pydantic")  # the card layer (absent on some GPU images)
     from fastvideo3.models.wan.cards import wan_tiny
     from fastvideo3.runtime.pool.executors import DenoiserExecutor
     from fastvideo3.transport import make_transport
-    return DenoiserExecutor(wan_tiny(), make_transport("inproc", owner="snap"), "cuda")
+    return DenoiserExecutor(wan_tiny(), make_transport("inproc", owner="snap"), device)
 
 
 def _region(latent, ready):
     from fastvideo3.loop.samplers import SamplerHistory
     from fastvideo3.runtime.pool.dit_executor import Region
     return Region(latent=latent, history=SamplerHistory(order=2), step=3, ready=ready)
+
+
+def test_a_snapshot_does_not_wait_for_the_batch_holding_the_executor():
+    ex = _executor("cpu")
+    latent = torch.randn(1, 16, 3, 8, 8)
+    ex.regions["r"] = _region(latent, None)
+    held, done = threading.Event(), threading.Event()
+
+    def batch_in_flight():  # what Execute does for the whole batch
+        with ex._lock:
+            held.set()
+            done.wait(10)
+
+    t = threading.Thread(target=batch_in_flight, daemon=True)
+    t.start()
+    assert held.wait(5)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            blob = pool.submit(ex.snapshot, "r").result(timeout=5)
+            in_flight = not done.is_set()
+    finally:
+        done.set()
+        t.join(10)
+    assert in_flight
+    assert ex.restore("r2", blob) == 3
+    assert torch.equal(ex.regions["r2"].latent, latent)
+
+
+def test_a_region_that_steps_during_its_snapshot_is_refused_not_torn(monkeypatch):
+    from fastvideo3.errors import Unavailable
+    from fastvideo3.runtime.pool import resident
+    ex = _executor("cpu")
+    ex.regions["r"] = _region(torch.randn(1, 16, 3, 8, 8), None)
+    real = resident.snapshot_regions
+
+    def stepping(*args, **kw):  # a step of the same request lands while the bytes are made
+        blob = real(*args, **kw)
+        ex.regions["r"].latent = torch.zeros(1, 16, 3, 8, 8)
+        ex.regions["r"].step += 1
+        return blob
+
+    monkeypatch.setattr(resident, "snapshot_regions", stepping)
+    with pytest.raises(Unavailable, match="changed while it was being snapshotted"):
+        ex.snapshot("r")
+    monkeypatch.setattr(resident, "snapshot_regions", real)
+    assert ex.restore("r2", ex.snapshot("r")) == 4
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")

@@ -312,22 +312,34 @@ class DenoiserExecutor(_Base):
         return self.runtime.identity
 
     def snapshot(self, request_id: str) -> bytes:
-        """The request's latent + sampler history, bound to this pool's fingerprint."""
+        """The request's latent + sampler history, bound to this pool's fingerprint.
+
+        Taken without the executor's lock, which a batch holds for its whole execution: the
+        scheduler snapshots a request at a step boundary, with none of its units in flight, while
+        the replica runs the batch dispatched beside it (double buffering). Waiting for that
+        batch held the request out of the next one at every checkpoint. Only this request's own
+        step changes its region; should one have run meanwhile, the snapshot is refused
+        (UNAVAILABLE, retryable) rather than pairing one step's latent with another's history."""
         from fastvideo3.errors import NotFound
         from fastvideo3.runtime.pool.resident import snapshot_regions
-        with self._lock:
-            reg = self.regions.get(request_id)
-            if reg is None:
-                raise NotFound("no resident region for this request", field="request_id")
-        # copied and serialized outside the lock, so the snapshots of a batch's requests are taken
+        reg = self.regions.get(request_id)  # one dict read: atomic beside the batch's own updates
+        if reg is None:
+            raise NotFound("no resident region for this request", field="request_id")
+        latent, step, ready = reg.latent, reg.step, reg.ready
+        # copied and serialized outside any lock, so the snapshots of a batch's requests are taken
         # side by side: the scheduler holds the request at this step boundary until it has the bytes
-        if self._copy_stream is None or reg.ready is None:
-            return snapshot_regions(self.identity, reg.latent, reg.history, reg.step, plugin=reg.plugin)
-        # on the copy stream, after the step that wrote the region: the copies run beside the batch
-        # in flight (the region's tensors stay referenced until the copy has returned)
-        with torch.cuda.stream(self._copy_stream):
-            self._copy_stream.wait_event(reg.ready)
-            return snapshot_regions(self.identity, reg.latent, reg.history, reg.step, plugin=reg.plugin)
+        if self._copy_stream is None or ready is None:
+            blob = snapshot_regions(self.identity, latent, reg.history, step, plugin=reg.plugin)
+        else:
+            # on the copy stream, after the step that wrote the region: the copies run beside the
+            # batch in flight (the region's tensors stay referenced until the copy has returned)
+            with torch.cuda.stream(self._copy_stream):
+                self._copy_stream.wait_event(ready)
+                blob = snapshot_regions(self.identity, latent, reg.history, step, plugin=reg.plugin)
+        if reg.step != step or reg.latent is not latent or self.regions.get(request_id) is not reg:
+            raise Unavailable("the request's region changed while it was being snapshotted",
+                              field="request_id", request_id=request_id, step=step)
+        return blob
 
     def restore(self, request_id: str, blob: bytes) -> int:
         """Replace the request's region with a snapshot (same fingerprint only); returns its step.
