@@ -22,7 +22,8 @@
 # Wheels missing from the machine's image come from the folders in $WHEELS (default: .wheels
 # .wheels_fa3 .wheels_extra, those present, and their fleet/ subfolders; git-ignored: carry them),
 # as in bench/gpu_call.sh. <PART>_TIMEOUT_S overrides a part's time limit (seconds); DECODE_CHUNKS the
-# decode part's time chunks (default 1,4,8,20).
+# decode part's time chunks (default 1,4,8,20). SERVING_ARGS adds bench/serving.py flags to every serving
+# part (e.g. SERVING_ARGS="--double-buffer-min-units 2").
 set -uo pipefail
 OUT=${OUT:-out/gpu_serving}
 WORK=${WORK:-$(mktemp -d)}
@@ -53,7 +54,7 @@ serving() {  # serving <name> <timeout> <args...>
   local name=$1 limit=$2; shift 2
   timeout $((limit + 30)) python3 bench/serving.py --card "$MODEL" --device cuda --mode fleet --time-limit "$limit" \
     --log-dir "$WORK/logs-$name" --out "$OUT/serving_$name.json" \
-    --output-format "${SERVING_FORMAT:-mp4}" "$@" >"$OUT/serving_$name.log" 2>&1
+    --output-format "${SERVING_FORMAT:-mp4}" ${SERVING_ARGS:-} "$@" >"$OUT/serving_$name.log" 2>&1
   echo "serving $name rc=$? at ${SECONDS}s"; tail -n 25 "$OUT/serving_$name.log"
   tail -n 40 "$WORK/logs-$name"/*.log >"$OUT/fleet_logs_$name.txt" 2>/dev/null
 }

@@ -205,6 +205,8 @@ def run_fleet(a, deadline: float, save, log_dir: Path, trace_dir: Path | None, o
     roles = ("encoder", "denoiser", "decoder")
     common = ["--device-profile", a.device_profile, "--interactive-budget-s", "1e6", "--batch-budget-s", "1e6",
               "--max-batch", str(a.max_batch)]
+    if a.double_buffer_min_units is not None:
+        common += ["--double-buffer-min-units", str(a.double_buffer_min_units)]
     card, out["card_graph_buckets"] = serving_card(a, log_dir)
     fleet = LocalFleet(card, roles=roles, device=a.device, scheduler_args=common + trace("scheduler"),
                        pool_args={r: trace(r) for r in roles}, log_dir=log_dir)
@@ -357,6 +359,8 @@ def parse(argv: list[str] | None):
                     help="the file each request asks for (default mp4, what a client gets by default; the "
                          "diffusers column encodes the same file with the same encoder)")
     ap.add_argument("--max-batch", type=int, default=16, help="the batching scheduler's --max-batch")
+    ap.add_argument("--double-buffer-min-units", type=int, default=None,
+                    help="the schedulers' --double-buffer-min-units (default: the scheduler's own)")
     ap.add_argument("--diffusers-requests", type=int, default=None, help="diffusers requests per step count "
                                                                          "(default --requests)")
     ap.add_argument("--mixed-small", type=int, default=8)
