@@ -233,8 +233,10 @@ class GraphShape(_Spec):
 class GraphBucketSpec(_Spec):
     """The shape buckets the denoiser captures as CUDA graphs at warm-up: every ``rows`` x ``shapes``
     pair is one bucket. ``rows`` counts DiT rows per forward (requests x CFG branches in one
-    forward: a request with batched CFG is 2 rows). A batch runs in the smallest bucket of its shape
-    whose rows fit it, padded up to them; a batch no bucket fits runs eagerly. Empty: no graphs."""
+    forward: a request with batched CFG is 2 rows). A batch runs as the replays of its shape's
+    buckets that cover its rows at the least cost (one bucket padded up to its rows, or several:
+    fastvideo3.models.wan.runtime_export.cover_rows); a batch of a shape with no bucket runs
+    eagerly. Empty: no graphs."""
 
     rows: list[int] = Field(default_factory=list)
     shapes: list[GraphShape] = Field(default_factory=list)

@@ -2,10 +2,11 @@
 
 On a CPU the runtime export records its buckets eagerly instead of capturing CUDA graphs; the
 contract is the same, so these tests drive the denoiser's warm phase and its step path through the
-runtime's verbs: a batch runs in the smallest prepared bucket whose rows hold it, padded with copies
-of its first row, and its results are those of the same rows run eagerly at the bucket's size
-(bit-equal; against the unpadded eager run only close: a CPU BLAS picks its GEMM kernel by M); a
-batch no bucket holds runs eagerly; the pool's execute spans say which, with the padding rows.
+runtime's verbs: a batch runs as the replays of the prepared buckets of its shape that cover its rows
+at the least cost (one bucket padded with copies of its first row, or several back to back), and
+each replay's results are those of its rows run eagerly at the bucket's size (bit-equal; against
+the unpadded eager run only close: a CPU BLAS picks its GEMM kernel by M); a batch of a shape with
+no bucket runs eagerly; the pool's execute spans say which, with the padding rows.
 A card that declares bad buckets is refused naming the field.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from fastvideo3.errors import CardError, InvalidRequest
 from fastvideo3.loop.params import DiffusionStepParams
 from fastvideo3.models.wan.cards import builtin_cards, wan_tiny_seeded
 from fastvideo3.models.wan.family import latent_shape
-from fastvideo3.models.wan.runtime_export import DitBucket, build_dit_runtime, card_buckets, choose_bucket
+from fastvideo3.models.wan.runtime_export import DitBucket, build_dit_runtime, card_buckets, cover_rows
 from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.telemetry import names as N
 from fastvideo3.telemetry.hooks import PoolTelemetry
@@ -49,9 +50,10 @@ def _executor(card: ModelCard, owner: str, capture: bool):
     return ex
 
 
-def _units(ex, card: ModelCard, seeds: list[int], batch_bucket: int | None = None) -> list[WorkUnit]:
+def _units(ex, card: ModelCard, seeds: list[int], batch_bucket: int | None = None,
+           frames: int = FRAMES) -> list[WorkUnit]:
     """Step 0 of one request per seed (no CFG), its prompt embedding published on ``ex``'s transport."""
-    shape = list(latent_shape(card, FRAMES, SIZE, SIZE))
+    shape = list(latent_shape(card, frames, SIZE, SIZE))
     text_dim = ex.dit.cfg.text_dim
     units = []
     for seed in seeds:
@@ -78,15 +80,24 @@ def graphs():
 
 
 # ------------------------------------------------------------------------------------- bucket choice
-def test_the_smallest_bucket_that_holds_the_rows_is_chosen():
+def test_the_rows_are_covered_by_the_cheapest_replays_of_their_shape():
     sig = (16, 3, 8, 8)
     buckets = [DitBucket(r, sig, 64) for r in (8, 1, 4, 2)] + [DitBucket(16, (16, 5, 8, 8), 64)]
-    assert choose_bucket(buckets, 3, sig, 64).rows == 4
-    assert choose_bucket(buckets, 4, sig, 64).rows == 4
-    assert choose_bucket(buckets, 1, sig, 64).rows == 1
-    assert choose_bucket(buckets, 9, sig, 64) is None  # more rows than any bucket of this shape
-    assert choose_bucket(buckets, 2, (16, 5, 8, 8), 64).rows == 16  # another shape: its own buckets
-    assert choose_bucket(buckets, 2, sig, 32) is None  # another text length
+
+    def cover(rows, shape=sig, text=64, **kw):
+        got = cover_rows(buckets, rows, shape, text, **kw)
+        return None if got is None else [(b.rows, take) for b, take in got]
+
+    assert cover(4) == [(4, 4)] and cover(1) == [(1, 1)]  # a bucket that fits exactly
+    assert cover(3) == [(2, 2), (1, 1)]  # two exact replays beat one with a padding row
+    assert cover(7) == [(8, 7)]  # ... until the extra replays cost more than the padding
+    assert cover(12) == [(8, 8), (4, 4)]  # more rows than any bucket: several replays
+    assert cover(17) == [(8, 8), (8, 8), (1, 1)]
+    assert cover(7, may_pad=lambda b: False) == [(4, 4), (2, 2), (1, 1)]  # no padding: exact pieces
+    assert cover(2, (16, 5, 8, 8)) == [(16, 2)]  # another shape: its own buckets
+    assert cover(2, text=32) is None  # another text length: none
+    odd = [DitBucket(r, sig, 64) for r in (4, 2)]
+    assert cover_rows(odd, 3, sig, 64, may_pad=lambda b: False) is None  # 3 rows need a padded bucket
 
 
 def test_card_buckets_are_the_cards_declaration_in_latent_shapes():
@@ -176,10 +187,36 @@ def test_a_batch_is_padded_to_its_bucket_and_traced(graphs):
         torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-5)
 
 
-def test_a_batch_no_bucket_holds_runs_eagerly_and_says_so(graphs):
+def test_a_batch_larger_than_any_bucket_runs_as_several_replays_and_says_so(graphs):
+    card, ex = graphs
+    sig = "x".join(map(str, latent_shape(card, FRAMES, SIZE, SIZE))) + f".t{card.max_text_tokens}"
+    before = dict(ex.counters)
+    units = _units(ex, card, [11, 12, 13, 14, 15])  # 5 rows: buckets of 4 and 2 rows, one padding row
+    _, attrs = _traced(ex, units)
+    for a in attrs:
+        assert a[N.A_GRAPH_BUCKET] == f"r4.{sig}+r2.{sig}" and a[N.A_GRAPH_PADDING_ROWS] == 1
+        assert N.A_GRAPH_EAGER_REASON not in a
+    got = _latents(ex, units)
+    assert ex.counters["graph_forwards"] == before["graph_forwards"] + 1
+    assert ex.counters["cover_forwards"] == before["cover_forwards"] + 2
+    assert ex.counters["padding_rows"] == before["padding_rows"] + 1
+    assert ex.counters["rows"] == before["rows"] + 5
+    for u in units:
+        ex.release(u.request_id)
+    # each replay's rows are those rows run eagerly at the replay's size: the first four bit-equal
+    # to an eager 4-row batch, the fifth (padded to 2 rows) to an eager 2-row batch of it
+    eager = _executor(card, "eager-cover", capture=False)
+    first, last = _units(eager, card, [11, 12, 13, 14], batch_bucket=4), _units(eager, card, [15], batch_bucket=2)
+    eager.execute(first)
+    eager.execute(last)
+    for g, want in zip(got, _latents(eager, first) + _latents(eager, last)):
+        assert torch.equal(g, want)
+
+
+def test_a_batch_of_a_shape_without_buckets_runs_eagerly_and_says_so(graphs):
     card, ex = graphs
     before = dict(ex.counters)
-    units = _units(ex, card, [11, 12, 13, 14, 15])  # 5 rows: more than the largest bucket
+    units = _units(ex, card, [16, 17], frames=FRAMES + 4)  # a shape the card declares no bucket for
     _, attrs = _traced(ex, units)
     for a in attrs:
         assert a[N.A_GRAPH_BUCKET] == N.GRAPH_EAGER and a[N.A_GRAPH_EAGER_REASON] == "no_bucket"
@@ -297,8 +334,9 @@ def test_padding_stops_where_the_padded_forward_outgrows_the_token_limit(graphs,
     shape = latent_shape(card, FRAMES, SIZE, SIZE)
     tokens = dit_executor._tokens_per_row(shape[1:], ex.dit.cfg.patch_size)
     sig = "x".join(map(str, shape)) + f".t{card.max_text_tokens}"
-    # a limit between 2 and 4 padded rows: 3 rows no longer pad into r4, 2 rows fill r2 exactly
-    monkeypatch.setattr(dit_executor, "PAD_TOKEN_LIMIT", 3 * tokens)
+    # a limit below 2 padded rows: 3 rows pad into neither r4 nor r2 (and no exact cover of 3 rows
+    # exists), 2 rows fill r2 exactly
+    monkeypatch.setattr(dit_executor, "PAD_TOKEN_LIMIT", tokens)
     before = dict(ex.counters)
     three = _units(ex, card, [21, 22, 23])
     _, attrs = _traced(ex, three)

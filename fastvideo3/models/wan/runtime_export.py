@@ -72,12 +72,46 @@ def bucket_key(rows: int, latent_shape: Sequence[int], text_len: int) -> str:
     return f"r{rows}." + shape_signature(latent_shape, text_len)
 
 
-def choose_bucket(buckets: Iterable[DitBucket], rows: int, latent_shape: Sequence[int],
-                  text_len: int) -> DitBucket | None:
-    """The smallest bucket of this signature whose rows hold ``rows`` (None: none does)."""
+#: the cost of one more forward in a cover (input copies, the replay call, the output copy, and a
+#: small forward's lower efficiency), in rows: a cover of several forwards must save more than
+#: this per extra forward over padding one
+PIECE_OVERHEAD_ROWS = 0.5
+
+
+def cover_rows(buckets: Iterable[DitBucket], rows: int, latent_shape: Sequence[int], text_len: int, *,
+               may_pad: Callable[[DitBucket], bool] = lambda b: True) -> list[tuple[DitBucket, int]] | None:
+    """The forwards that run ``rows`` rows through buckets of this signature at the least cost:
+    ``[(bucket, rows it takes)]``, largest bucket first; at most one takes fewer rows than its
+    bucket holds (padded), and only a bucket ``may_pad`` allows. None: no bucket of the signature,
+    or no cover without a padding ``may_pad`` refuses.
+
+    A forward costs its bucket's rows (a DiT's forward is linear in its rows once the GPU is full:
+    an H200 at 17x256x256 replays 7.1-7.3 ms a row from 2 rows to 32,
+    bench/results/graph_buckets_h200_17x256.json) plus :data:`PIECE_OVERHEAD_ROWS`; ties go to
+    fewer forwards. Over buckets of 1, 2, 4, 8, 16 and 32 rows: 12 rows run as 8 + 4 (not 16 with
+    4 rows of padding), 15 as 16 with one, 40 as 32 + 8."""
     sig = shape_signature(latent_shape, text_len)
-    fits = [b for b in buckets if b.signature == sig and b.rows >= rows]
-    return min(fits, key=lambda b: b.rows) if fits else None
+    fits = sorted({b.key: b for b in buckets if b.signature == sig}.values(), key=lambda b: -b.rows)
+    if not fits or rows < 1:
+        return None
+    inf = float("inf")
+    best = [0.0] + [inf] * rows  # best[m]: the least cost of covering m rows
+    pick: list[DitBucket | None] = [None] * (rows + 1)
+    for m in range(1, rows + 1):
+        for b in fits:
+            if b.rows > m and not may_pad(b):
+                continue
+            c = best[max(0, m - b.rows)] + b.rows + PIECE_OVERHEAD_ROWS
+            if c < best[m]:
+                best[m], pick[m] = c, b
+    if best[rows] == inf:
+        return None
+    out, m = [], rows
+    while m > 0:
+        b = pick[m]
+        out.append((b, min(b.rows, m)))
+        m -= min(b.rows, m)
+    return sorted(out, key=lambda p: (-p[0].rows, -p[1]))
 
 
 class _StreamRunner(GraphRunner):

@@ -3,12 +3,14 @@
 The pool obtains its model as a runtime export (:func:`fastvideo3.models.wan.runtime_export.build_dit_runtime`:
 identity, fingerprint, ports, stages, graphs, state regions) declared over the card's shape
 buckets (``ModelCard.graph_buckets``). The warm phase (:meth:`DenoiserExecutor.capture_graphs`)
-captures those buckets through the runtime's ``prepare`` verb; a step then runs a batch in the
-smallest prepared bucket of its shape whose rows hold it, padded up to them (copies of its first
-row, computed and discarded), through the runtime's verbs (``set_input``, ``fire``,
-``get_output``). A batch no bucket holds runs eagerly, and its results say so: every result carries
-the path it ran (:data:`GRAPH_BUCKET_ATTR`, ``"eager"`` or the bucket key) and the padding rows
-(:data:`GRAPH_PADDING_ATTR`) as span attributes for the pool's execute span.
+captures those buckets through the runtime's ``prepare`` verb; a step then runs a batch as the
+replays of the prepared buckets of its shape that cover its rows at the least cost (one bucket
+that holds them, padded up to it with copies of its first row, computed and discarded, or several
+back to back: 12 rows as 8 + 4 rather than 16 with 4 rows of padding), through the runtime's verbs
+(``set_input``, ``fire``, ``get_output``). A batch no bucket of its shape covers runs eagerly, and
+its results say so: every result carries the path it ran (:data:`GRAPH_BUCKET_ATTR`, ``"eager"``
+or the bucket keys joined by ``+``) and the padding rows (:data:`GRAPH_PADDING_ATTR`) as span
+attributes for the pool's execute span.
 """
 from __future__ import annotations
 
@@ -162,7 +164,7 @@ class DenoiserExecutor(_Base):
         #: the ref too, so a request whose input was made again never gets the old one's pull
         self._staged: dict[tuple[str, str, str, str], object] = {}
         self.counters.update({"forwards": 0, "rows": 0, "max_batch_rows": 0, "padding_rows": 0,
-                              "graph_forwards": 0, "eager_forwards": 0})
+                              "graph_forwards": 0, "eager_forwards": 0, "cover_forwards": 0})
         self.fault_hook = None  # test hook: fn(unit, latent) -> latent, to inject numeric faults
         #: read-only step observers (behavior capture for rollouts, parity taps):
         #: fn(unit, latent_in, model_output, latent_out), called after each successful step.
@@ -459,10 +461,11 @@ class DenoiserExecutor(_Base):
 
     def _forward_rows(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor, expert: str | None = None,
                       image: torch.Tensor | None = None) -> tuple[torch.Tensor, "ForwardPath"]:
-        """One DiT forward of ``x``'s rows, and the path it took: the smallest prepared bucket of
-        its shape whose rows hold it (padded with copies of row 0; only the real rows come back),
-        else eagerly."""
-        from fastvideo3.models.wan.runtime_export import choose_bucket
+        """The DiT forward of ``x``'s rows, and the path it took: replays of the prepared buckets of
+        its shape that cover its rows at the least cost (:func:`~fastvideo3.models.wan.runtime_export.cover_rows`:
+        12 rows as an 8-row and a 4-row replay rather than one 16-row replay with 4 rows of padding;
+        a padded bucket takes copies of its first row and only the real rows come back), else eagerly."""
+        from fastvideo3.models.wan.runtime_export import cover_rows
         if image is not None:  # image-to-video: eager (the runtime export's ports carry no image yet)
             return self._forwards[expert or self.experts[0]](x, t, text, image=image), ForwardPath.eager("image")
         if expert is not None and expert != self.experts[0]:
@@ -470,24 +473,38 @@ class DenoiserExecutor(_Base):
         if self.adapters.active:  # captured graphs hold no adapter deltas
             return self._forward(x, t, text), ForwardPath.eager("adapters")
         n = x.shape[0]
-        bucket = None
+        cover = None
         if text.shape[2] == self.dit.cfg.text_dim:
-            bucket = choose_bucket(self._prepared.values(), n, x.shape[1:], text.shape[1])
-        if bucket is None:
+            tokens = _tokens_per_row(x.shape[2:], self.dit.cfg.patch_size)
+            cover = cover_rows(self._prepared.values(), n, x.shape[1:], text.shape[1],
+                               may_pad=lambda b: b.rows * tokens <= PAD_TOKEN_LIMIT)
+            if cover is None and cover_rows(self._prepared.values(), n, x.shape[1:], text.shape[1]) is not None:
+                return self._forward(x, t, text), ForwardPath.eager("padding_cost")
+        if cover is None:
             return self._forward(x, t, text), ForwardPath.eager("no_bucket" if self._prepared else "no_graphs")
-        pad = bucket.rows - n
-        if pad and bucket.rows * _tokens_per_row(x.shape[2:], self.dit.cfg.patch_size) > PAD_TOKEN_LIMIT:
-            return self._forward(x, t, text), ForwardPath.eager("padding_cost")
-        if pad:
-            x, t, text, _, _ = pad_rows(x, t, text, [], bucket.rows)
         rt = self.runtime
-        rt.prepare(bucket.key)  # selects the prepared bucket; captures nothing
-        rt.set_input("latents", x)
-        rt.set_input("timestep", t)
-        rt.set_input("text", text)
-        rt.fire("dit")
-        # the output window is rewritten by the next replay: keep a copy of the real rows
-        return rt.get_output("noise_pred")[:n].clone(), ForwardPath(bucket.key, pad)
+        out, start, keys, padding = None, 0, [], 0
+        for bucket, take in cover:
+            xs, ts, texts = x[start:start + take], t[start:start + take], text[start:start + take]
+            pad = bucket.rows - take
+            if pad:
+                xs, ts, texts, _, _ = pad_rows(xs, ts, texts, [], bucket.rows)
+            rt.prepare(bucket.key)  # selects the prepared bucket; captures nothing
+            rt.set_input("latents", xs)
+            rt.set_input("timestep", ts)
+            rt.set_input("text", texts)
+            rt.fire("dit")
+            # the output window is rewritten by the next replay: keep a copy of the real rows
+            got = rt.get_output("noise_pred")[:take]
+            if len(cover) == 1:
+                return got.clone(), ForwardPath(bucket.key, pad)
+            if out is None:
+                out = torch.empty((n, *got.shape[1:]), dtype=got.dtype, device=got.device)
+            out[start:start + take].copy_(got)
+            start, padding = start + take, padding + pad
+            keys.append(bucket.key)
+        self.counters["cover_forwards"] += len(cover)
+        return out, ForwardPath("+".join(keys), padding)
 
     # -- the step body -----------------------------------------------------------------
     def _execute(self, batch):
