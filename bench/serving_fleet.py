@@ -76,7 +76,13 @@ def deltas(before: tuple[dict, dict], after: tuple[dict, dict]) -> dict:
     units = c1.get("diffusion_step.units", 0) - c0.get("diffusion_step.units", 0)
     return {"denoise": {"batches": int(batches), "units": int(units),
                         "mean_units_per_batch": round(units / max(1, batches), 2),
-                        "dit_forwards": int(pool("denoiser", "forwards")), "dit_rows": int(pool("denoiser", "rows"))},
+                        "dit_forwards": int(pool("denoiser", "forwards")), "dit_rows": int(pool("denoiser", "rows")),
+                        # how the forwards ran: graph replays (several for a cover of the rows), eagerly,
+                        # and the rows of padding the replays computed and discarded
+                        "dit_graph_forwards": int(pool("denoiser", "graph_forwards")),
+                        "dit_eager_forwards": int(pool("denoiser", "eager_forwards")),
+                        "dit_cover_replays": int(pool("denoiser", "cover_forwards")),
+                        "dit_padding_rows": int(pool("denoiser", "padding_rows"))},
             "decode": {"batches": int(c1.get("vae_tile.batches", 0) - c0.get("vae_tile.batches", 0)),
                        "units": int(c1.get("vae_tile.units", 0) - c0.get("vae_tile.units", 0)),
                        "vae_calls": int(pool("decoder", "decode_calls")),
