@@ -54,9 +54,11 @@ GRAPH_MODES = (GRAPH_OFF, GRAPH_CARD)
 PAD_TOKEN_LIMIT = 8_192
 
 
-def _tokens_per_row(latent_fhw, patch_size) -> int:
+def _tokens_per_row(latent_fhw, patch_size, patch_size_t: int = 1) -> int:
+    """Tokens of one row: ``patch_size`` a (t, h, w) triple (Wan) or one spatial size with its
+    temporal size apart (HunyuanVideo 1.5's ``patch_size`` and ``patch_size_t``)."""
     f, h, w = (int(d) for d in latent_fhw)
-    pt, ph, pw = patch_size
+    pt, ph, pw = patch_size if isinstance(patch_size, (tuple, list)) else (patch_size_t, patch_size, patch_size)
     return (f // pt) * (h // ph) * (w // pw)
 
 @dataclass(frozen=True)
@@ -474,8 +476,9 @@ class DenoiserExecutor(_Base):
             return self._forward(x, t, text), ForwardPath.eager("adapters")
         n = x.shape[0]
         cover = None
-        if text.shape[2] == self.dit.cfg.text_dim:
-            tokens = _tokens_per_row(x.shape[2:], self.dit.cfg.patch_size)
+        if self._prepared and text.shape[2] == self.dit.cfg.text_dim:
+            cfg = self.dit.cfg
+            tokens = _tokens_per_row(x.shape[2:], cfg.patch_size, getattr(cfg, "patch_size_t", 1))
             cover = cover_rows(self._prepared.values(), n, x.shape[1:], text.shape[1],
                                may_pad=lambda b: b.rows * tokens <= PAD_TOKEN_LIMIT)
             if cover is None and cover_rows(self._prepared.values(), n, x.shape[1:], text.shape[1]) is not None:
