@@ -13,8 +13,9 @@ records, per captured bucket, the capture seconds and device memory from Describ
   fast path on the same inputs, with the relative error between the two;
 * ``step``: one whole denoise step (``execute`` of as many requests as the bucket has rows, no CFG:
   fetch-free after the first step, DiT forward, sampler update) with graphs and eagerly;
-* ``padded``: the forward of one row fewer than the bucket (padded up to it) against eager at
-  those rows (what a batch that does not fill its bucket costs).
+* ``padded``: the forward of one row fewer than the bucket against eager at those rows (what a
+  batch that does not fill its bucket costs): the bucket padded up, or the cover of smaller
+  buckets the executor picks instead (``path`` names the replays, ``padding_rows`` the padding).
 
 Without ``--checkpoint-root`` the card's DiT is drawn from a seed (random weights, real shapes), so
 no checkpoint is needed. ``--shapes``/``--rows`` replace the card's buckets (e.g. the serving
