@@ -467,7 +467,7 @@ class DenoiserExecutor(_Base):
         its shape that cover its rows at the least cost (:func:`~fastvideo3.models.wan.runtime_export.cover_rows`:
         12 rows as an 8-row and a 4-row replay rather than one 16-row replay with 4 rows of padding;
         a padded bucket takes copies of its first row and only the real rows come back), else eagerly."""
-        from fastvideo3.models.wan.runtime_export import cover_rows
+        from fastvideo3.models.wan.runtime_export import cover_rows, shape_signature
         if image is not None:  # image-to-video: eager (the runtime export's ports carry no image yet)
             return self._forwards[expert or self.experts[0]](x, t, text, image=image), ForwardPath.eager("image")
         if expert is not None and expert != self.experts[0]:
@@ -481,7 +481,9 @@ class DenoiserExecutor(_Base):
             tokens = _tokens_per_row(x.shape[2:], cfg.patch_size, getattr(cfg, "patch_size_t", 1))
             cover = cover_rows(self._prepared.values(), n, x.shape[1:], text.shape[1],
                                may_pad=lambda b: b.rows * tokens <= PAD_TOKEN_LIMIT)
-            if cover is None and cover_rows(self._prepared.values(), n, x.shape[1:], text.shape[1]) is not None:
+            sig = shape_signature(x.shape[1:], text.shape[1])
+            if cover is None and any(b.signature == sig for b in self._prepared.values()):
+                # buckets of its shape exist: every cover needs a padding past the token limit
                 return self._forward(x, t, text), ForwardPath.eager("padding_cost")
         if cover is None:
             return self._forward(x, t, text), ForwardPath.eager("no_bucket" if self._prepared else "no_graphs")
