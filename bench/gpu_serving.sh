@@ -8,6 +8,7 @@
 #   bash bench/gpu_serving.sh steps8       # 16 x 17x256^2 at 8 steps: batching, request-at-a-time, diffusers (~4 min)
 #   bash bench/gpu_serving.sh steps8b      # the same, step batching alone (~2.5 min)
 #   bash bench/gpu_serving.sh steps50      # the same at 50 steps                                (~5 min)
+#   bash bench/gpu_serving.sh steps50b     # the same, step batching alone (~2.5 min)
 #   bash bench/gpu_serving.sh mixed        # 8 small 17x256^2 + 4 large 33x480x832, 20 steps     (~4 min)
 #   bash bench/gpu_serving.sh open_loop    # capacity bursts at 8 and 50 steps, then 180 s of Poisson arrivals (~7 min)
 #   bash bench/gpu_serving.sh e2e          # a whole 81x480x832 50-step generation vs diffusers (~6 min)
@@ -71,6 +72,7 @@ for part in "$@"; do
                  --decode-batch 2 --out "$OUT/e2e_decode_h200.json" 2>&1 | grep -v Loading | tail -n 30 ;;
     steps8)    serving steps8 "${STEPS8_TIMEOUT_S:-300}" --steps 8 --parts batching,request,diffusers ;;
     steps8b)   serving steps8b "${STEPS8_TIMEOUT_S:-240}" --steps 8 --parts batching ;;
+    steps50b)  serving steps50b "${STEPS50_TIMEOUT_S:-240}" --steps 50 --parts batching ;;
     steps50)   serving steps50 "${STEPS50_TIMEOUT_S:-360}" --steps 50 --parts batching,request,diffusers ;;
     mixed)     serving mixed "${MIXED_TIMEOUT_S:-300}" --steps 20 --parts mixed --mixed-steps 20 ;;
     open_loop) serving open_loop "${OPEN_LOOP_TIMEOUT_S:-380}" --steps 8,50 --parts batching,open_loop \

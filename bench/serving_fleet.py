@@ -82,7 +82,9 @@ def deltas(before: tuple[dict, dict], after: tuple[dict, dict]) -> dict:
                         "dit_graph_forwards": int(pool("denoiser", "graph_forwards")),
                         "dit_eager_forwards": int(pool("denoiser", "eager_forwards")),
                         "dit_cover_replays": int(pool("denoiser", "cover_forwards")),
-                        "dit_padding_rows": int(pool("denoiser", "padding_rows"))},
+                        "dit_padding_rows": int(pool("denoiser", "padding_rows")),
+                        # device time of the DiT forwards (CUDA events), against the denoiser's busy time
+                        "dit_forward_device_s": round(pool("denoiser", "forward_device_seconds"), 3)},
             "decode": {"batches": int(c1.get("vae_tile.batches", 0) - c0.get("vae_tile.batches", 0)),
                        "units": int(c1.get("vae_tile.units", 0) - c0.get("vae_tile.units", 0)),
                        "vae_calls": int(pool("decoder", "decode_calls")),

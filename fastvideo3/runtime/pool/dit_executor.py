@@ -166,7 +166,12 @@ class DenoiserExecutor(_Base):
         #: the ref too, so a request whose input was made again never gets the old one's pull
         self._staged: dict[tuple[str, str, str, str], object] = {}
         self.counters.update({"forwards": 0, "rows": 0, "max_batch_rows": 0, "padding_rows": 0,
-                              "graph_forwards": 0, "eager_forwards": 0, "cover_forwards": 0})
+                              "graph_forwards": 0, "eager_forwards": 0, "cover_forwards": 0,
+                              "forward_device_seconds": 0.0})
+        #: CUDA: (start, end) events around each DiT forward of the running batch, read when it ends
+        #: (its results have synchronized by then): ``forward_device_seconds`` against
+        #: ``busy_seconds`` is the batch's time outside the DiT
+        self._forward_events: list = []
         self.fault_hook = None  # test hook: fn(unit, latent) -> latent, to inject numeric faults
         #: read-only step observers (behavior capture for rollouts, parity taps):
         #: fn(unit, latent_in, model_output, latent_out), called after each successful step.
@@ -528,6 +533,10 @@ class DenoiserExecutor(_Base):
         for key, members in groups.items():
             for chunk in cut(members, key[-1], self.batching):  # bucket-sized in batch-invariant mode
                 self._run(chunk, results)
+        if self._forward_events:
+            self._forward_events[-1][1].synchronize()
+            self.counters["forward_device_seconds"] += sum(a.elapsed_time(b) for a, b in self._forward_events) / 1e3
+            self._forward_events.clear()
         return [results[u.unit_id] for u in batch]
 
     def _validate(self, unit: WorkUnit) -> None:
@@ -578,6 +587,10 @@ class DenoiserExecutor(_Base):
             x, t, text, rows, pad = pad_rows(x, t, torch.cat(txt), rows, bucket and bucket * len(branch_set))
             if image is not None and pad:
                 image = torch.cat([image, image[:1].expand(pad, *image.shape[1:])])
+            timed = self._copy_stream is not None  # CUDA
+            if timed:
+                events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                events[0].record()
             with self.adapters.batch(rows):
                 if intercepted:
                     out = self._dit_intercepted(x, t, text, index, chunk, "+".join(branch_set), plugin_states,
@@ -585,6 +598,9 @@ class DenoiserExecutor(_Base):
                     path = ForwardPath.eager("interceptor")  # per-row block decisions: the staged eager forward
                 else:
                     out, path = self._forward_rows(x, t, text, chunk[0][0].params.get("expert"), image)
+            if timed:
+                events[1].record()
+                self._forward_events.append(events)
             self._count_forward(len(index), pad + path.padding_rows)
             self.counters["eager_forwards" if path.bucket == N.GRAPH_EAGER else "graph_forwards"] += 1
             paths.append(path)

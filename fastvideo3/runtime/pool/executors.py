@@ -17,6 +17,7 @@ from fastvideo3.card.spec import ModelCard
 from fastvideo3.errors import ErrorInfo, ResourceExhausted
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.models.wan.components import precision_dtype
+from fastvideo3.runtime.pool.profiling import BatchProfiler, window_from_env
 from fastvideo3.runtime.scheduling.workunit import WorkUnit
 from fastvideo3.vocab import Role
 
@@ -55,11 +56,18 @@ class _Base:
         self.counters: dict[str, float] = {"units": 0, "batches": 0, "failed_units": 0, "busy_seconds": 0.0}
         self.fetch_deadline_s = FETCH_DEADLINE_S  # bound on pulling one input from another pool
         self._lock = threading.RLock()
+        # FASTVIDEO3_PROFILE_BATCHES=DIR,START,COUNT: a torch profile of a window of batches
+        window = window_from_env()
+        self._profiler = BatchProfiler(window, self.role) if window is not None else None
 
     def execute(self, batch: list[WorkUnit]) -> list[StepResult]:
         with self._lock:  # time the work only: waiting for the lock is queueing, not busy time
             t0 = time.perf_counter()
-            results = self._execute(batch)
+            if self._profiler is not None:
+                with self._profiler.batch():
+                    results = self._execute(batch)
+            else:
+                results = self._execute(batch)
             dt = time.perf_counter() - t0
             self.counters["units"] += len(batch)
             self.counters["batches"] += 1
