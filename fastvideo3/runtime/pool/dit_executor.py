@@ -607,6 +607,9 @@ class DenoiserExecutor(_Base):
             for row, (i, b) in enumerate(index):
                 preds[i][b] = out[row : row + 1]
         traced = _merge_paths(paths).span_attrs()
+        # the sampler updates first, then one host read for every unit's finiteness and norm (a
+        # read per unit would wait on the device once per request of the batch)
+        stepped: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         for i, (unit, reg) in enumerate(chunk):
             try:
                 p = unit.params
@@ -614,7 +617,19 @@ class DenoiserExecutor(_Base):
                 new = sampler_step(p["sampler"], reg.history, noise, reg.latent, int(p["step"]), p["sigmas"])
                 if self.fault_hook is not None:
                     new = self.fault_hook(unit, new)
-                if not bool(torch.isfinite(new).all()):
+                stepped.append((i, noise, new))
+            except Exception as e:  # noqa: BLE001 - request-local fault
+                self.regions.pop(unit.request_id, None)
+                results[unit.unit_id] = _fail(unit, e)
+        if not stepped:
+            return
+        checks = torch.stack([torch.stack([torch.isfinite(new).all().float(), new.float().norm()])
+                              for _, _, new in stepped]).tolist()
+        for (i, noise, new), (finite, norm) in zip(stepped, checks):
+            unit, reg = chunk[i]
+            try:
+                p = unit.params
+                if not finite:
                     raise NumericFault("latents became non-finite", step=int(p["step"]), request_id=unit.request_id)
                 for observe in self.observers:
                     observe(unit, reg.latent, noise, new)
@@ -624,7 +639,7 @@ class DenoiserExecutor(_Base):
                     reg.ready = torch.cuda.Event()
                     reg.ready.record()
                 res = StepResult(unit.unit_id, unit.request_id,
-                                 metrics={"latent_norm": float(new.float().norm()), "finite": 1.0,
+                                 metrics={"latent_norm": float(norm), "finite": 1.0,
                                           "batch_rows": float(len(chunk) * len(branches))},
                                  span_attrs=dict(traced))
                 if p.get("cache"):
