@@ -329,6 +329,11 @@ def _pool_info(desc: dict) -> dict:
         ex = pool.get("executor") or {}
         info[name] = {"role": pool.get("role"), "device": pool.get("device"), "precision": pool.get("precision"),
                       **({"dit_path": ex["kind"]} if pool.get("role") == "denoiser" and ex.get("kind") else {}),
+                      # the DiT's own cost per captured bucket (one replay at warm-up): the bound a step
+                      # of that many rows can reach, beside which the service's overhead shows
+                      **({"graph_buckets": [{k: b.get(k) for k in ("batch", "signature", "replay_ms")}
+                                            for b in pool["graph_buckets"]]}
+                         if pool.get("role") == "denoiser" and pool.get("graph_buckets") else {}),
                       **({"decode": ex["decoder"]} if "decoder" in ex else {})}
     return info
 

@@ -84,6 +84,51 @@ def step_summary(result: dict, steps: int) -> dict:
                    rows_per_s_wall_fraction_of_flop_bound=round(rows / sb["wall_s"] / bound, 4))
     else:
         out["rows_per_s_fraction_of_flop_bound"] = None
+    bounds = dit_bounds(result, out)
+    if bounds:
+        out["dit_bounds"] = bounds
+    return out
+
+
+def _burst_buckets(result: dict) -> dict[int, float]:
+    """rows -> replay ms of the denoiser's captured buckets at the bursts' request shape (Wan's
+    latent: frames (F-1)/4+1, height and width / 8), from the pools' warm-up replays."""
+    wl = result.get("workload", {})
+    try:
+        w, h = (int(x) for x in str(wl.get("size", "")).split("x"))
+        want = [str((int(wl["frames"]) - 1) // 4 + 1), str(h // 8), str(w // 8)]
+    except (KeyError, ValueError):
+        return {}
+    out: dict[int, float] = {}
+    for pool in result.get("run", {}).get("pools", {}).values():
+        for b in pool.get("graph_buckets") or ():
+            sig = str(b.get("signature", "")).split(".")[0].split("x")
+            if sig[1:] == want and _num(b.get("replay_ms")) and b.get("batch"):
+                out[int(b["batch"])] = float(b["replay_ms"])
+    return out
+
+
+def dit_bounds(result: dict, s: dict) -> dict | None:
+    """What the DiT alone allows at this shape, from its buckets' replay times in the same run:
+    its best ms per row and at a lone request's rows (its CFG branches), so the ratio of the two
+    bounds step batching's gain over request-at-a-time on the same DiT path, and the best against
+    the FLOP bound bounds ``rows_per_s_fraction_of_flop_bound``. ``service_ms_per_row``: the
+    burst's denoiser busy time per row; the difference is the step's cost outside the DiT."""
+    buckets = _burst_buckets(result)
+    if not buckets:
+        return None
+    per_row = {r: ms / r for r, ms in sorted(buckets.items())}
+    best = min(per_row.values())
+    lone_rows = 2 if result.get("workload", {}).get("cfg", True) else 1
+    out = {"replay_ms_per_row": {str(r): round(v, 3) for r, v in per_row.items()},
+           "best_ms_per_row": round(best, 3)}
+    if lone_rows in per_row:
+        out["request_at_a_time_ms_per_row"] = round(per_row[lone_rows], 3)
+        out["speedup_vs_request_at_a_time_bound"] = round(per_row[lone_rows] / best, 3)
+    if _num(s.get("flop_bound_rows_per_s")):
+        out["rows_per_s_fraction_of_flop_bound_bound"] = round(1000.0 / best / s["flop_bound_rows_per_s"], 4)
+    if _num(s.get("rows_per_s")):
+        out["service_ms_per_row"] = round(1000.0 / s["rows_per_s"], 3)
     return out
 
 

@@ -230,16 +230,18 @@ class AdapterEntry(_message.Message):
     def __init__(self, id: _Optional[str] = ..., version: _Optional[str] = ..., current: _Optional[bool] = ..., rank: _Optional[int] = ..., bytes: _Optional[int] = ..., slot: _Optional[int] = ..., in_use: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
 
 class GraphBucket(_message.Message):
-    __slots__ = ("batch", "signature", "capture_s", "memory_bytes")
+    __slots__ = ("batch", "signature", "capture_s", "memory_bytes", "replay_ms")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     CAPTURE_S_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_MS_FIELD_NUMBER: _ClassVar[int]
     batch: int
     signature: str
     capture_s: float
     memory_bytes: int
-    def __init__(self, batch: _Optional[int] = ..., signature: _Optional[str] = ..., capture_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+    replay_ms: float
+    def __init__(self, batch: _Optional[int] = ..., signature: _Optional[str] = ..., capture_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., replay_ms: _Optional[float] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("request_id",)

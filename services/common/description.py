@@ -43,12 +43,13 @@ def executor_fields(d: Mapping[str, Any], *, role: str, fake: bool) -> dict[str,
 
 
 def graph_bucket(b: Any) -> pool_pb2.GraphBucket:
-    """A bucket as the executor reports it: a dict ``{batch, signature, capture_s, memory_bytes}``,
+    """A bucket as the executor reports it: a dict ``{batch, signature, capture_s, memory_bytes, replay_ms}``,
     or only its shape key (a string: the bucket is prepared, nothing about it measured)."""
     if isinstance(b, Mapping):
         return pool_pb2.GraphBucket(batch=int(b.get("batch", 0)), signature=str(b.get("signature", "")),
                                     capture_s=float(b.get("capture_s", 0.0)),
-                                    memory_bytes=int(b.get("memory_bytes", 0)))
+                                    memory_bytes=int(b.get("memory_bytes", 0)),
+                                    replay_ms=float(b.get("replay_ms", 0.0)))
     return pool_pb2.GraphBucket(signature=str(b))
 
 

@@ -83,3 +83,28 @@ def test_serving_bench_refuses_bad_options(tmp_path):
     assert p.returncode == 2 and "--graph-rows must be integers" in p.stderr
     p = _run(["--device", "cpu", "--open-loop-load", "5"], 120)
     assert p.returncode == 2 and "--open-loop-load must be in" in p.stderr
+
+
+def test_dit_bounds_from_the_buckets_replay_times():
+    """The summary's ``dit_bounds``: the DiT's own ms per row per bucket (warm-up replays at the
+    bursts' shape only), the gain over a lone request's rows it allows, and the FLOP-bound ceiling."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from serving_summary import step_summary
+    finally:
+        sys.path.remove(str(BENCH))
+    buckets = [{"batch": r, "signature": "16x5x32x32.t512", "replay_ms": ms} for r, ms in ((2, 16.0), (8, 56.0))]
+    buckets.append({"batch": 2, "signature": "16x9x60x104.t512", "replay_ms": 900.0})  # another shape: ignored
+    result = {"workload": {"frames": 17, "size": "256x256", "cfg": True},
+              "run": {"pools": {"denoiser-0": {"graph_buckets": buckets}},
+                      "bursts": {"8": {"step_batching": {"requests": 4, "completed": 4, "wall_s": 2.0,
+                                                         "pool_busy_s": {"denoiser": 1.0},
+                                                         "denoise": {"dit_rows": 100}}}}},
+              "flops": {"per_row": {"flops": 1e12}}, "matmul_peak": {"flops_per_s": 200e12}}
+    b = step_summary(result, 8)["dit_bounds"]
+    assert b["replay_ms_per_row"] == {"2": 8.0, "8": 7.0} and b["best_ms_per_row"] == 7.0
+    assert b["speedup_vs_request_at_a_time_bound"] == round(8.0 / 7.0, 3)
+    assert b["rows_per_s_fraction_of_flop_bound_bound"] == round(1000 / 7.0 / 200, 4)  # bound: 200 rows/s
+    assert b["service_ms_per_row"] == 10.0  # 100 rows in 1 s of busy time
+    result["run"]["pools"]["denoiser-0"]["graph_buckets"] = buckets[2:]
+    assert "dit_bounds" not in step_summary(result, 8)
