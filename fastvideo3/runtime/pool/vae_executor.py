@@ -115,6 +115,8 @@ class DecoderExecutor(_Base):
         self._vae_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.role}-vae")
         self._encode_pool = ThreadPoolExecutor(max_workers=ENCODE_WORKERS, thread_name_prefix=f"{self.role}-encode")
         self._count_lock = threading.Lock()
+        #: per calling thread: the encode futures of the batch that thread is executing
+        self._encoding = threading.local()
 
     def on_vae_thread(self, fn, *args):
         """``fn(*args)`` on the executor's VAE thread (where cuDNN's tuned plans live); its result."""
@@ -175,16 +177,42 @@ class DecoderExecutor(_Base):
                 groups.setdefault((tuple(latent.shape[1:]), str(latent.dtype)), []).append((unit, latent, wire))
             except Exception as e:  # noqa: BLE001
                 results[unit.unit_id] = _fail(unit, e)
-        pending: list[tuple] = []  # (unit, its file's encode future)
+        # (unit, its file's encode future): awaited by execute after the lock, or here when
+        # called without it
+        outer = getattr(self._encoding, "pending", None)
+        pending: list[tuple] = outer if outer is not None else []
         for members in groups.values():
             for i in range(0, len(members), self.max_decode_batch):
                 self._decode_group(members[i : i + self.max_decode_batch], results, pending)
+        if outer is None:
+            for unit, fut in pending:
+                try:
+                    fut.result()
+                except Exception as e:  # noqa: BLE001 - the unit's failure
+                    results[unit.unit_id] = _fail(unit, e)
+        return [results[u.unit_id] for u in batch]
+
+    def execute(self, batch):
+        """The batch's VAE calls and frames under the executor's lock; its files' encodes (ffmpeg
+        processes on the encode threads) are awaited after it, so a batch sent beside this one
+        (the scheduler keeps two decode batches at a replica) makes its VAE calls meanwhile."""
+        self._encoding.pending = pending = []
+        try:
+            results = super().execute(batch)
+        finally:
+            self._encoding.pending = None
+        index = {u.unit_id: i for i, u in enumerate(batch)}
         for unit, fut in pending:
             try:
                 fut.result()
             except Exception as e:  # noqa: BLE001 - the unit's failure
-                results[unit.unit_id] = _fail(unit, e)
-        return [results[u.unit_id] for u in batch]
+                i = index[unit.unit_id]
+                failed = _fail(unit, e)
+                failed.measured_seconds = getattr(results[i], "measured_seconds", 0.0)
+                results[i] = failed
+                with self._count_lock:
+                    self.counters["failed_units"] += 1
+        return results
 
     def _decode_group(self, members: list[tuple], results: dict[str, StepResult], pending: list) -> None:
         """One VAE call for ``members`` (same latent shape); halves on device OOM. Each member's

@@ -11,7 +11,8 @@ to free. Two ways to run batches:
   :meth:`depth` batches of this scheduler at a time: one for most pools; ``pipeline_depth``
   (2) for denoiser pools, so the next batch is already at the replica, its inputs being
   pulled, while the current one runs (double buffering; the planner keeps one unit per request
-  in flight, so results of one request still apply in order).
+  in flight, so results of one request still apply in order), and for decoder pools, whose
+  next batch decodes while the previous one's files are still encoding.
 
 Freeing ended requests: the ids a replica must free ride on the next Execute sent to it (an
 executor that :class:`~fastvideo3.runtime.scheduling.executor.CarriesReleases` puts them in the RPC; any
@@ -74,8 +75,9 @@ class Dispatcher:
     # -- capacity ----------------------------------------------------------------------
     def depth(self, executor: Any) -> int:
         """Batches this replica takes at once (pipelined mode)."""
-        pool = self._pool_of.get(id(executor), "")
-        return self.pipeline_depth if pool.partition(":")[0] == Role.DENOISER else 1
+        role = self._pool_of.get(id(executor), "").partition(":")[0]
+        # a decoder's next batch runs its VAE call while the previous batch's files encode
+        return self.pipeline_depth if role in (Role.DENOISER, Role.DECODER) else 1
 
     def capacity(self, executor: Any) -> tuple[int, int]:
         """(batches the replica takes now, batches of this scheduler in flight there)."""

@@ -225,6 +225,10 @@ class Planner:
                     # a replica runs one batch at a time, unless the next one is large enough to
                     # double-buffer; otherwise its units wait and join the replica's next batch
                     second = dbuf and len(chunk) >= max(1, split_min_units // 2)
+                    # a decode batch goes beside the one in flight: its VAE call runs while the
+                    # other's files encode (the decoder serializes its VAE calls itself); the
+                    # replica's depth (its free slots) bounds how many
+                    second = second or members[0][0].kind == UnitKind.VAE_TILE
                     if second and in_flight and id(ex) in in_flight:  # beside a batch of far more slowed-down
                         # requests, it would hold their next step behind it: it waits instead
                         second = 2 * max(self._slowdown(r, now) for _, r in chunk) >= in_flight[id(ex)]
