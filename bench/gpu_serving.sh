@@ -29,7 +29,7 @@
 set -uo pipefail
 OUT=${OUT:-out/gpu_serving}
 WORK=${WORK:-$(mktemp -d)}
-mkdir -p "$OUT"
+mkdir -p "$OUT" "$WORK"
 source bench/gpu_env.sh
 shopt -s nullglob
 wheels=()

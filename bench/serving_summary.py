@@ -85,6 +85,13 @@ def step_summary(result: dict, steps: int) -> dict:
     else:
         out["rows_per_s_fraction_of_flop_bound"] = None
     bounds = dit_bounds(result, out)
+    # the DiT forwards' device time per row (CUDA events in the denoiser) of each column: the
+    # same rows cost the same on both paths, so step batching's gain is all outside the DiT
+    device = {col: round(1000 * c["denoise"]["dit_forward_device_s"] / c["denoise"]["dit_rows"], 3)
+              for col, c in (("step_batching", sb), ("request_at_a_time", rq))
+              if _num(c.get("denoise", {}).get("dit_forward_device_s")) and c.get("denoise", {}).get("dit_rows")}
+    if device:
+        bounds = {**(bounds or {}), "forward_device_ms_per_row": device}
     if bounds:
         out["dit_bounds"] = bounds
     return out
@@ -190,14 +197,21 @@ def build_summary(result: dict, goals: dict) -> dict:
 def merge(paths: list[str]) -> dict:
     """One result from several parts' results (each from its own call): bursts and diffusers'
     columns joined by step count (a later file's burst of the same step count and mode replaces an
-    earlier one's), the first mixed / open-loop run, the highest measured matmul peak."""
+    earlier one's), the first mixed / open-loop run, the latest pools' description, the highest
+    measured matmul peak; each part's GPU in ``merged_from`` (and ``machine.gpu`` per file when they differ)."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
     first = parts[0]
     out: dict = {k: first[k] for k in ("started", "machine", "workload", "flops") if k in first}
     out["merged_from"] = [{"file": Path(p).name, "command": d.get("command"), "parts": d.get("parts"),
                            "wall_s": d.get("wall_s"), "output_format": d.get("workload", {}).get("output_format"),
+                           "gpu": d.get("machine", {}).get("gpu"),
                            **({"merged_from": d["merged_from"]} if "merged_from" in d else {})}
                           for p, d in zip(paths, parts)]
+    gpus = {m["file"]: m["gpu"] for m in out["merged_from"]}
+    if "machine" in out and len(set(gpus.values())) > 1:  # parts measured on different cards: each says which
+        out["machine"] = {**out["machine"], "gpu": gpus,
+                          "gpu_memory_gib": {Path(p).name: d.get("machine", {}).get("gpu_memory_gib")
+                                             for p, d in zip(paths, parts)}}
     formats = {m["file"]: m["output_format"] for m in out["merged_from"]}
     if "workload" in out and len(set(formats.values())) > 1:  # parts measured with different result files
         out["workload"] = {**out["workload"], "output_format": formats}
@@ -211,9 +225,11 @@ def merge(paths: list[str]) -> dict:
         r = d.get("run", {})
         for s, b in r.get("bursts", {}).items():
             run["bursts"].setdefault(s, {}).update(b)
-        for k in ("mixed", "open_loop", "pools", "variant"):
+        for k in ("mixed", "open_loop", "variant"):
             if k in r and k not in run:
                 run[k] = r[k]
+        if "pools" in r:  # the latest part's (the bursts' too: later files win)
+            run["pools"] = r["pools"]
         if "error" in r:
             run.setdefault("errors", []).append(r["error"][:500])
     out["run"] = run
