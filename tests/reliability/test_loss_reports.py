@@ -102,7 +102,9 @@ def test_last_denoiser_lost_the_report_names_it_and_a_retry_continues(lone):
     assert ev["loss"]["step_reached"] >= 5 and ev["loss"]["checkpoint"] is True, ev
     assert "denoiser replica denoiser-0" in ev["message"] and "Stream removed" not in ev["message"], ev
     resume = ev["resume_from_step"]
-    assert 5 <= resume <= ev["loss"]["step_reached"], ev
+    # checkpoints are written beside the steps, not on their path: the kill, right after the 5th
+    # progress event, may beat the newest one to the store, never the one a step before it
+    assert max(1, ev["loss"]["step_reached"] - 2) <= resume <= ev["loss"]["step_reached"], ev
     with FleetClient(fleet.target) as c:
         status = c.get("lost-1")
     assert status["state"] == "FAILED" and status["error"]["retryable"] is True, status
