@@ -207,6 +207,8 @@ def run_fleet(a, deadline: float, save, log_dir: Path, trace_dir: Path | None, o
               "--max-batch", str(a.max_batch)]
     if a.double_buffer_min_units is not None:
         common += ["--double-buffer-min-units", str(a.double_buffer_min_units)]
+    if a.cohort_rows is not None:
+        common += ["--cohort-rows", str(a.cohort_rows)]
     card, out["card_graph_buckets"] = serving_card(a, log_dir)
     fleet = LocalFleet(card, roles=roles, device=a.device, scheduler_args=common + trace("scheduler"),
                        pool_args={r: trace(r) for r in roles}, log_dir=log_dir)
@@ -364,6 +366,7 @@ def parse(argv: list[str] | None):
                     help="the file each request asks for (default mp4, what a client gets by default; the "
                          "diffusers column encodes the same file with the same encoder)")
     ap.add_argument("--max-batch", type=int, default=16, help="the batching scheduler's --max-batch")
+    ap.add_argument("--cohort-rows", default=None, help="the schedulers' --cohort-rows (auto, off or rows; default: theirs)")
     ap.add_argument("--double-buffer-min-units", type=int, default=None,
                     help="the schedulers' --double-buffer-min-units (default: the scheduler's own)")
     ap.add_argument("--diffusers-requests", type=int, default=None, help="diffusers requests per step count "
@@ -427,6 +430,12 @@ def parse(argv: list[str] | None):
             ap.error(f"--{name.replace('_', '-')} must be in {lo}..{hi}, got {getattr(a, name)}")
     if a.open_loop_rate is not None and not 0.001 <= a.open_loop_rate <= 1000:
         ap.error(f"--open-loop-rate must be in 0.001..1000 per second, got {a.open_loop_rate}")
+    if a.cohort_rows is not None:
+        from fastvideo3.runtime.scheduling.cohorts import parse_cohort_rows
+        try:
+            a.cohort_rows = parse_cohort_rows(a.cohort_rows)
+        except ValueError as e:
+            ap.error(f"--cohort-rows: {e}")
     if "mixed" in a.parts and a.mixed_small + a.mixed_large == 0:
         ap.error("--mixed-small and --mixed-large are both 0: drop the mixed part instead")
     return a

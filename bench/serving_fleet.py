@@ -84,7 +84,10 @@ def deltas(before: tuple[dict, dict], after: tuple[dict, dict]) -> dict:
                         "dit_cover_replays": int(pool("denoiser", "cover_forwards")),
                         "dit_padding_rows": int(pool("denoiser", "padding_rows")),
                         # device time of the DiT forwards (CUDA events), against the denoiser's busy time
-                        "dit_forward_device_s": round(pool("denoiser", "forward_device_seconds"), 3)},
+                        "dit_forward_device_s": round(pool("denoiser", "forward_device_seconds"), 3),
+                        # cohorts: rounds whose denoise group the cap cut, and the cap (units; 0: none)
+                        "cohort_capped_rounds": int(c1.get("cohort_capped_batches", 0) - c0.get("cohort_capped_batches", 0)),
+                        "cohort_cap_units": int(c1.get("cohort_cap_units", 0))},
             "decode": {"batches": int(c1.get("vae_tile.batches", 0) - c0.get("vae_tile.batches", 0)),
                        "units": int(c1.get("vae_tile.units", 0) - c0.get("vae_tile.units", 0)),
                        "vae_calls": int(pool("decoder", "decode_calls")),

@@ -253,7 +253,8 @@ def _build(cfg: SchedulerConfig, host: ServiceHost):
                            max_queued=cfg.max_queued, retain_finished=cfg.retain_finished, pricer=pricer,
                            admission=admission, telemetry=telemetry, checkpointer=checkpointer,
                            batch_bucket=cfg.batch_bucket(max_batch), pipeline_depth=cfg.pipeline_depth,
-                           split_min_units=cfg.double_buffer_min_units, release_after_s=cfg.release_after_s)
+                           split_min_units=cfg.double_buffer_min_units, release_after_s=cfg.release_after_s,
+                           cohort_rows=cfg.cohort_rows)
     runtime.card_of = lambda card_id: card if card_id == card.model_id else None
     if not cfg.leader_lease_s:  # with an election, the elected replica resumes (see _elect)
         _resume(checkpointer, card)

@@ -52,6 +52,9 @@ class SchedulerConfig:
     # once, and the denoise round (units) from which it is cut in two halves that alternate (0 = off)
     pipeline_depth: int = 2
     double_buffer_min_units: int = 8
+    # cohorts (fastvideo3.runtime.scheduling.cohorts): a denoise batch's rows, capped where more rows
+    # cost the same per row: auto (from the replicas' timed graph buckets), off, or a number of rows
+    cohort_rows: str | int = "auto"
     release_after_s: float = 1.0       # an ended request's id waits this long for an Execute to ride on
     engine_id: str = "fastvideo3/local"
     metrics_port: int | None = None
@@ -125,6 +128,14 @@ def _on_off(v) -> str:
     return v
 
 
+def _cohort_rows(v) -> str | int:
+    from fastvideo3.runtime.scheduling.cohorts import parse_cohort_rows
+    try:
+        return parse_cohort_rows(v)
+    except ValueError as e:
+        raise InvalidRequest(str(e), field="cohort_rows", limit="auto, off or [1, 4096] rows") from None
+
+
 def _pool_spec(text: str) -> tuple[str, tuple[str, ...]]:
     role, sep, targets = text.partition("=")
     base, colon, expert = role.partition(":")  # denoiser:EXPERT: the pools of one denoising expert
@@ -167,6 +178,9 @@ def parse_args(argv: list[str] | None = None) -> SchedulerConfig:
                    help="batches a denoiser replica holds at once (2: the next waits beside the running one)")
     p.add_argument("--double-buffer-min-units", type=int, default=None,
                    help="a denoise round of at least this many units is cut in two alternating halves (0 = off)")
+    p.add_argument("--cohort-rows", default=None,
+                   help="DiT rows at most in one denoise batch: auto (the fewest at which the replica's timed graph "
+                        "buckets cost as little per row as the best), off (up to --max-batch), or a number")
     p.add_argument("--release-after", type=float, default=None, dest="release_after_s",
                    help="seconds an ended request's id waits for an Execute to ride on before a Release call")
     p.add_argument("--retain-finished", type=int, default=None,
@@ -263,6 +277,7 @@ def build_config(a: argparse.Namespace) -> SchedulerConfig:
         pipeline_depth=int(pick(a.pipeline_depth, "pipeline_depth", 2, sched)),
         double_buffer_min_units=int(pick(a.double_buffer_min_units, "double_buffer_min_units", 8, sched)),
         release_after_s=float(pick(a.release_after_s, "release_after_s", 1.0, sched)),
+        cohort_rows=_cohort_rows(pick(getattr(a, "cohort_rows", None), "cohort_rows", "auto", sched)),
         rpc_timeout_s=float(pick(a.rpc_timeout_s, "rpc_timeout_s", 300.0, sched)),
         connect_timeout_s=float(pick(a.connect_timeout_s, "connect_timeout_s", 300.0, sched)),
         drain_timeout_s=float(pick(a.drain_timeout_s, "drain_timeout_s", 60.0, sched)),

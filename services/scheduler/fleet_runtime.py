@@ -32,6 +32,7 @@ from collections import deque
 
 from fastvideo3.errors import AlreadyExists, ErrorInfo, FastVideoError, NotFound, Unavailable
 from fastvideo3.loop.context import RequestContext
+from fastvideo3.runtime.scheduling.cohorts import batch_cap
 from fastvideo3.runtime.scheduling.executor import Executor
 from fastvideo3.runtime.scheduling.scheduler import TERMINAL, CoreScheduler, Event, RequestRun
 from fastvideo3.vocab import EventKind, LoopId, OutputFormat, RunStatus
@@ -52,16 +53,22 @@ class FleetRuntime:
     def __init__(self, executors: dict[str, list[Executor]], *, batching: bool = True, max_batch: int = 16,
                  max_running: int = 64, max_queued: int = 256, retain_finished: int = 1000,
                  pricer=None, admission=None, telemetry=None, checkpointer=None, batch_bucket: int | None = None,
-                 pipeline_depth: int = 2, split_min_units: int = 8, release_after_s: float = 1.0):
+                 pipeline_depth: int = 2, split_min_units: int = 8, release_after_s: float = 1.0,
+                 cohort_rows: str | int = "auto"):
         """``pipeline_depth``: batches a denoiser replica holds at once (2: double-buffered dispatch,
         see fastvideo3.runtime.scheduling.dispatcher). ``split_min_units``: a denoise round this large for an
         idle denoiser replica is cut in two halves that then alternate, so the replica always has
         the next batch waiting (off in batch-invariant mode, where every half would be padded to
         the bucket, and without batching). A checkpoint's snapshot of a request in one half waits
-        for the other half's step on the replica: the replica stays busy meanwhile."""
+        for the other half's step on the replica: the replica stays busy meanwhile.
+        ``cohort_rows``: ``auto`` caps a denoise batch at the fewest rows the replica's timed graph
+        buckets run as cheaply per row as the best (cohorts, fastvideo3.runtime.scheduling.cohorts),
+        a number caps it at that many rows, ``off`` leaves ``max_batch`` alone. Off in
+        batch-invariant mode (every batch is padded to the bucket there) and without batching."""
         replicas = sum(len(v) for v in executors.values())
         cp = checkpointer
         split = 0 if (batch_bucket or not batching) else split_min_units
+        cap = None if (batch_bucket or not batching) else batch_cap(cohort_rows, split_min_units=split)
         self._core = CoreScheduler(executors, max_batch=max_batch if batching else 1, max_running=max_running,
                                    max_queued=max_queued, on_event=self._on_event, parallel_dispatch=True,
                                    pipelined=True, wake=self._wake_up, pipeline_depth=pipeline_depth,
@@ -70,7 +77,8 @@ class FleetRuntime:
                                    pricer=pricer, admission=admission,
                                    telemetry=telemetry, checkpoint=cp.checkpoint if cp else None,
                                    admit_hook=cp.register if cp else None, recover=cp.recover if cp else None,
-                                   checkpoint_step=cp.checkpoint_step if cp else None, snapshots=cp)
+                                   checkpoint_step=cp.checkpoint_step if cp else None, snapshots=cp,
+                                   batch_cap=cap)
         self.card_of = None  # card id -> ModelCard, for requests read back from the store
         self.checkpointer = cp.attach(self._core) if cp else None
         self.batching = batching
@@ -398,6 +406,8 @@ class FleetRuntime:
         c.update({f"dispatch.{k}": v for k, v in self._core.dispatcher.counters.items()})
         c["dispatch.pending_releases"] = self._core.dispatcher.pending_releases()
         c["tick_errors"] = self.tick_errors
+        # the cohort cap (units) the latest denoise batches were cut at; 0: none applied
+        c["cohort_cap_units"] = max(self._core.planner.cohort_caps.values(), default=0)
         c["streams_open"] = len(self.streams)
         c["queued_requests"] = sum(r.status == RunStatus.QUEUED for r in self._core.runs.values())
         c["running_requests"] = sum(r.status == RunStatus.RUNNING for r in self._core.runs.values())

@@ -12,7 +12,8 @@ One round: requests at a step boundary are cancelled, expired or admitted (FIFO,
 ``max_running``); every running request with no unit in flight plans its next step through its
 :class:`LoopDriver`; units are grouped by batch key across requests and placed (a request's
 units of one role stay on the replica that ran its first one: the pool keeps its resident
-state there; new requests go to the least-loaded replica) and cut at ``max_batch``. A request
+state there; new requests go to the least-loaded replica) and cut at ``max_batch``, or at the cohort cap
+where one is given (:mod:`fastvideo3.runtime.scheduling.cohorts`). A request
 has at most one unit in flight, so its results apply in order. A batch for a replica with no
 free slot is held back and its units join that replica's next batch.
 
@@ -49,13 +50,16 @@ class Planner:
                  recover: Callable[[RequestRun, WorkUnit, StepResult], bool] | None = None,
                  checkpoint_step: Callable[[RequestRun], int | None] | None = None,
                  pricer: Any = None, admission: Any = None, telemetry: Any = None,
-                 load: Callable[[Any], int] | None = None, clock: Callable[[], float] = time.time):
+                 load: Callable[[Any], int] | None = None, clock: Callable[[], float] = time.time,
+                 batch_cap: Callable[[WorkUnit, Any], int | None] | None = None):
         """``executors``: the replica table, per pool key (read for size and health only).
         ``load(executor)``: units in flight there (least-loaded placement; default none).
         ``checkpoint`` is called after each applied result, ``recover`` may move a request whose
         replica was lost (True: it continues), ``checkpoint_step`` says where a retry resumes.
         ``pricer`` prices units and reservations, ``admission`` reserves a request's compute and
-        memory before it steps, ``telemetry`` records spans; all optional."""
+        memory before it steps, ``telemetry`` records spans; all optional. ``batch_cap(unit,
+        executor)``: units at most in one batch of that unit's kind and shape on that replica, below
+        ``max_batch`` (None: no cap; see :mod:`fastvideo3.runtime.scheduling.cohorts`)."""
         self.executors = executors
         self.max_batch = max_batch
         self.max_running = max_running
@@ -72,10 +76,12 @@ class Planner:
         self.telemetry = telemetry
         self.load = load or (lambda ex: 0)
         self.clock = clock
+        self.batch_cap = batch_cap
+        self.cohort_caps: dict[str, int] = {}  # shape signature -> the cap its last batch was cut at
         self.runs: "OrderedDict[str, RequestRun]" = OrderedDict()
         self.counters: dict[str, float] = {
             "ticks": 0, "units": 0, "batches": 0, "max_batch_units": 0, "multi_request_batches": 0,
-            "admitted": 0, "refused": 0, "succeeded": 0, "failed": 0, "cancelled": 0,
+            "admitted": 0, "refused": 0, "succeeded": 0, "failed": 0, "cancelled": 0, "cohort_capped_batches": 0,
         }
         self.batch_sizes: deque[int] = deque(maxlen=4096)  # recent diffusion_step batch sizes
         self.registering: set[str] = set()  # request ids being registered outside the planner
@@ -216,7 +222,7 @@ class Planner:
                 state[id(ex)] = list(cap) if cap is not None else None
             st = state.get(id(ex)) if ex is not None else None
             dbuf = split_min_units > 0 and members[0][0].kind == UnitKind.DIFFUSION_STEP
-            size = self.max_batch
+            size = self._batch_size(members[0][0], ex, len(members))
             if st is not None and dbuf and st[1] == 0 and st[0] >= 2 and len(members) >= split_min_units:
                 size = min(size, (len(members) + 1) // 2)  # two halves, sent back to back
             for i in range(0, len(members), size):
@@ -247,6 +253,20 @@ class Planner:
                         run.last_replica = (pool, idx)
                 out.append(Batch(chunk, pool, idx, ex))
         return out
+
+    def _batch_size(self, unit: WorkUnit, ex: Any, waiting: int) -> int:
+        """Units per batch for a group like ``unit``'s on replica ``ex``: ``max_batch``, or the
+        cohort cap where one applies and is smaller (counted when it cuts the group)."""
+        size = self.max_batch
+        if self.batch_cap is None or ex is None:
+            return size
+        cap = self.batch_cap(unit, ex)
+        if cap is not None and cap < size:
+            size = max(1, int(cap))
+            self.cohort_caps[unit.shape_sig] = size
+            if waiting > size:
+                self.counters["cohort_capped_batches"] += 1
+        return size
 
     def _slowdown(self, run: RequestRun, now: float) -> float:
         """Time since the request started over its priced work (GPU-seconds; 0 when unpriced)."""

@@ -74,6 +74,7 @@ class CoreScheduler:
         admission: Any = None,
         telemetry: Any = None,
         snapshots: Any = None,
+        batch_cap: Callable[[WorkUnit, Any], int | None] | None = None,
     ):
         """``pricer`` (runtime.pricing.Pricer), ``admission`` (runtime.admission.AdmissionController),
         ``telemetry`` (telemetry.hooks.SchedulerTelemetry): see :class:`Planner`. ``admit_hook``
@@ -83,6 +84,7 @@ class CoreScheduler:
         takes at once there; ``split_min_units``: a denoise round at least this large for an idle
         denoiser replica is cut in two so the halves alternate (0: off); ``release_after_s``: how
         long an ended request's id waits for an Execute to ride on before a Release call.
+        ``batch_cap``: the planner's cohort cap (:mod:`fastvideo3.runtime.scheduling.cohorts`).
         ``snapshots`` (pipelined; the Checkpointer): checkpoint snapshots the applied results ask
         for are taken by the batch's dispatch thread outside the lock (``take_snapshots``,
         ``run_snapshot``, ``finish_snapshot``), while their requests wait at the step boundary."""
@@ -102,7 +104,7 @@ class CoreScheduler:
         self.planner = Planner(executors, max_batch=max_batch, max_running=max_running, max_queued=max_queued,
                                on_event=on_event, checkpoint=checkpoint, recover=recover,
                                checkpoint_step=checkpoint_step, pricer=pricer, admission=admission,
-                               telemetry=telemetry, load=self.dispatcher.load)
+                               telemetry=telemetry, load=self.dispatcher.load, batch_cap=batch_cap)
         self.dispatcher.telemetry = self.planner.telemetry
         self._ended: dict[str, Ended] = {}  # pipelined: ended requests waiting for release_ended
 
