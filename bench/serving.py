@@ -290,23 +290,37 @@ def serving_card(a, log_dir: Path) -> tuple[str, dict | None]:
 
 def open_loop_rate(a, bursts: dict) -> tuple[float | None, dict]:
     """``a.open_loop_load`` of the batched capacity for the mixed step counts (a request's
-    average service time over the step counts), from this run's bursts or ``--capacity-from``."""
+    average service time over the step counts), from this run's bursts or ``--capacity-from``.
+    The basis also records what a request of each step count kept the denoiser busy in those
+    bursts (``denoiser_busy_s_per_request_by_steps``, where every step count has one): with the
+    arrivals' mix, the utilization the open loop offers (bench/serving_summary.py)."""
+    prior: dict = {}
+    if a.capacity_from:
+        prior = json.loads(Path(a.capacity_from).read_text()).get("run", {}).get("bursts", {})
+
+    def batching(s) -> dict:
+        return bursts.get(str(s), {}).get("step_batching") or prior.get(str(s), {}).get("step_batching") or {}
+
+    busy = {}
+    for s in a.steps_list:
+        sb = batching(s)
+        b, n = sb.get("pool_busy_s", {}).get("denoiser"), sb.get("completed")
+        if isinstance(b, (int, float)) and n:
+            busy[str(s)] = round(b / n, 5)
+    extra = {"denoiser_busy_s_per_request_by_steps": busy} if len(busy) == len(a.steps_list) else {}
     if a.open_loop_rate:
-        return a.open_loop_rate, {"given_rate_per_s": a.open_loop_rate}
+        return a.open_loop_rate, {"given_rate_per_s": a.open_loop_rate, **extra}
     caps = {s: bursts.get(str(s), {}).get("step_batching", {}).get("requests_per_s") for s in a.steps_list}
     source = "this run"
-    if not all(caps.values()) and a.capacity_from:
-        prior = json.loads(Path(a.capacity_from).read_text())
-        pb = prior.get("run", {}).get("bursts", {})
-        caps = {s: caps.get(s) or pb.get(str(s), {}).get("step_batching", {}).get("requests_per_s")
-                for s in a.steps_list}
+    if not all(caps.values()) and prior:
+        caps = {s: caps.get(s) or batching(s).get("requests_per_s") for s in a.steps_list}
         source = f"this run and {Path(a.capacity_from).name}"
     if not all(caps.values()):
         return None, {"error": "no batched capacity for every step count: run the batching part first, "
                                "or pass --capacity-from / --open-loop-rate", "capacities": caps}
     mixed_cap = 1.0 / (sum(1.0 / caps[s] for s in a.steps_list) / len(a.steps_list))
     return a.open_loop_load * mixed_cap, {"capacity_per_s_by_steps": caps, "mixed_capacity_per_s": round(mixed_cap, 4),
-                                          "load": a.open_loop_load, "source": source}
+                                          "load": a.open_loop_load, "source": source, **extra}
 
 
 def add_breakdowns(out: dict, files: list[Path]) -> None:

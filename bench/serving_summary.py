@@ -144,13 +144,28 @@ def open_loop_summary(result: dict) -> dict | None:
     if not ol or "steady" not in ol:
         return ol and {"error": ol.get("rate_basis", {}).get("error") or ol.get("error")}
     den = ol.get("breakdown", {}).get("pools", {}).get("denoiser")
-    return {"rate_per_s": ol["rate_per_s"], "load": ol.get("rate_basis", {}).get("load"),
+    return {"rate_per_s": ol["rate_per_s"],
+            "offered_denoiser_utilization": offered_utilization(ol), "load": ol.get("rate_basis", {}).get("load"),
             "duration_s": ol["duration_s"], "arrivals": ol["arrivals"], "completed": ol["completed"],
             "steps_choices": ol["steps_choices"], "steady_window_s": ol["steady_window_s"],
             "denoiser_utilization": den["utilization"] if den else ol.get("denoiser_utilization_counters"),
             "denoiser_utilization_counters": ol.get("denoiser_utilization_counters"),
             "latency_p50_s": ol["steady"]["latency_p50_s"], "latency_p95_s": ol["steady"]["latency_p95_s"],
             "by_steps": ol.get("by_steps")}
+
+
+def offered_utilization(ol: dict) -> float | None:
+    """The denoiser utilization the open loop's arrivals offer: its rate times a request's busy
+    seconds in the capacity bursts of the same run, averaged over the step counts the completed
+    requests drew. A work-conserving denoiser whose steps cost what they cost in the bursts is busy
+    about this fraction of the time, whatever it does between arrivals; reaching more needs the
+    steps to cost more, not less."""
+    per_req = ol.get("rate_basis", {}).get("denoiser_busy_s_per_request_by_steps") or {}
+    counts = {s: (ol.get("by_steps") or {}).get(s, {}).get("completed") or 0 for s in per_req}
+    total = sum(counts.values())
+    if not per_req or not total or not _num(ol.get("rate_per_s")):
+        return None
+    return round(ol["rate_per_s"] * sum(counts[s] * per_req[s] for s in per_req) / total, 4)
 
 
 def mixed_summary(result: dict) -> dict | None:

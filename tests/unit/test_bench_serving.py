@@ -69,7 +69,7 @@ def test_serving_bench_all_parts_on_cpu(tiny_wan_dir, tmp_path):
     assert m["speedup_vs_diffusers"] == s["speedup_vs_diffusers"]
     ol = m["open_loop"]
     assert ol["arrivals"] >= 3 and ol["completed"] == ol["arrivals"]
-    for k in ("denoiser_utilization", "latency_p50_s", "latency_p95_s", "rate_per_s"):
+    for k in ("denoiser_utilization", "latency_p50_s", "latency_p95_s", "rate_per_s", "offered_denoiser_utilization"):
         assert _finite(ol[k]), (k, ol)
     mx = m["mixed"]
     for k in ("large_latency_ratio_vs_alone", "small_latency_ratio_vs_alone"):
@@ -108,3 +108,16 @@ def test_dit_bounds_from_the_buckets_replay_times():
     assert b["service_ms_per_row"] == 10.0  # 100 rows in 1 s of busy time
     result["run"]["pools"]["denoiser-0"]["graph_buckets"] = buckets[2:]
     assert "dit_bounds" not in step_summary(result, 8)
+
+
+def test_offered_utilization_is_the_rate_times_a_requests_busy_seconds_in_the_bursts():
+    sys.path.insert(0, str(BENCH))
+    try:
+        from serving_summary import offered_utilization
+    finally:
+        sys.path.remove(str(BENCH))
+    ol = {"rate_per_s": 2.0, "rate_basis": {"denoiser_busy_s_per_request_by_steps": {"8": 0.1, "50": 0.5}},
+          "by_steps": {"8": {"completed": 30}, "50": {"completed": 10}}}
+    assert offered_utilization(ol) == round(2.0 * (30 * 0.1 + 10 * 0.5) / 40, 4)  # 0.4
+    assert offered_utilization({**ol, "rate_basis": {}}) is None  # no bursts to price a request by
+    assert offered_utilization({**ol, "by_steps": {}}) is None
