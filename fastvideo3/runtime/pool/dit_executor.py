@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,16 @@ from fastvideo3.telemetry import names as N
 from fastvideo3.vocab import Role
 
 log = logging.getLogger("fastvideo3.denoiser")
+
+#: the environment variable that says where a denoise batch's host read runs (see DenoiserExecutor)
+TAIL_ENV = "FASTVIDEO3_DENOISER_TAIL"
+
+
+def _tail_mode(value: str) -> bool:
+    """True for ``after`` (the default: the host read after the executor's lock), False for ``lock``."""
+    if value not in ("after", "lock"):
+        raise ValueError(f"{TAIL_ENV} must be 'after' or 'lock', got {value!r}")
+    return value == "after"
 
 #: the warm phase's modes (``--graph-buckets``): capture nothing, or the card's buckets
 GRAPH_OFF, GRAPH_CARD = "off", "card"
@@ -177,6 +188,9 @@ class DenoiserExecutor(_Base):
         #: fn(unit, latent_in, model_output, latent_out), called after each successful step.
         #: They must not mutate the tensors; with none installed the step body is unchanged.
         self.observers: list = []
+        #: whether a batch's host read and results run after the executor's lock (see _execute);
+        #: FASTVIDEO3_DENOISER_TAIL=lock keeps them under it (the former behaviour, for A/B runs)
+        self.tail_after_lock = _tail_mode(os.environ.get(TAIL_ENV, "after"))
 
     # -- region lifecycle --------------------------------------------------------------
     def _region(self, unit: WorkUnit) -> Region:
@@ -546,14 +560,28 @@ class DenoiserExecutor(_Base):
         for unit, reg in ready:
             key = (unit.shape_sig, unit.params["cfg_policy"], unit.params.get("expert"), bucket_of(unit))
             groups.setdefault(key, []).append((unit, reg))
+        tails = []
         for key, members in groups.items():
             for chunk in cut(members, key[-1], self.batching):  # bucket-sized in batch-invariant mode
-                self._run(chunk, results)
-        if self._forward_events:
-            self._forward_events[-1][1].synchronize()
-            self.counters["forward_device_seconds"] += sum(a.elapsed_time(b) for a, b in self._forward_events) / 1e3
-            self._forward_events.clear()
-        return [results[u.unit_id] for u in batch]
+                tail = self._run(chunk, results)
+                if tail is not None:
+                    tails.append(tail)
+        events, self._forward_events = self._forward_events, []
+
+        def finish() -> list[StepResult]:
+            # the batch's host reads and results: after the executor's lock (see _Base.execute), so
+            # the batch dispatched beside this one queues its inputs and forward meanwhile and the
+            # device does not wait on the host between the two
+            for tail in tails:
+                tail()
+            if events:
+                events[-1][1].synchronize()
+                seconds = sum(a.elapsed_time(b) for a, b in events) / 1e3
+                with self._busy_lock:
+                    self.counters["forward_device_seconds"] += seconds
+            return [results[u.unit_id] for u in batch]
+
+        return finish
 
     def _validate(self, unit: WorkUnit) -> None:
         p = unit.params
@@ -578,7 +606,10 @@ class DenoiserExecutor(_Base):
         self.counters["max_batch_rows"] = max(self.counters["max_batch_rows"], rows)
 
     @torch.no_grad()
-    def _run(self, chunk: list[tuple[WorkUnit, Region]], results: dict[str, StepResult]) -> None:
+    def _run(self, chunk: list[tuple[WorkUnit, Region]], results: dict[str, StepResult]):
+        """One chunk's forwards and sampler steps, queued on the device; returns the chunk's tail
+        (the host read of its checks and its StepResults) for :meth:`_execute` to run after the
+        executor's lock, or None when it already ran."""
         policy = chunk[0][0].params["cfg_policy"]
         branches = cfg_policy.branches(policy)
         # one forward per branch (classic) or one for all branches (batched / none)
@@ -623,9 +654,10 @@ class DenoiserExecutor(_Base):
             for row, (i, b) in enumerate(index):
                 preds[i][b] = out[row : row + 1]
         traced = _merge_paths(paths).span_attrs()
-        # the sampler updates first, then one host read for every unit's finiteness and norm (a
-        # read per unit would wait on the device once per request of the batch)
-        stepped: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        # the sampler updates first (device work queued under the lock), then -- in the returned
+        # tail, run after the lock -- one host read for every unit's finiteness and norm (a read
+        # per unit would wait on the device once per request of the batch)
+        stepped: list[tuple[int, torch.Tensor, torch.Tensor, object, object]] = []
         for i, (unit, reg) in enumerate(chunk):
             try:
                 p = unit.params
@@ -633,41 +665,57 @@ class DenoiserExecutor(_Base):
                 new = sampler_step(p["sampler"], reg.history, noise, reg.latent, int(p["step"]), p["sigmas"])
                 if self.fault_hook is not None:
                     new = self.fault_hook(unit, new)
-                stepped.append((i, noise, new))
+                ready = None
+                if self._copy_stream is not None:  # the step's end in stream order, before the next batch's work
+                    ready = torch.cuda.Event()
+                    ready.record()
+                published = self.transport.publish(unit.request_id, "latents", new) if p.get("final") else None
+                stepped.append((i, noise, new, ready, published))
             except Exception as e:  # noqa: BLE001 - request-local fault
                 self.regions.pop(unit.request_id, None)
                 results[unit.unit_id] = _fail(unit, e)
         if not stepped:
-            return
+            return None
         checks = torch.stack([torch.stack([torch.isfinite(new).all().float(), new.float().norm()])
-                              for _, _, new in stepped]).tolist()
-        for (i, noise, new), (finite, norm) in zip(stepped, checks):
-            unit, reg = chunk[i]
-            try:
-                p = unit.params
-                if not finite:
-                    raise NumericFault("latents became non-finite", step=int(p["step"]), request_id=unit.request_id)
-                for observe in self.observers:
-                    observe(unit, reg.latent, noise, new)
-                reg.latent = new
-                reg.step += 1
-                if self._copy_stream is not None:
-                    reg.ready = torch.cuda.Event()
-                    reg.ready.record()
-                res = StepResult(unit.unit_id, unit.request_id,
-                                 metrics={"latent_norm": float(norm), "finite": 1.0,
-                                          "batch_rows": float(len(chunk) * len(branches))},
-                                 span_attrs=dict(traced))
-                if p.get("cache"):
-                    res.payload["plugin_state"] = plugin_states[i]
-                if p.get("final"):
-                    res.outputs["latents"] = self.transport.publish(unit.request_id, "latents", new)
-                if p.get("handoff") and any(e not in self.dits for e in self.card.dit_components()):
-                    self._hand_off(unit, reg, res)  # the next step's expert lives in another pool
-                results[unit.unit_id] = res
-            except Exception as e:  # noqa: BLE001 - request-local fault
-                self.regions.pop(unit.request_id, None)
-                results[unit.unit_id] = _fail(unit, e)
+                              for _, _, new, _, _ in stepped])
+        batch_rows = float(len(chunk) * len(branches))
+
+        def tail() -> None:
+            values = checks.tolist()
+            for (i, noise, new, ready, published), (finite, norm) in zip(stepped, values):
+                unit, reg = chunk[i]
+                try:
+                    p = unit.params
+                    if not finite:
+                        raise NumericFault("latents became non-finite", step=int(p["step"]), request_id=unit.request_id)
+                    for observe in self.observers:
+                        observe(unit, reg.latent, noise, new)
+                    reg.latent = new
+                    reg.step += 1
+                    if ready is not None:
+                        reg.ready = ready
+                    res = StepResult(unit.unit_id, unit.request_id,
+                                     metrics={"latent_norm": float(norm), "finite": 1.0, "batch_rows": batch_rows},
+                                     span_attrs=dict(traced))
+                    if p.get("cache"):
+                        res.payload["plugin_state"] = plugin_states[i]
+                    if published is not None:
+                        res.outputs["latents"] = published
+                    if p.get("handoff") and any(e not in self.dits for e in self.card.dit_components()):
+                        self._hand_off(unit, reg, res)  # the next step's expert lives in another pool
+                    results[unit.unit_id] = res
+                except Exception as e:  # noqa: BLE001 - request-local fault
+                    with self._lock:  # the request is dropped here, as a Release would
+                        self.regions.pop(unit.request_id, None)
+                        if published is not None:  # its final latents go with it
+                            self.transport.release(unit.request_id)
+                    results[unit.unit_id] = _fail(unit, e)
+
+        # a hand-off or a step observer runs under the lock, as before (they touch other state)
+        if not self.tail_after_lock or self.observers or any(u.params.get("handoff") for u, _ in chunk):
+            tail()
+            return None
+        return tail
 
 
     def _dit_intercepted(self, x, t, text, index, chunk, stream: str, plugin_states: list[dict],

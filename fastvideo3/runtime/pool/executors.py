@@ -56,22 +56,36 @@ class _Base:
         self.counters: dict[str, float] = {"units": 0, "batches": 0, "failed_units": 0, "busy_seconds": 0.0}
         self.fetch_deadline_s = FETCH_DEADLINE_S  # bound on pulling one input from another pool
         self._lock = threading.RLock()
+        self._busy_lock = threading.Lock()  # the batch counters, updated after the executor's lock
+        self._busy_until = 0.0  # when the latest counted batch ended (perf_counter)
         # FASTVIDEO3_PROFILE_BATCHES=DIR,START,COUNT: a torch profile of a window of batches
         window = window_from_env()
         self._profiler = BatchProfiler(window, self.role) if window is not None else None
 
     def execute(self, batch: list[WorkUnit]) -> list[StepResult]:
+        """The batch's work under the executor's lock. ``_execute`` returns its results, or a
+        callable that completes them (e.g. the denoiser's one host read of the batch's device
+        results): that part runs after the lock is released, so a batch sent beside this one
+        starts queueing its device work meanwhile. ``busy_seconds`` counts the union of the
+        batches' times, so the two never count twice."""
         with self._lock:  # time the work only: waiting for the lock is queueing, not busy time
             t0 = time.perf_counter()
             if self._profiler is not None:
                 with self._profiler.batch():
                     results = self._execute(batch)
+                    if callable(results):  # a profiled batch completes inside its window
+                        results = results()
             else:
                 results = self._execute(batch)
-            dt = time.perf_counter() - t0
+        if callable(results):
+            results = results()
+        end = time.perf_counter()
+        dt = end - t0
+        with self._busy_lock:
             self.counters["units"] += len(batch)
             self.counters["batches"] += 1
-            self.counters["busy_seconds"] += dt
+            self.counters["busy_seconds"] += max(0.0, end - max(t0, self._busy_until))
+            self._busy_until = max(self._busy_until, end)
             self.counters["failed_units"] += sum(not r.ok for r in results)
         for r in results:
             r.measured_seconds = dt
