@@ -27,7 +27,6 @@ import math
 import torch
 import torch.nn.functional as F
 
-from fastvideo3.kernels import fused
 from fastvideo3.kernels.lora_common import interpreting
 
 E4M3 = torch.float8_e4m3fn
@@ -41,6 +40,8 @@ FP8_MIN_CAPABILITY = (8, 9)
 #: 16384 (one read for every Wan row) is selectable for the bench (--row-register-width) and not yet
 #: measured there, so it is not the default.
 ROW_REGISTER_WIDTH = 4096
+#: token rows per program of the Triton QKV norm + RoPE + e4m3 pass
+QKV_ROWS = 1
 
 
 # ------------------------------------------------------------------------------------- device
@@ -149,7 +150,6 @@ def _kernels():
     import triton
     import triton.language as tl
     global act_chunk, store_e4m3  # the kernels' helpers: globals, where Triton's interpreter looks
-    fused._rms_norm_rope()
 
     @triton.jit
     def act_chunk(x_ptr, b_ptr, rows, rmask, cc, K, GELU: tl.constexpr, FAST_TANH: tl.constexpr):
@@ -175,16 +175,27 @@ def _kernels():
 
     @triton.jit
     def rows_kernel(x_ptr, b_ptr, q_ptr, s_ptr, M, K, GELU: tl.constexpr, ROWS: tl.constexpr,
-                    CHUNK: tl.constexpr, NCHUNK: tl.constexpr, FAST_TANH: tl.constexpr):
+                    CHUNK: tl.constexpr, NCHUNK: tl.constexpr, TAIL: tl.constexpr, FAST_TANH: tl.constexpr):
         # ROWS rows per program: (optional bias + tanh-GELU), each row's amax, e4m3 out + scale.
-        # A row wider than CHUNK is read twice (amax, then quantize; the second read hits L2).
+        # NCHUNK 1: the row is held in registers as a CHUNK-wide tile plus, when TAIL > 0, a
+        # TAIL-wide one after it (both powers of two: 8,960 columns are 8,192 + 1,024 lanes, not
+        # 16,384), read once. A row over NCHUNK > 1 chunks is read twice (amax, then quantize;
+        # the second read hits L2).
         rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
         rmask = rows < M
         cols = tl.arange(0, CHUNK)
         if NCHUNK == 1:
             x, m = act_chunk(x_ptr, b_ptr, rows, rmask, cols, K, GELU, FAST_TANH)
-            amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-12)
-            store_e4m3(q_ptr, rows, cols, K, x, 448.0 / amax, m)
+            amax = tl.max(tl.abs(x), axis=1)
+            if TAIL > 0:
+                tcols = CHUNK + tl.arange(0, TAIL)
+                xt, mt = act_chunk(x_ptr, b_ptr, rows, rmask, tcols, K, GELU, FAST_TANH)
+                amax = tl.maximum(amax, tl.max(tl.abs(xt), axis=1))
+            amax = tl.maximum(amax, 1e-12)
+            inv = 448.0 / amax
+            store_e4m3(q_ptr, rows, cols, K, x, inv, m)
+            if TAIL > 0:
+                store_e4m3(q_ptr, rows, tcols, K, xt, inv, mt)
         else:
             amax = tl.zeros([ROWS], dtype=tl.float32)
             for c in range(NCHUNK):
@@ -215,38 +226,67 @@ def _kernels():
     def qkv_kernel(
         in_ptr, out_ptr, w_ptr, inv_ptr, mean_ptr,
         cos_ptr, sin_ptr, table_stride,
-        rows_per_sample, batch, grid_h, grid_w, D, eps,
+        M, row_stride, rows_per_sample, batch, grid_h, grid_w, D, eps,
         HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, T_DIM: tl.constexpr, H_DIM: tl.constexpr,
-        HALF: tl.constexpr, SMOOTH: tl.constexpr,
+        HALF: tl.constexpr, SMOOTH: tl.constexpr, ROWS: tl.constexpr, ROPE: tl.constexpr,
     ):
-        # one program per (token row, part): Q and K get RMSNorm across heads + 3-D RoPE (K then
-        # minus its per-sample token mean when SMOOTH), V passes through; each is multiplied by
-        # its per-(sample, head) inverse scale and stored as e4m3 into the [.., 3D] output at the
-        # same column offset
-        row = tl.program_id(0).to(tl.int64)
+        # one program per (ROWS token rows, part): Q and K get RMSNorm across heads + 3-D RoPE (K
+        # then minus its per-sample token mean when SMOOTH), V passes through; each is multiplied
+        # by its per-(sample, head) inverse scale and stored as e4m3 into the [.., 3D] output at
+        # the same column offset (rows row_stride apart). Without ROPE, parts 0 and 1 get the
+        # norm only (cross-attention's Q: one part). A row is read as [pairs, 2], so each rotation
+        # pair is split out in registers and joined back before one contiguous store.
+        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
         part = tl.program_id(1)
-        sample = row // rows_per_sample
+        rmask = rows < M
+        sample = rows // rows_per_sample
         pair = tl.arange(0, HALF)
-        offs = pair[:, None] * 2 + tl.arange(0, 2)[None, :]
-        mask = offs < D
-        x = tl.load(in_ptr + row * 3 * D + part * D + offs, mask=mask, other=0.0).to(tl.float32)
+        offs = pair[:, None] * 2 + tl.arange(0, 2)[None, :]  # [P, 2]
+        cmask = offs < D
+        mask = rmask[:, None, None] & cmask[None, :, :]  # [R, P, 2]
+        src = rows[:, None, None] * row_stride + part * D + offs[None, :, :]
+        x = tl.load(in_ptr + src, mask=mask, other=0.0).to(tl.float32)
         if part < 2:
-            x = fused.rms_norm_rope(x, w_ptr, part, pair, offs, mask, row, rows_per_sample, grid_h, grid_w, D, eps,
-                                    cos_ptr, sin_ptr, table_stride, True, HEAD_DIM, T_DIM, H_DIM)
-            if SMOOTH:
-                if part == 1:
-                    x = x - tl.load(mean_ptr + sample * D + offs, mask=mask, other=0.0)
+            w = tl.load(w_ptr + part * D + offs, mask=cmask, other=0.0).to(tl.float32)
+            rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=2), axis=1) / D + eps)
+            x = x * rstd[:, None, None] * w[None, :, :]
+        if ROPE:
+            if part < 2:
+                tok = rows % rows_per_sample
+                f = (tok // (grid_h * grid_w))[:, None]
+                hh = ((tok // grid_w) % grid_h)[:, None]
+                ww = (tok % grid_w)[:, None]
+                dh = ((pair * 2) % HEAD_DIM)[None, :]
+                pos = tl.where(dh < T_DIM, f, tl.where(dh < T_DIM + H_DIM, hh, ww))  # [R, P]
+                pmask = rmask[:, None] & (pair * 2 < D)[None, :]
+                c = tl.load(cos_ptr + pos * table_stride + dh, mask=pmask, other=0.0).to(tl.float32)
+                s = tl.load(sin_ptr + pos * table_stride + dh, mask=pmask, other=0.0).to(tl.float32)
+                xe, xo = tl.split(x)
+                x = tl.join(xe * c - xo * s, xe * s + xo * c)
+        if SMOOTH:
+            if part == 1:
+                x = x - tl.load(mean_ptr + sample[:, None, None] * D + offs[None, :, :], mask=mask, other=0.0)
         head = offs // HEAD_DIM
-        inv = tl.load(inv_ptr + (part * batch + sample) * HEADS + head,
+        inv = tl.load(inv_ptr + (part * batch + sample[:, None, None]) * HEADS + head[None, :, :],
                       mask=mask, other=0.0)
         q = tl.clamp(x * inv, -448.0, 448.0)
-        tl.store(out_ptr + row * 3 * D + part * D + offs,
-                 q.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+        tl.store(out_ptr + src, q.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
 
     return rows_kernel, qkv_kernel, head_amax_kernel
 
 
-def _launch_rows(x: torch.Tensor, bias: torch.Tensor | None, *, gelu: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def row_tiles(k: int) -> tuple[int, int]:
+    """The register tiles one row of ``k`` columns is held in: the widest power of two not over
+    ``k`` and, for the rest, the next power of two (0 when none is left)."""
+    head = 1 << (k.bit_length() - 1)
+    rest = k - head
+    return head, (1 << (rest - 1).bit_length()) if rest else 0
+
+
+def _launch_rows(x: torch.Tensor, bias: torch.Tensor | None, *, gelu: bool, tiles: bool = True,
+                 warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton row quantizer. ``tiles``: a row in two power-of-two tiles (:func:`row_tiles`),
+    else padded to one; ``warps`` overrides the launch's warp count (both for the bench's probes)."""
     import triton
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
@@ -255,17 +295,19 @@ def _launch_rows(x: torch.Tensor, bias: torch.Tensor | None, *, gelu: bool) -> t
     m = x2.shape[0]
     q = torch.empty(x2.shape, dtype=E4M3, device=x.device)
     s = torch.empty(m, 1, dtype=torch.float32, device=x.device)
-    width = triton.next_power_of_2(k)
-    if width <= ROW_REGISTER_WIDTH:
+    chunk, tail = row_tiles(k) if tiles else (triton.next_power_of_2(k), 0)
+    lanes = chunk + tail
+    if lanes <= ROW_REGISTER_WIDTH:
         # the whole row in registers, read once (and the GELU computed once); narrow rows several
         # per program, wide ones (Wan's 5,120 / 8,960 / 13,824) one per program over 16 warps
-        chunk, nchunk, rows = width, 1, max(1, min(8, 4096 // width))
-        warps = 4 if rows * chunk < 4096 else (8 if rows * chunk <= 4096 else 16)
+        nchunk, rows = 1, max(1, min(8, 4096 // triton.next_power_of_2(lanes)))
+        elems = rows * lanes
+        nwarps = 4 if elems <= 2048 else (8 if elems <= 4096 else 16)
     else:  # wider rows: amax over chunks, then a second (L2) read to quantize
-        chunk, nchunk, rows, warps = 2048, triton.cdiv(k, 2048), 1, 8
+        chunk, tail, nchunk, rows, nwarps = 2048, 0, triton.cdiv(k, 2048), 1, 8
     _kernels()[0][(triton.cdiv(m, rows),)](x2, bias if bias is not None else x2, q, s, m, k, GELU=gelu, ROWS=rows,
-                                          CHUNK=chunk, NCHUNK=nchunk,
-                                          FAST_TANH=not interpreting(), num_warps=warps)
+                                          CHUNK=chunk, NCHUNK=nchunk, TAIL=tail,
+                                          FAST_TANH=not interpreting(), num_warps=warps or nwarps)
     return q.view(*x.shape), s.view(*x.shape[:-1], 1)
 
 
@@ -324,7 +366,8 @@ def qk_stats(qk: torch.Tensor, heads: int, smooth_k: bool, impl: str = "torch"
 
 
 def qkv_fp8(qkv: torch.Tensor, norm: torch.Tensor, qk_scales: torch.Tensor, *, heads: int, eps: float,
-            rope, impl: str = "torch", scales: str = "bound") -> tuple[torch.Tensor, torch.Tensor]:
+            rope, impl: str = "torch", scales: str = "bound", rows: int | None = None,
+            warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused self-attention projection ``qkv`` [B, L, 3D] (bf16) -> e4m3 [B, L, 3D] holding
     RMSNorm+RoPE'd Q and K and plain V, and their descales [3, B, heads] (fp32). ``scales`` picks
     Q's and K's (:data:`ATTENTION_SCALES`): ``bound`` uses ``qk_scales`` [2, heads]
@@ -359,13 +402,15 @@ def qkv_fp8(qkv: torch.Tensor, norm: torch.Tensor, qk_scales: torch.Tensor, *, h
         inv = (1.0 / all_scales).permute(1, 0, 2).reshape(b, 1, 3, heads, 1)
         q = (full * inv).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).view(b, n, 3 * d)
         return q, all_scales
-    return _launch_qkv(qkv, norm, 1.0 / all_scales, mean, rope, heads=heads, eps=eps), all_scales
+    return _launch_qkv(qkv, norm, 1.0 / all_scales, mean, rope, heads=heads, eps=eps, rows=rows,
+                       warps=warps), all_scales
 
 
 def _launch_qkv(qkv: torch.Tensor, norm: torch.Tensor, inv: torch.Tensor, mean: torch.Tensor | None, rope, *,
-                heads: int, eps: float) -> torch.Tensor:
+                heads: int, eps: float, rows: int | None = None, warps: int | None = None) -> torch.Tensor:
     """The quantizing pass of :func:`qkv_fp8` (Triton): ``inv`` [3, B, H] inverse scales, ``mean``
-    [B, D] K's token mean to subtract (or None)."""
+    [B, D] K's token mean to subtract (or None); ``rows`` token rows a program (default
+    :data:`QKV_ROWS`), ``warps`` its warps (both for the bench's probes)."""
     import triton
     if not (qkv.is_contiguous() and norm.is_contiguous()):
         raise ValueError("qkv_fp8: qkv and norm must be contiguous")
@@ -374,19 +419,71 @@ def _launch_qkv(qkv: torch.Tensor, norm: torch.Tensor, inv: torch.Tensor, mean: 
     out = torch.empty(b, n, 3 * d, dtype=E4M3, device=qkv.device)
     inv = inv.float().contiguous()
     block = triton.next_power_of_2(d)
-    _kernels()[1][(b * n, 3)](
+    rows = rows or QKV_ROWS
+    _kernels()[1][(triton.cdiv(b * n, rows), 3)](
         qkv, out, norm, inv, mean.float().contiguous() if mean is not None else inv,
-        rope.cos, rope.sin, rope.cos.stride(0), n, b, rope.grid[1], rope.grid[2], d, eps,
+        rope.cos, rope.sin, rope.cos.stride(0), b * n, 3 * d, n, b, rope.grid[1], rope.grid[2], d, eps,
         HEADS=heads, HEAD_DIM=d // heads, T_DIM=rope.t_dim, H_DIM=rope.h_dim, HALF=block // 2,
-        SMOOTH=mean is not None, num_warps=max(4, min(16, block // 512)),
+        SMOOTH=mean is not None, ROWS=rows, ROPE=True, num_warps=warps or max(4, min(16, rows * block // 512)),
     )
     return out
+
+
+def q_fp8(q: torch.Tensor, norm: torch.Tensor, scale: torch.Tensor, *, heads: int, eps: float,
+          impl: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-attention's Q: the projection ``q`` [B, L, D] (bf16) RMS-normed across heads with
+    ``norm`` [1, D] and cast to e4m3 with the static per-head bound ``scale`` [heads]
+    (:func:`qk_scale_bound`) -> (e4m3 [B, L, D], descale [B, heads] fp32), in one pass."""
+    b, n, d = q.shape
+    descale = scale.float().view(1, heads).expand(b, heads).contiguous()
+    if impl == "torch" or q.device.type != "cuda":
+        from fastvideo3.kernels.fused import qk_norm_rope
+        normed = qk_norm_rope(q, norm, parts=1, eps=eps, heads=heads, impl="torch").float()
+        inv = (1.0 / descale).view(b, 1, heads, 1)
+        out = (normed.view(b, n, heads, d // heads) * inv).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+        return out.view(b, n, d), descale
+    return _launch_q(q, norm, 1.0 / descale, heads=heads, eps=eps), descale
+
+
+def _launch_q(q: torch.Tensor, norm: torch.Tensor, inv: torch.Tensor, *, heads: int, eps: float) -> torch.Tensor:
+    import triton
+    if not (q.is_contiguous() and norm.is_contiguous()):
+        raise ValueError("q_fp8: q and norm must be contiguous")
+    b, n, d = q.shape
+    out = torch.empty(b, n, d, dtype=E4M3, device=q.device)
+    block = triton.next_power_of_2(d)
+    rows = QKV_ROWS
+    _kernels()[1][(triton.cdiv(b * n, rows), 1)](
+        q, out, norm, inv.float().contiguous(), inv, norm, norm, 0, b * n, d, n, b, 1, 1, d, eps,
+        HEADS=heads, HEAD_DIM=d // heads, T_DIM=0, H_DIM=0, HALF=block // 2, SMOOTH=False, ROWS=rows, ROPE=False,
+        num_warps=max(4, min(16, rows * block // 512)),
+    )
+    return out
+
+
+def quantize_heads(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-(sample, head) e4m3 of ``t`` [..., B, L, H, head_dim] -> (e4m3 like ``t``, descale
+    [..., B, H]): cross-attention's text K and V of every block, once per forward."""
+    s = _scale_from_amax(t.detach().abs().amax(dim=(-3, -1)))
+    return (t.float() / s.unsqueeze(-2).unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), s
 
 
 def fp8_attention_available(device: torch.device | str, head_dim: int) -> bool:
     """Whether FP8 self-attention can run: the FA3 wheel imports, Hopper, a head dim it builds."""
     from fastvideo3.kernels.attention import attention_available
     return head_dim in (64, 128, 256) and attention_available("fa3", device)
+
+
+def cross_attention_fp8(q8: torch.Tensor, q_descale: torch.Tensor, k8: torch.Tensor, k_descale: torch.Tensor,
+                        v8: torch.Tensor, v_descale: torch.Tensor) -> torch.Tensor:
+    """Cross-attention through FlashAttention-3's FP8 forward: e4m3 ``q8`` [B, L, H, hd] and the
+    text's ``k8`` / ``v8`` [B, T, H, hd], each with its [B, H] descale; returns bf16 [B, L, H, hd]."""
+    from fastvideo3.kernels.attention import _fa3
+    fn = _fa3()
+    if fn is None:
+        raise RuntimeError("FP8 attention needs the fa3_fwd wheel (FlashAttention-3 forward)")
+    out = fn(q8, k8, v8, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    return out[0] if isinstance(out, tuple) else out
 
 
 def attention_fp8(qkv_q: torch.Tensor, scales: torch.Tensor, heads: int) -> torch.Tensor:

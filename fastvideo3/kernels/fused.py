@@ -27,7 +27,7 @@ def _rms_norm_rope() -> None:
     """Define ``rms_norm_rope``, a ``@triton.jit`` helper (inlined where called), as a global of
     this module (Triton's interpreter looks a kernel's helpers up there): RMSNorm of one row read
     as [pairs, 2] with part ``part``'s weight, then with ROPE the 3-D RoPE of token ``row``.
-    Shared by the QK norm kernel and :mod:`~fastvideo3.kernels.fp8`'s QKV kernel."""
+    Used by the QK norm kernel."""
     global rms_norm_rope
     global tl  # the interpreter wants triton.language among a jit function's globals
     import triton
@@ -66,39 +66,42 @@ def _kernels():
     @triton.jit
     def add_norm_kernel(
         x_ptr, y_ptr, gate_ptr, a_ptr, b_ptr, h_ptr, hs_ptr,
-        rows_per_sample, D, eps,
+        M, rows_per_sample, D, eps,
         gate_stride, a_stride, b_stride,
         HAS_Y: tl.constexpr, HAS_GATE: tl.constexpr, MODULATE: tl.constexpr, QUANT: tl.constexpr,
-        BLOCK: tl.constexpr,
+        BLOCK: tl.constexpr, ROWS: tl.constexpr,
     ):
-        row = tl.program_id(0).to(tl.int64)
-        sample = row // rows_per_sample
-        cols = tl.arange(0, BLOCK)
-        mask = cols < D
-        x = tl.load(x_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32)
+        # ROWS token rows per program, each BLOCK (the row padded to a power of two) wide
+        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        rmask = rows < M
+        sample = (rows // rows_per_sample)[:, None]
+        cols = tl.arange(0, BLOCK)[None, :]
+        mask = rmask[:, None] & (cols < D)
+        offs = rows[:, None] * D + cols
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         if HAS_Y:
-            y = tl.load(y_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32)
+            y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             if HAS_GATE:
                 y = y * tl.load(gate_ptr + sample * gate_stride + cols, mask=mask, other=0.0).to(tl.float32)
             # the residual is rounded to its storage dtype before the norm reads it, as in the reference
             xr = (x + y).to(x_ptr.dtype.element_ty)
-            tl.store(x_ptr + row * D + cols, xr, mask=mask)
+            tl.store(x_ptr + offs, xr, mask=mask)
             x = xr.to(tl.float32)
-        mean = tl.sum(x, axis=0) / D
-        diff = tl.where(mask, x - mean, 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(diff * diff, axis=0) / D + eps)
+        mean = tl.sum(x, axis=1) / D
+        diff = tl.where(mask, x - mean[:, None], 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(diff * diff, axis=1) / D + eps)
         a = tl.load(a_ptr + sample * a_stride + cols, mask=mask, other=0.0).to(tl.float32)
         b = tl.load(b_ptr + sample * b_stride + cols, mask=mask, other=0.0).to(tl.float32)
         if MODULATE:
             a = a + 1.0
-        h = diff * rstd * a + b
+        h = diff * rstd[:, None] * a + b
         if QUANT:  # e4m3 out with this row's scale (the next GEMM's per-token activation scale)
-            amax = tl.maximum(tl.max(tl.abs(tl.where(mask, h, 0.0)), axis=0), 1e-12)
-            hq = tl.clamp(h * (448.0 / amax), -448.0, 448.0)
-            tl.store(hs_ptr + row, amax / 448.0)
-            tl.store(h_ptr + row * D + cols, hq.to(h_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+            amax = tl.maximum(tl.max(tl.abs(tl.where(mask, h, 0.0)), axis=1), 1e-12)
+            hq = tl.clamp(h * (448.0 / amax)[:, None], -448.0, 448.0)
+            tl.store(hs_ptr + rows, amax / 448.0, mask=rmask)
+            tl.store(h_ptr + offs, hq.to(h_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
         else:
-            tl.store(h_ptr + row * D + cols, h.to(h_ptr.dtype.element_ty), mask=mask)
+            tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def qk_norm_rope_kernel(
@@ -124,6 +127,10 @@ def _kernels():
     return add_norm_kernel, qk_norm_rope_kernel
 
 
+#: token rows per program of the Triton add_norm
+ADD_NORM_ROWS = 1
+
+
 def _launch_shape(d: int, per_warp: int) -> tuple[int, int]:
     """Block width (the row padded to a power of two) and warps, ``per_warp`` columns per warp."""
     import triton
@@ -144,7 +151,7 @@ def _per_sample(t: torch.Tensor, batch: int, d: int, name: str) -> tuple[torch.T
 
 def add_norm(x: torch.Tensor, y: torch.Tensor | None, gate: torch.Tensor | None,
              a: torch.Tensor, b: torch.Tensor, *, modulate: bool, eps: float,
-             impl: str = "torch", fp8: bool = False):
+             impl: str = "torch", fp8: bool = False, rows: int | None = None, warps_override: int | None = None):
     """Fused residual update and LayerNorm; returns the normed activations.
 
     ``x`` [B, L, D] contiguous is the residual stream. If ``y`` [B, L, D] is given, ``x`` is
@@ -154,7 +161,9 @@ def add_norm(x: torch.Tensor, y: torch.Tensor | None, gate: torch.Tensor | None,
     affine norm; ``a`` = weight, ``b`` = bias, [D]), computed in fp32 and rounded to ``x.dtype``.
     With ``fp8`` the normed activations are instead quantized from fp32 to e4m3 with one scale
     per row, and ``(e4m3 [B, L, D], fp32 scale [B, L, 1])`` is returned (the input of an FP8
-    GEMM; see :mod:`fastvideo3.kernels.fp8`).
+    GEMM; see :mod:`fastvideo3.kernels.fp8`). ``rows`` (a power of two, default
+    :data:`ADD_NORM_ROWS`) token rows go to one Triton program; ``warps_override`` sets its warps
+    (both for the bench's probes).
     """
     if x.dim() != 3 or not x.is_contiguous():
         raise ValueError("add_norm: x must be a contiguous [B, L, D] tensor")
@@ -168,12 +177,15 @@ def add_norm(x: torch.Tensor, y: torch.Tensor | None, gate: torch.Tensor | None,
     b_t, b_stride = _per_sample(b, bsz, d, "b")
     h = torch.empty_like(x, dtype=torch.float8_e4m3fn if fp8 else x.dtype)
     hs = torch.empty(bsz, length, 1, dtype=torch.float32, device=x.device) if fp8 else h
+    import triton
     block, warps = _launch_shape(d, 256)
-    _kernels()[0][(bsz * length,)](
+    rows = rows or ADD_NORM_ROWS
+    m = bsz * length
+    _kernels()[0][(triton.cdiv(m, rows),)](
         x, y if y is not None else x, gate_t, a_t, b_t, h, hs,
-        length, d, eps, gate_stride, a_stride, b_stride,
+        m, length, d, eps, gate_stride, a_stride, b_stride,
         HAS_Y=y is not None, HAS_GATE=gate is not None, MODULATE=modulate, QUANT=fp8, BLOCK=block,
-        num_warps=warps,
+        ROWS=rows, num_warps=warps_override or min(16, warps * rows),
     )
     return (h, hs) if fp8 else h
 
