@@ -354,18 +354,6 @@ def stage_model(name: str, quick: bool, scales: str = "bound", accumulation: str
                 row[f"fp8_scales_{alt}"] = _err(e)
             finally:
                 fast8.attention_scales = scales
-    if fast8.fp8_attention:  # cross-attention in FP8 too (the card's fp8.cross_attention)
-        cross = fast8.fp8_cross_attention
-        try:
-            fast8.fp8_cross_attention = not cross
-            o = fast8(x, t, text)
-            row[f"fp8_cross_attention_{not cross}".lower()] = {
-                "vs_bf16": compare(o, ref), **_timed(lambda: fast8(x, t, text), warm, iters)}
-            del o
-        except Exception as e:  # noqa: BLE001
-            row[f"fp8_cross_attention_{not cross}".lower()] = _err(e)
-        finally:
-            fast8.fp8_cross_attention = cross
     if name == "1.3b":
         try:
             alt = FastWanDiT(model, fp8_attention=False, share_weights=False)

@@ -36,9 +36,9 @@ AMAX_FLOOR = 1e-12
 #: compute capability from which the tensor cores have an e4m3 path (Ada 8.9, Hopper 9.0, ...)
 FP8_MIN_CAPABILITY = (8, 9)
 #: rows up to this many columns (padded to a power of two) are quantized from registers in one read;
-#: wider rows take two reads. 4096 is the width measured on the H200 (bench/results/denoiser_fp8_h200.json);
-#: 16384 (one read for every Wan row) is selectable for the bench (--row-register-width) and not yet
-#: measured there, so it is not the default.
+#: wider rows take two reads (the second from L2). 4096: two reads for the FFN's 8,960 columns were
+#: the faster on an H100 (482 us against 496 us in one read, bench/results/fp8_kernels_probe_h100.json);
+#: 16384 (one read for every Wan row) is selectable for the bench (--row-register-width).
 ROW_REGISTER_WIDTH = 4096
 #: token rows per program of the Triton QKV norm + RoPE + e4m3 pass
 QKV_ROWS = 1
@@ -228,14 +228,13 @@ def _kernels():
         cos_ptr, sin_ptr, table_stride,
         M, row_stride, rows_per_sample, batch, grid_h, grid_w, D, eps,
         HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, T_DIM: tl.constexpr, H_DIM: tl.constexpr,
-        HALF: tl.constexpr, SMOOTH: tl.constexpr, ROWS: tl.constexpr, ROPE: tl.constexpr,
+        HALF: tl.constexpr, SMOOTH: tl.constexpr, ROWS: tl.constexpr,
     ):
         # one program per (ROWS token rows, part): Q and K get RMSNorm across heads + 3-D RoPE (K
         # then minus its per-sample token mean when SMOOTH), V passes through; each is multiplied
         # by its per-(sample, head) inverse scale and stored as e4m3 into the [.., 3D] output at
-        # the same column offset (rows row_stride apart). Without ROPE, parts 0 and 1 get the
-        # norm only (cross-attention's Q: one part). A row is read as [pairs, 2], so each rotation
-        # pair is split out in registers and joined back before one contiguous store.
+        # the same column offset (rows row_stride apart). A row is read as [pairs, 2], so each
+        # rotation pair is split out in registers and joined back before one contiguous store.
         rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
         part = tl.program_id(1)
         rmask = rows < M
@@ -250,19 +249,17 @@ def _kernels():
             w = tl.load(w_ptr + part * D + offs, mask=cmask, other=0.0).to(tl.float32)
             rstd = 1.0 / tl.sqrt(tl.sum(tl.sum(x * x, axis=2), axis=1) / D + eps)
             x = x * rstd[:, None, None] * w[None, :, :]
-        if ROPE:
-            if part < 2:
-                tok = rows % rows_per_sample
-                f = (tok // (grid_h * grid_w))[:, None]
-                hh = ((tok // grid_w) % grid_h)[:, None]
-                ww = (tok % grid_w)[:, None]
-                dh = ((pair * 2) % HEAD_DIM)[None, :]
-                pos = tl.where(dh < T_DIM, f, tl.where(dh < T_DIM + H_DIM, hh, ww))  # [R, P]
-                pmask = rmask[:, None] & (pair * 2 < D)[None, :]
-                c = tl.load(cos_ptr + pos * table_stride + dh, mask=pmask, other=0.0).to(tl.float32)
-                s = tl.load(sin_ptr + pos * table_stride + dh, mask=pmask, other=0.0).to(tl.float32)
-                xe, xo = tl.split(x)
-                x = tl.join(xe * c - xo * s, xe * s + xo * c)
+            tok = rows % rows_per_sample
+            f = (tok // (grid_h * grid_w))[:, None]
+            hh = ((tok // grid_w) % grid_h)[:, None]
+            ww = (tok % grid_w)[:, None]
+            dh = ((pair * 2) % HEAD_DIM)[None, :]
+            pos = tl.where(dh < T_DIM, f, tl.where(dh < T_DIM + H_DIM, hh, ww))  # [R, P]
+            pmask = rmask[:, None] & (pair * 2 < D)[None, :]
+            c = tl.load(cos_ptr + pos * table_stride + dh, mask=pmask, other=0.0).to(tl.float32)
+            s = tl.load(sin_ptr + pos * table_stride + dh, mask=pmask, other=0.0).to(tl.float32)
+            xe, xo = tl.split(x)
+            x = tl.join(xe * c - xo * s, xe * s + xo * c)
         if SMOOTH:
             if part == 1:
                 x = x - tl.load(mean_ptr + sample[:, None, None] * D + offs[None, :, :], mask=mask, other=0.0)
@@ -283,10 +280,13 @@ def row_tiles(k: int) -> tuple[int, int]:
     return head, (1 << (rest - 1).bit_length()) if rest else 0
 
 
-def _launch_rows(x: torch.Tensor, bias: torch.Tensor | None, *, gelu: bool, tiles: bool = True,
+def _launch_rows(x: torch.Tensor, bias: torch.Tensor | None, *, gelu: bool, tiles: bool = False,
                  warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The Triton row quantizer. ``tiles``: a row in two power-of-two tiles (:func:`row_tiles`),
-    else padded to one; ``warps`` overrides the launch's warp count (both for the bench's probes)."""
+    """The Triton row quantizer. ``tiles``: a row read once is held in two power-of-two tiles
+    (:func:`row_tiles`), else padded to one; ``warps`` overrides the launch's warp count (both
+    for bench/fp8_kernels_probe.py). Tiles are off: on an H100 the FFN's bias + GELU at 32,760 x
+    8,960 took 611-638 us in tiles against 496 us padded and 482 us in two reads
+    (bench/results/fp8_kernels_probe_h100.json)."""
     import triton
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
@@ -424,66 +424,15 @@ def _launch_qkv(qkv: torch.Tensor, norm: torch.Tensor, inv: torch.Tensor, mean: 
         qkv, out, norm, inv, mean.float().contiguous() if mean is not None else inv,
         rope.cos, rope.sin, rope.cos.stride(0), b * n, 3 * d, n, b, rope.grid[1], rope.grid[2], d, eps,
         HEADS=heads, HEAD_DIM=d // heads, T_DIM=rope.t_dim, H_DIM=rope.h_dim, HALF=block // 2,
-        SMOOTH=mean is not None, ROWS=rows, ROPE=True, num_warps=warps or max(4, min(16, rows * block // 512)),
+        SMOOTH=mean is not None, ROWS=rows, num_warps=warps or max(4, min(16, rows * block // 512)),
     )
     return out
-
-
-def q_fp8(q: torch.Tensor, norm: torch.Tensor, scale: torch.Tensor, *, heads: int, eps: float,
-          impl: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
-    """Cross-attention's Q: the projection ``q`` [B, L, D] (bf16) RMS-normed across heads with
-    ``norm`` [1, D] and cast to e4m3 with the static per-head bound ``scale`` [heads]
-    (:func:`qk_scale_bound`) -> (e4m3 [B, L, D], descale [B, heads] fp32), in one pass."""
-    b, n, d = q.shape
-    descale = scale.float().view(1, heads).expand(b, heads).contiguous()
-    if impl == "torch" or q.device.type != "cuda":
-        from fastvideo3.kernels.fused import qk_norm_rope
-        normed = qk_norm_rope(q, norm, parts=1, eps=eps, heads=heads, impl="torch").float()
-        inv = (1.0 / descale).view(b, 1, heads, 1)
-        out = (normed.view(b, n, heads, d // heads) * inv).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
-        return out.view(b, n, d), descale
-    return _launch_q(q, norm, 1.0 / descale, heads=heads, eps=eps), descale
-
-
-def _launch_q(q: torch.Tensor, norm: torch.Tensor, inv: torch.Tensor, *, heads: int, eps: float) -> torch.Tensor:
-    import triton
-    if not (q.is_contiguous() and norm.is_contiguous()):
-        raise ValueError("q_fp8: q and norm must be contiguous")
-    b, n, d = q.shape
-    out = torch.empty(b, n, d, dtype=E4M3, device=q.device)
-    block = triton.next_power_of_2(d)
-    rows = QKV_ROWS
-    _kernels()[1][(triton.cdiv(b * n, rows), 1)](
-        q, out, norm, inv.float().contiguous(), inv, norm, norm, 0, b * n, d, n, b, 1, 1, d, eps,
-        HEADS=heads, HEAD_DIM=d // heads, T_DIM=0, H_DIM=0, HALF=block // 2, SMOOTH=False, ROWS=rows, ROPE=False,
-        num_warps=max(4, min(16, rows * block // 512)),
-    )
-    return out
-
-
-def quantize_heads(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-(sample, head) e4m3 of ``t`` [..., B, L, H, head_dim] -> (e4m3 like ``t``, descale
-    [..., B, H]): cross-attention's text K and V of every block, once per forward."""
-    s = _scale_from_amax(t.detach().abs().amax(dim=(-3, -1)))
-    return (t.float() / s.unsqueeze(-2).unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), s
 
 
 def fp8_attention_available(device: torch.device | str, head_dim: int) -> bool:
     """Whether FP8 self-attention can run: the FA3 wheel imports, Hopper, a head dim it builds."""
     from fastvideo3.kernels.attention import attention_available
     return head_dim in (64, 128, 256) and attention_available("fa3", device)
-
-
-def cross_attention_fp8(q8: torch.Tensor, q_descale: torch.Tensor, k8: torch.Tensor, k_descale: torch.Tensor,
-                        v8: torch.Tensor, v_descale: torch.Tensor) -> torch.Tensor:
-    """Cross-attention through FlashAttention-3's FP8 forward: e4m3 ``q8`` [B, L, H, hd] and the
-    text's ``k8`` / ``v8`` [B, T, H, hd], each with its [B, H] descale; returns bf16 [B, L, H, hd]."""
-    from fastvideo3.kernels.attention import _fa3
-    fn = _fa3()
-    if fn is None:
-        raise RuntimeError("FP8 attention needs the fa3_fwd wheel (FlashAttention-3 forward)")
-    out = fn(q8, k8, v8, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
-    return out[0] if isinstance(out, tuple) else out
 
 
 def attention_fp8(qkv_q: torch.Tensor, scales: torch.Tensor, heads: int) -> torch.Tensor:

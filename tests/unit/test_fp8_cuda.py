@@ -16,7 +16,7 @@ pytestmark = [
 
 from fastvideo3.kernels import add_norm  # noqa: E402
 from fastvideo3.kernels.fp8 import (  # noqa: E402
-    attention_fp8, bias_gelu_quant, dequantize, fp8_attention_available, fp8_linear, q_fp8, qk_scale_bound,
+    attention_fp8, bias_gelu_quant, dequantize, fp8_attention_available, fp8_linear, qk_scale_bound,
     qkv_fp8, quantize_rows, quantize_weight,
 )
 from fastvideo3.kernels.fused import RopeGrid  # noqa: E402
@@ -84,6 +84,8 @@ def test_qkv_fp8_matches_twin():
 
 @pytest.mark.parametrize("rows", [1, 2, 4, 8])
 def test_multi_row_programs_write_what_one_row_programs_do(rows):
+    # the same values but for the order of a row's fp32 sums (a warp count of its own), which can
+    # move a code across a rounding tie
     from fastvideo3.kernels import fp8 as fp8k
     heads, hd, grid = 12, 128, (3, 6, 10)
     d, n = heads * hd, 180
@@ -95,33 +97,21 @@ def test_multi_row_programs_write_what_one_row_programs_do(rows):
     bounds = torch.stack([qk_scale_bound(norm[0], heads), qk_scale_bound(norm[1], heads)])
     one, _ = qkv_fp8(qkv, norm, bounds, heads=heads, eps=1e-6, rope=rope, impl="triton", rows=1)
     many, _ = qkv_fp8(qkv, norm, bounds, heads=heads, eps=1e-6, rope=rope, impl="triton", rows=rows)
-    assert torch.equal(one.view(torch.uint8), many.view(torch.uint8))
+    a_, b_ = one.float(), many.float()
+    assert ((a_ - b_).abs() <= E4M3_STEP * b_.abs() + E4M3_TINY).all() and (a_ == b_).float().mean() > 0.99
     x = torch.randn(2, n - 3, d, generator=g, device=DEV).bfloat16()
     y = torch.randn_like(x)
     gate, a, b = (torch.randn(2, d, generator=g, device=DEV) for _ in range(3))
     x1, x2 = x.clone(), x.clone()
     h1, s1 = add_norm(x1, y, gate, a, b, modulate=True, eps=1e-6, impl="triton", fp8=True, rows=1)
     h2, s2 = add_norm(x2, y, gate, a, b, modulate=True, eps=1e-6, impl="triton", fp8=True, rows=rows)
-    assert torch.equal(x1, x2) and torch.equal(s1, s2) and torch.equal(h1.view(torch.uint8), h2.view(torch.uint8))
+    assert torch.equal(x1, x2)
+    close_fp8(h1, s1, h2, s2)
     w = torch.randn(333, 8960, generator=g, device=DEV).bfloat16()
     bias = torch.randn(8960, generator=g, device=DEV).bfloat16()
     pad = fp8k._launch_rows(w, bias, gelu=True, tiles=False)
     tiles = fp8k._launch_rows(w, bias, gelu=True, tiles=True)
     assert torch.equal(pad[1], tiles[1]) and torch.equal(pad[0].view(torch.uint8), tiles[0].view(torch.uint8))
-
-
-def test_cross_attention_q_fp8_matches_twin():
-    heads, d = 12, 1536
-    g = torch.Generator(device=DEV).manual_seed(9)
-    q = torch.randn(2, 301, d, generator=g, device=DEV).bfloat16()
-    w = (torch.rand(1, d, generator=g, device=DEV) + 0.5).contiguous()
-    bound = qk_scale_bound(w[0], heads)
-    q1, s1 = q_fp8(q, w, bound, heads=heads, eps=1e-6, impl="triton")
-    q2, s2 = q_fp8(q, w, bound, heads=heads, eps=1e-6, impl="torch")
-    torch.testing.assert_close(s1, s2)
-    a, b = q1.float(), q2.float()
-    assert ((a - b).abs() <= E4M3_STEP * b.abs() + E4M3_TINY).all()  # the twin rounds to bf16 first
-    assert (a == b).float().mean() > 0.95
 
 
 @pytest.mark.parametrize("scheme", ["amax", "smooth_k"])
@@ -230,12 +220,8 @@ def test_fp8_fast_dit_triton_matches_torch_and_bf16():
     assert float((tri - eager).norm() / eager.norm()) < 1e-2
     assert float((tri - ref).norm() / ref.norm()) < 5e-2
     if fp8_attention_available(DEV, 128):
-        att = FastWanDiT(model, share_weights=False)
-        got = att(x, t, text).float()
-        assert float((got - ref).norm() / ref.norm()) < 5e-2
-        att.fp8_cross_attention = True  # cross-attention in FP8 as well
-        cross = att(x, t, text).float()
-        assert float((cross - ref).norm() / ref.norm()) < 5e-2 and not torch.equal(cross, got)
+        att = FastWanDiT(model, share_weights=False)(x, t, text).float()
+        assert float((att - ref).norm() / ref.norm()) < 5e-2
 
 
 def test_fp8_card_loads_on_fp8_gpu():

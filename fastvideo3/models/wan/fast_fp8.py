@@ -12,8 +12,7 @@ Per block (``impl="triton"``; the PyTorch twins compute the same on a CPU):
   ``fp8.attention_scales`` says), then FlashAttention-3's FP8 forward with per-(sample, head) descales;
   without the fa3_fwd wheel (or for a head dim it lacks) attention runs in bf16 as before;
 * the two attention outputs are quantized per token (one small kernel each) before their
-  output GEMMs; cross-attention itself (512 text keys, ~2% of the step) stays bf16 unless
-  ``fp8_cross_attention`` (Q's norm + e4m3 cast one kernel, the text K/V cast once per forward);
+  output GEMMs; cross-attention itself (512 text keys, ~1% of the step) stays bf16;
 * GEMMs: ``torch._scaled_mm`` row-wise (per-token x per-channel scales, fp32 accumulation,
   bf16 out, bias in the epilogue).
 
@@ -28,8 +27,8 @@ import torch.nn.functional as F
 
 from fastvideo3.kernels import add_norm, attention, qk_norm_rope
 from fastvideo3.kernels.fp8 import (
-    E4M3, attention_fp8, bias_gelu_quant, cross_attention_fp8, fp8_attention_available, fp8_linear, q_fp8,
-    qk_scale_bound, qkv_fp8, quantize_heads, quantize_rows,
+    E4M3, attention_fp8, bias_gelu_quant, fp8_attention_available, fp8_linear, qk_scale_bound, qkv_fp8,
+    quantize_rows,
 )
 from fastvideo3.models.wan.dit import Tap, WanDiT
 from fastvideo3.models.wan.fast import FastWanDiT
@@ -50,7 +49,6 @@ class _Fp8Block:
     out: _QLinear
     q2: _QLinear
     q2_norm: torch.Tensor  # [1, D]
-    q2_scale: torch.Tensor  # [heads]: the bound scale of normed cross-attention Q
     out2: _QLinear
     norm2_w: torch.Tensor | None
     norm2_b: torch.Tensor | None
@@ -97,9 +95,6 @@ class Fp8FastWanDiT(FastWanDiT):
         #: how Q and K of the FP8 self-attention are scaled (the card's ``fp8.attention_scales``)
         self.attention_scales = getattr(dit, "fp8_attention_scales", "bound")
         self.per_tensor = dit.blocks[0].attn1.to_q.activation_scaling == "tensor"
-        #: cross-attention (512 text keys) in FP8 too: Q with its static norm bound, the text's K
-        #: and V per (block, sample, head) once per forward; off by default (bf16 SDPA)
-        self.fp8_cross_attention = bool(self.fp8_attention and getattr(dit, "fp8_cross_attention", False))
 
     def _build(self, dit: WanDiT, share: bool) -> None:
         d, heads = self.cfg.inner_dim, self.cfg.num_attention_heads
@@ -112,8 +107,7 @@ class Fp8FastWanDiT(FastWanDiT):
                 _fuse8([a1.to_q, a1.to_k, a1.to_v], share),
                 torch.stack([a1.norm_q.weight.detach(), a1.norm_k.weight.detach()]),
                 torch.stack([qk_scale_bound(a1.norm_q.weight, heads), qk_scale_bound(a1.norm_k.weight, heads)]),
-                _one(a1.to_out[0]), _one(a2.to_q), a2.norm_q.weight.detach().view(1, d),
-                qk_scale_bound(a2.norm_q.weight, heads), _one(a2.to_out[0]),
+                _one(a1.to_out[0]), _one(a2.to_q), a2.norm_q.weight.detach().view(1, d), _one(a2.to_out[0]),
                 blk.norm2.weight.detach() if blk.norm2 is not None else None,
                 blk.norm2.bias.detach() if blk.norm2 is not None else None,
                 _one(blk.ffn.net[0].proj), _one(blk.ffn.net[2]),
@@ -160,8 +154,6 @@ class Fp8FastWanDiT(FastWanDiT):
 
         hq = self._norm_fp8(x, None, None, mod[0, :, 1], mod[0, :, 0], modulate=True)
         hidden = None
-        if self.fp8_cross_attention:
-            (k8, ks), (v8, vs) = quantize_heads(k_all), quantize_heads(v_all)
         for i, blk in enumerate(self.blocks):
             m = mod[i]
             qkv = self._gemm(hq, blk.qkv)
@@ -179,12 +171,8 @@ class Fp8FastWanDiT(FastWanDiT):
             else:
                 x.copy_((x.float() + y.float() * m[:, 2].unsqueeze(1)).to(x.dtype))
                 hq = self._quant(x)
-            if self.fp8_cross_attention:
-                q8, qs = q_fp8(self._gemm(hq, blk.q2), blk.q2_norm, blk.q2_scale, heads=heads, eps=eps, impl=impl)
-                o = cross_attention_fp8(q8.view(b, n, heads, hd), qs, k8[i], ks[i], v8[i], vs[i])
-            else:
-                q = qk_norm_rope(self._gemm(hq, blk.q2), blk.q2_norm, parts=1, eps=eps, heads=heads, impl=impl)
-                o = attention(q.view(b, n, heads, hd), k_all[i], v_all[i], self.cross_attention)
+            q = qk_norm_rope(self._gemm(hq, blk.q2), blk.q2_norm, parts=1, eps=eps, heads=heads, impl=impl)
+            o = attention(q.view(b, n, heads, hd), k_all[i], v_all[i], self.cross_attention)
             y = self._linear(o.reshape(b, n, d), blk.out2)
             hq = self._norm_fp8(x, y, None, m[:, 4], m[:, 3], modulate=True)
             # FFN: GEMM (no bias) -> bias + GELU + e4m3 in one pass -> GEMM
