@@ -43,8 +43,8 @@ for part in "$@"; do
                  --out "$work/$part/ipc_probe.json" ;;
     transport) OUT=$work/$part BUDGET_S=${TRANSPORT_TIMEOUT_S:-200} PROBE_CONFIGS=${PROBE_CONFIGS:-project_default} \
                  timeout $(( ${TRANSPORT_TIMEOUT_S:-200} + 30 )) bash bench/gpu_transport.sh ;;
-    lora)      timeout "${LORA_TIMEOUT_S:-330}" python3 bench/lora.py --out "$work/$part/lora_h200.json" \
-                 --graphs both --variants --layers --profile --time-limit $(( ${LORA_TIMEOUT_S:-330} - 120 )) ;;
+    lora)      timeout "${LORA_TIMEOUT_S:-480}" python3 bench/lora.py --out "$work/$part/lora_h200.json" --eager-shapes "${LORA_EAGER_SHAPES:-81x480x832}" \
+                 --graphs both --variants --layers --profile --time-limit $(( ${LORA_TIMEOUT_S:-480} - 120 )) ;;
     lora_norm) timeout "${LORA_NORM_TIMEOUT_S:-200}" python3 bench/lora_norm_probe.py --out "$work/$part/lora_norm_probe.json" ;;
     fp8)       timeout "${FP8_TIMEOUT_S:-300}" python3 bench/denoiser_fp8.py --out "$work/$part/denoiser_fp8_h200.json" ;;
     models)    timeout "${MODELS_TIMEOUT_S:-480}" python3 bench/denoiser.py --models "${MODELS:?}" --quick \

@@ -1,6 +1,6 @@
 """Cost of mixing LoRA adapters in one DiT forward, on one CUDA GPU.
 
-    python bench/lora.py --out bench/results/lora_h200.json --graphs both --variants --layers --profile
+    python bench/lora.py --out bench/results/lora_h100.json --graphs both --eager-shapes 81x480x832 --variants --layers --profile
     bash bench/gpu_call.sh lora                                         # the same, on the H200 call
     python bench/lora.py --smoke --out out/lora_smoke.json              # CPU: tiny model, seconds
     TRITON_INTERPRET=1 python bench/lora.py --smoke --kernel triton --out out/lora_smoke.json
@@ -10,8 +10,12 @@ fast path the denoiser pool uses (:class:`FastWanDiT`). A denoise step is what t
 a batch under the card's default CFG policy (``batched``): one forward of every request's cond
 and uncond rows, a request's two rows next to each other with its adapter. 8 rows are 4
 requests with 4 different rank-32 adapters (rows A, A, B, B, C, C, D, D) on every adapted
-layer, against the same 8 rows with no adapter. The per-row delta runs as the pool's
-:class:`AdapterStore` wires it.
+layer, against the same 8 rows with no adapter. The adapters run as the pool's
+:class:`AdapterStore` wires them: as merged segments where they apply (each request's adapter
+folded into a weight copy once, its rows one GEMM per layer on it), else the per-row low-rank
+kernels (variant ``lowrank``). The summary reports the eager figures where merged segments ran
+(the serving path runs adapter batches eagerly, and a graph captured in the store's static mode
+takes the low-rank path), the graph figures otherwise.
 
 ``--graphs``: each forward is also (``both``) or only (``on``) timed as a CUDA-graph replay:
 one graph with and one without adapters, captured inside the batch (the row->slot table a
@@ -134,6 +138,9 @@ def main() -> None:
     ap.add_argument("--graphs", default="both", choices=("on", "off", "both"),
                     help="time whole forwards replayed as CUDA graphs (on), eagerly (off) or both; the summary "
                          "reports the graph figures where they were taken (the serving path captures its steps)")
+    ap.add_argument("--eager-shapes", default="",
+                    help="FxHxW list timed eagerly only whatever --graphs says (graphs of a long clip and the "
+                         "merged weight sets may not fit an 80 GB card together)")
     ap.add_argument("--layers", action="store_true",
                     help="also time block 0's adapted layers one by one (GEMM, widened GEMM, shrink, expand)")
     ap.add_argument("--no-autotune", action="store_true", help="the shrink's fixed tiles instead of autotuning")
@@ -160,6 +167,8 @@ def main() -> None:
                          impl=None if args.kernel == "auto" else args.kernel, groups=lora_groups(cfg))
     fast.lora = store  # as the denoiser pool wires it
     store.widen, store.fuse_norm = not args.no_widen, not args.no_fused_norm
+    if args.smoke:  # the tiny model's segments are short: take merged segments anyway, to check them
+        store.merge_segments, store.min_segment_tokens = True, 0
     from fastvideo3.kernels import lora_shrink
     lora_shrink.set_autotune(not args.no_autotune)
     ids = [f"adapter-{i}" for i in range(args.adapters)]
@@ -185,11 +194,16 @@ def main() -> None:
         "adapted_layers_per_block": len(layer_shapes(cfg)) // cfg.num_layers,
         "rows": args.rows, "requests": args.rows // 2, "row_adapters": [r[0][0] for r in rows],
         "rank": args.rank, "adapters_in_batch": args.adapters,
-        "lora_path": "grouped: QKV and all cross K/V as one shrink + one expand; the expand inside the residual + "
+        "lora_path": "merged segments where they apply (each adapter folded into a weight copy once, each "
+                     "request's rows one GEMM per layer on its set: "
+                     "fastvideo3.runtime.pool.adapter_segments); else, and in graphs (variant lowrank), "
+                     "grouped: QKV and all cross K/V as one shrink + one expand; the expand inside the residual + "
                      "norm pass for the layers feeding it, that pass also running the next layer's shrink (the next "
                      "QKV's, or the widened input of cross-attention Q and FFN in); widened GEMMs where they pay; "
                      "split-K autotuned shrinks (fastvideo3.kernels.lora_shrink, lora_norm, lora_grouped)",
-        "variants": {"prev": "the previous default: widen kernels, one shrink per layer, the three-sweep norm pass",
+        "variants": {"lowrank": "the low-rank kernels alone (no merged segments)",
+                     "segments_streams": "merged segments, each segment's GEMMs on a stream of its own",
+                     "prev": "the low-rank path before the fused next shrink: widen kernels, one shrink per layer, the three-sweep norm pass",
                      "old": "one one-pass launch per layer", "no_split_k": "lora without split-K",
                      "no_widen": "lora with no widened GEMM", "no_fused_norm": "lora with add_norm unfused",
                      "two_pass_only": "no widening, no fused norm"},
@@ -245,16 +259,19 @@ def main() -> None:
 
 
 #: the store's switches per timed variant (unnamed switches at their defaults)
+LOW = {"merge_segments": False}
 VARIANTS = {
     "lora": {},
-    "prev": {"fuse_shrink": False, "split_k": False},  # the previous default: widen kernels, 3-sweep norm
-    "old": {"grouped": False},  # one one-pass launch per layer
-    "no_split_k": {"split_k": False},
-    "no_widen": {"widen": False},
-    "no_fused_norm": {"fuse_norm": False},
-    "two_pass_only": {"widen": False, "fuse_norm": False},
+    "lowrank": LOW,  # the low-rank kernels (the default where merged segments do not apply)
+    "prev": {**LOW, "fuse_shrink": False, "split_k": False},  # widen kernels, 3-sweep norm
+    "old": {**LOW, "grouped": False},  # one one-pass launch per layer
+    "no_split_k": {**LOW, "split_k": False},
+    "no_widen": {**LOW, "widen": False},
+    "no_fused_norm": {**LOW, "fuse_norm": False},
+    "two_pass_only": {**LOW, "widen": False, "fuse_norm": False},
+    "segments_streams": {"segment_streams": True},
 }
-SWITCHES = ("grouped", "widen", "fuse_norm", "fuse_shrink", "split_k")
+SWITCHES = ("grouped", "widen", "fuse_norm", "fuse_shrink", "split_k", "merge_segments", "segment_streams")
 
 
 @contextmanager
@@ -290,6 +307,8 @@ def capture(fn, pool):
 
 def run_shape(args, config, fast, store, rows, frames, height, width, device, dtype, cuda) -> dict:
     """One shape: eager (and CUDA-graph) timings without and with the adapters, and the checks."""
+    if f"{frames}x{height}x{width}" in args.eager_shapes.split(","):
+        args = argparse.Namespace(**{**vars(args), "graphs": "off"})
     x, t, text = inputs(config, frames, height, width, args.rows, device, dtype)
     big = frames * height * width > 17 * 256 * 256
     warm, iters = (1, 2 if args.graphs == "both" else 3) if big else (2, 10)
@@ -303,9 +322,9 @@ def run_shape(args, config, fast, store, rows, frames, height, width, device, dt
         with configured(store, name, which or rows):
             return fast(x, t, text)
 
-    names = ["lora", "prev"] + ([] if big else ["old"])
+    names = ["lora", "lowrank", "prev"] + ([] if big else ["old"])
     if args.variants:
-        names += ["no_split_k", "no_widen", "no_fused_norm", "two_pass_only"]
+        names += ["no_split_k", "no_widen", "no_fused_norm", "two_pass_only", "segments_streams"]
     row = {"tokens_per_row": int(x.shape[2] * x.shape[3] * x.shape[4] // 4)}
     fns = {}
     if args.graphs in ("off", "both"):
@@ -324,6 +343,7 @@ def run_shape(args, config, fast, store, rows, frames, height, width, device, dt
             with configured(store, "lora", rows):  # the plan is copied in outside the capture
                 graphs["lora"] = capture(lambda: fast(x, t, text), pool)
             row["graph_blocks"] = store.blocks
+            store.static = False  # captured; eager forwards may take merged segments again
             fns["base_graph"] = graphs["base"][0].replay
             fns["lora_graph"] = graphs["lora"][0].replay
         except Exception as e:  # noqa: BLE001 - the eager figures still stand
@@ -347,7 +367,16 @@ def run_shape(args, config, fast, store, rows, frames, height, width, device, dt
     if graphs:
         gms, gms0 = med["lora_graph"], med["base_graph"]
         row.update(_mode_fields("graphs", gms, gms0, runs["lora_graph"], runs["base_graph"]))
-    mode = "graphs" if graphs else "eager"
+    # the default path: merged segments where they apply (eager only: a captured graph must serve any
+    # assignment, so the store's static mode takes the low-rank path), else the low-rank kernels
+    with configured(store, "lora", rows):
+        plan = store.segments(fast, row["tokens_per_row"])
+    row["default_path"] = "merged_segments" if plan is not None else "lowrank"
+    row["merged_sets"] = store.merged_sets.describe()
+    if plan is None:
+        row["merged_segments_fallback"] = store.merged_sets.last_fallback
+    # the serving path runs adapter batches eagerly (its captured graphs hold no adapters)
+    mode = "graphs" if graphs and plan is None else "eager" if eager else "graphs"
     row["reported_mode"] = mode
     row["ms_per_step"] = row[f"ms_per_step_{mode}"]
     row["ms_per_step_no_lora"] = row[f"ms_per_step_no_lora_{mode}"]
@@ -355,7 +384,7 @@ def run_shape(args, config, fast, store, rows, frames, height, width, device, dt
 
     # every path's output against the plain PyTorch path on the same batch
     want_base = plain().float()
-    with configured(store, "lora", rows):
+    with configured(store, "lowrank", rows):
         impl, store.impl = store.impl, "torch"
         try:
             want = fast(x, t, text).float()
@@ -366,6 +395,7 @@ def run_shape(args, config, fast, store, rows, frames, height, width, device, dt
         return float((got.float() - want).norm() / want.norm())
 
     row["kernel_vs_torch_rel_error"] = rel(mixed("lora"))
+    row["lowrank_path_vs_torch_rel_error"] = rel(mixed("lowrank"))
     row["prev_path_vs_torch_rel_error"] = rel(mixed("prev"))
     if not big:
         row["old_path_vs_torch_rel_error"] = rel(mixed("old"))
@@ -378,12 +408,13 @@ def run_shape(args, config, fast, store, rows, frames, height, width, device, dt
         with store.batch(other):
             graphs["lora"][0].replay()
             got = graphs["lora"][1].float().clone()
-        ref = mixed("lora", other).float()
+        ref = mixed("lowrank", other).float()  # the path the graph holds
         row["graph_other_assignment_vs_eager_rel_error"] = float((got - ref).norm() / ref.norm())
     if cuda:
         row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     if cuda and args.profile and not big:
-        row["profile"] = {"no_lora": kernel_table(plain), "lora": kernel_table(mixed)}
+        row["profile"] = {"no_lora": kernel_table(plain), "lora": kernel_table(mixed),
+                          "lowrank": kernel_table(lambda: mixed("lowrank"))}
     if cuda and args.layers and not big:
         try:
             row["layers"] = layer_costs(fast, store, rows, x.shape[0], row["tokens_per_row"], device, dtype)

@@ -8,6 +8,7 @@ blocks, so a batch of mixed decisions costs what its computing rows cost.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -46,11 +47,12 @@ def _sel(rows: list[int]):
 
 @torch.no_grad()
 def staged_forward(model, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor,
-                   groups: list[RowGroup], fixed_rows: bool = False) -> torch.Tensor:
+                   groups: list[RowGroup], fixed_rows: bool = False, lora=None) -> torch.Tensor:
     """The model's output for every row; ``groups`` partition the rows. ``fixed_rows``
     (batch-invariant mode): a segment some rows need runs over every row and keeps only theirs,
     so no GEMM's M depends on the other requests' decisions (a reusing row then saves nothing
-    unless the whole batch reuses)."""
+    unless the whole batch reuses). ``lora``: the adapter store whose batch is open over these
+    rows; blocks run over some rows take that subset's adapters."""
     stage = model.embed(latents, timestep, text)
     n_blocks = model.num_blocks
     h0 = stage.x
@@ -97,7 +99,8 @@ def staged_forward(model, latents: torch.Tensor, timestep: torch.Tensor, text: t
             h[idx] = model.run_blocks(stage, h.clone(), start, end)[idx]
         else:
             idx = _idx(rows, dev)
-            h[idx] = model.run_blocks(stage.select(idx), h[idx].contiguous(), start, end)
+            with lora.subset(rows) if lora is not None else nullcontext():
+                h[idx] = model.run_blocks(stage.select(idx), h[idx].contiguous(), start, end)
     for g in groups:
         if g.step is None:
             continue

@@ -72,6 +72,8 @@ class PoolConfig:
     load_failure_hold_s: float = 0.0
     lora_slots: int = 8
     lora_max_rank: int = 64
+    #: device GiB for merged-segment weight sets (one per adapter combination a batch names; 0 = off)
+    lora_merge_cache_gib: float = 24.0
     merge_adapter: str | None = None
     merge_scale: float = 1.0
     #: denoiser: capture the card's CUDA-graph buckets at warm-up ("card") or none ("off")
@@ -125,6 +127,9 @@ def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
         p.add_argument("--no-batching", action="store_true", help="run each unit of a batch as its own forward")
         p.add_argument("--lora-slots", type=int, default=8, help="LoRA adapters resident on the device at once")
         p.add_argument("--lora-max-rank", type=int, default=64, help="largest LoRA rank accepted (a power of two)")
+        p.add_argument("--lora-merge-cache-gib", type=float, default=24.0,
+                       help="device GiB for merged-segment weights: each adapter combination a batch names folded "
+                            "into a weight copy (a Wan 1.3B set is ~2.8 GB; 0 = always the low-rank kernels)")
         p.add_argument("--merge-adapter", default=None, metavar="ID=PATH",
                        help="dedicate this pool to one LoRA merged into its weights (no per-row delta)")
         p.add_argument("--merge-scale", type=float, default=1.0, help="the merged adapter's scale")
@@ -151,6 +156,8 @@ def parse_args(role: str, argv: list[str] | None = None) -> PoolConfig:
         r = a["lora_max_rank"]
         if not 16 <= r <= 512 or r & (r - 1):
             p.error(f"--lora-max-rank must be a power of two in [16, 512] (got {r})")
+        if not 0 <= a["lora_merge_cache_gib"] <= 4096:
+            p.error(f"--lora-merge-cache-gib must be in [0, 4096] (got {a['lora_merge_cache_gib']})")
         if a["merge_adapter"] is not None and "=" not in a["merge_adapter"]:
             p.error(f"--merge-adapter must be ID=PATH (got {a['merge_adapter']!r})")
     if role == Role.DECODER and not 1 <= a["max_decode_batch"] <= 64:

@@ -10,7 +10,8 @@ def build(cfg, card, transport):
     from fastvideo3.runtime.pool.dit_executor import DenoiserExecutor
     experts = [e for e in cfg.experts.split(",") if e] or None
     ex = DenoiserExecutor(card, transport, cfg.device, cfg.precision, batching=not cfg.no_batching, experts=experts,
-                          lora_slots=cfg.lora_slots, lora_max_rank=cfg.lora_max_rank)
+                          lora_slots=cfg.lora_slots, lora_max_rank=cfg.lora_max_rank,
+                          lora_merge_cache_bytes=int(cfg.lora_merge_cache_gib * 2**30))
     if cfg.merge_adapter:  # a pool dedicated to one adapter, merged into its weights
         adapter_id, path = cfg.merge_adapter.split("=", 1)
         ex.merge_adapter(adapter_id, cfg.merge_scale, path)

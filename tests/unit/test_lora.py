@@ -205,7 +205,9 @@ def test_denoiser_pool_lora_flags():
                                   "--merge-adapter", "style=/models/style.safetensors", "--merge-scale", "0.7"])
     assert (cfg.lora_slots, cfg.lora_max_rank, cfg.merge_adapter, cfg.merge_scale) == (
         4, 32, "style=/models/style.safetensors", 0.7)
-    for bad in (["--lora-max-rank", "48"], ["--lora-slots", "0"], ["--merge-adapter", "no-path"]):
+    assert parse_args("denoiser", ["--port", "0", "--lora-merge-cache-gib", "0"]).lora_merge_cache_gib == 0
+    for bad in (["--lora-max-rank", "48"], ["--lora-slots", "0"], ["--merge-adapter", "no-path"],
+                ["--lora-merge-cache-gib", "-1"]):
         with pytest.raises(SystemExit):
             parse_args("denoiser", ["--port", "0", *bad])
 
@@ -214,9 +216,11 @@ def test_denoiser_pool_lora_flags():
 @pytest.mark.parametrize("kernel", ["torch"] + (["triton"] if os.environ.get("TRITON_INTERPRET") == "1" else []))
 @pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("stacked", [True, False])
-def test_fast_path_applies_the_same_deltas_as_the_reference(kernel, grouped, stacked):
+@pytest.mark.parametrize("segments", [False, True])
+def test_fast_path_applies_the_same_deltas_as_the_reference(kernel, grouped, stacked, segments):
     """The fast path's calls (fused QKV slices, every block's cross K/V, the FFN with its GELU in
-    the LoRA pass) against forward hooks on the reference model, rows mixing two adapters and none."""
+    the LoRA pass) against forward hooks on the reference model, rows mixing two adapters and none.
+    ``segments``: the batch as merged segments (each row's adapters folded into a weight copy)."""
     from fastvideo3.models.wan.dit import WanDiT
     from fastvideo3.models.wan.fast import FastWanDiT
     from fastvideo3.models.wan.lora import adapted_linears
@@ -228,6 +232,7 @@ def test_fast_path_applies_the_same_deltas_as_the_reference(kernel, grouped, sta
     store = AdapterStore(layer_shapes(CFG), "cpu", torch.float32, slots=4, max_rank=16, impl=kernel,
                          groups=lora_groups(CFG) if grouped else None)
     store.grouped = grouped
+    store.merge_segments, store.min_segment_tokens = segments, 0
     a, b = _adapter(1, "a", rank=8), _adapter(2, "b", rank=4)
     for ad in (a, b):
         store.load(ad)
@@ -249,9 +254,99 @@ def test_fast_path_applies_the_same_deltas_as_the_reference(kernel, grouped, sta
         fast.lora = store
         with store.batch(rows):
             got = fast(x, t, text)
+        counters = store.merged_sets.counters
+        assert counters["segment_forwards"] == int(segments) and counters["builds"] == ((3 if stacked else 2) if segments else 0)
         assert torch.allclose(fast(x, t, text), plain, atol=1e-4)  # outside a batch: no delta
     assert (ref[0] - plain[0]).abs().max() > 1e-3 and torch.allclose(ref[1], plain[1], atol=1e-5)
     assert torch.allclose(got, ref, atol=2e-4, rtol=1e-3), (got - ref).abs().max()
+
+
+def test_merged_segments_runs_budget_and_fallbacks():
+    """Runs of rows with the same adapters; a set per combination, kept under the byte budget
+    (least recently used out, never one the batch uses); short segments, an over-budget batch and
+    static mode take the low-rank path and say why; unloading an adapter drops its sets."""
+    from types import SimpleNamespace
+
+    from fastvideo3.runtime.pool.adapter_segments import runs
+    a_ref, b_ref = ("a", "v1", 0.7), ("b", "v2", 1.0)
+    assert runs([[a_ref], [a_ref], [], [b_ref], [a_ref]]) == [
+        (0, 2, (a_ref,)), (2, 3, ()), (3, 4, (b_ref,)), (4, 5, (a_ref,))]
+    assert runs([[a_ref, b_ref], [a_ref]])[0][2] == (a_ref, b_ref)
+
+    store = _store(slots=3)
+    ads = [_adapter(i + 1, name) for i, name in enumerate("abc")]
+    for ad in ads:
+        store.load(ad)
+    store.merge_segments, store.min_segment_tokens = True, 8
+    d, f = CFG.inner_dim, CFG.ffn_dim
+    units = {"blocks.0.ffn.net.0.proj": (torch.randn(f, d), [("blocks.0.ffn.net.0.proj", 0)]),
+             "blocks.0.attn1.qkv": (torch.randn(3 * d, d), [(f"blocks.0.attn1.to_{p}", j * d)
+                                                           for j, p in enumerate("qkv")])}
+    model = SimpleNamespace(lora_units=lambda: units)
+    set_bytes = sum(w.numel() * 4 for w, _ in units.values())
+    store.merged_sets.budget = 2 * set_bytes
+    refs = {ad.adapter_id: (ad.adapter_id, ad.version, 0.5) for ad in ads}
+    store.acquire("r", list(refs.values()))
+    with store.batch([[refs["a"]], [refs["a"]], [], [refs["b"]]]):
+        plan = store.segments(model, tokens=8)
+    assert [(s, e, w is None) for s, e, w in plan.segments] == [(0, 2, False), (2, 3, True), (3, 4, False)]
+    merged = plan.segments[0][2]
+    a = store.entries[("a", ads[0].version)]
+    layer = "blocks.0.attn1.to_k"
+    want = units["blocks.0.attn1.qkv"][0][d:2 * d] + 0.5 * store.up[layer][a.slot] @ store.down[layer][a.slot]
+    assert torch.allclose(merged["blocks.0.attn1.qkv"][d:2 * d], want, atol=1e-5)
+    assert store.merged_sets.nbytes == 2 * set_bytes
+    with store.batch([[refs["c"]], [refs["c"]]]):  # evicts the least recently used set
+        assert store.segments(model, tokens=8) is not None
+    assert store.merged_sets.counters["evictions"] == 1 and len(store.merged_sets.sets) == 2
+    with store.batch([[refs["a"]], [refs["b"]], [refs["c"]]]):  # three sets cannot fit two's budget
+        assert store.segments(model, tokens=8) is None
+    assert "merge_cache_bytes" in store.merged_sets.last_fallback and len(store.merged_sets.sets) == 2
+    with store.batch([[refs["c"]], [refs["a"]]]):
+        assert store.segments(model, tokens=4) is None  # 4-token segments: under the minimum
+        assert "8 tokens" in store.merged_sets.last_fallback
+        store.static = True
+        assert store.segments(model, tokens=8) is None and "static" in store.merged_sets.last_fallback
+        store.static = False
+    store.release("r")
+    store.unload("c")
+    assert all(k[0][0] != "c" for k in store.merged_sets.sets)
+    assert store.describe()["merged_segments"]["counters"]["fallbacks"] == 3
+
+
+@pytest.mark.parametrize("segments", [False, True])
+def test_staged_forward_over_some_rows_keeps_their_adapters(segments):
+    """A staged forward (a step cache's interceptors) running the blocks of some rows alone gives
+    them the adapters they have in the batch: the store's subset of its plan, not the whole batch's."""
+    from fastvideo3.models.wan.dit import WanDiT
+    from fastvideo3.models.wan.fast import FastWanDiT
+    from fastvideo3.models.wan.lora import lora_groups
+    torch.manual_seed(0)
+    model = WanDiT(CFG).eval().requires_grad_(False)
+    store = AdapterStore(layer_shapes(CFG), "cpu", torch.float32, slots=4, max_rank=16, groups=lora_groups(CFG))
+    store.merge_segments, store.min_segment_tokens = segments, 0
+    a, b = _adapter(1, "a", rank=8), _adapter(2, "b", rank=4)
+    for ad in (a, b):
+        store.load(ad)
+    ra, rb = ("a", a.version, 0.7), ("b", b.version, 1.3)
+    rows = [[ra], [], [rb], [rb]]
+    store.acquire("r", [ra, rb])
+    x, t = torch.randn(4, 16, 2, 8, 8), torch.rand(4) * 1000
+    text = torch.randn(4, 7, CFG.text_dim)
+    fast = FastWanDiT(model, share_weights=False)
+    fast.lora = store
+    with torch.no_grad(), store.batch(rows):
+        full = fast(x, t, text)
+        stage = fast.embed(x, t, text)
+        for sub in ([2, 3], [0], [1]):
+            idx = torch.tensor(sub)
+            with store.subset(sub):
+                h = fast.run_blocks(stage.select(idx), stage.x[idx].contiguous(), 0, fast.num_blocks)
+            got = fast.head(stage.select(idx), h)
+            assert torch.allclose(got, full[idx], atol=2e-4, rtol=1e-3), (sub, (got - full[idx]).abs().max())
+        assert store.active and store._row_refs == rows  # the batch's plan is back
+        plain = fast.base(x, t, text)
+    assert (full[2] - plain[2]).abs().max() > 1e-3 and torch.allclose(full[1], plain[1], atol=1e-4)
 
 
 def test_parallel_replica_refuses_adapters():

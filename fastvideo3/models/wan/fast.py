@@ -176,13 +176,13 @@ class FastWanDiT:
     @torch.no_grad()
     def forward(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, tap: Tap = None,
                 image: torch.Tensor | None = None):
-        stage, temb = self._stage(latents, timestep, text, image)
+        lora, seg = self._adapters(latent_grid(self.cfg, latents))  # seg: the adapters inside the GEMMs
+        stage, temb = self._stage(latents, timestep, text, image, seg=seg)
         if tap:
             tap("patch_embed", stage.x.clone())
             tap("temb", temb)
-        lora = self.lora if self.lora is not None and self.lora.active else None
         # the fresh residual stream is updated in place; the last norm's output feeds the head
-        _, hidden = self._blocks(stage, stage.x, 0, len(self.blocks), lora, tap)
+        _, hidden = self._blocks(stage, stage.x, 0, len(self.blocks), lora, tap, seg=seg)
         return self._project_out(hidden, stage.grid, tap)
 
     # -- the forward in stages (block-range interceptors run between them) ----------------
@@ -195,12 +195,24 @@ class FastWanDiT:
     @torch.no_grad()
     def embed(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor,
               image: torch.Tensor | None = None) -> "FastStage":
-        return self._stage(latents, timestep, text, image)[0]
+        lora, seg = self._adapters(latent_grid(self.cfg, latents))
+        return self._stage(latents, timestep, text, image, seg=seg)[0]
 
     @torch.no_grad()
     def run_blocks(self, stage: "FastStage", x: torch.Tensor, start: int, end: int) -> torch.Tensor:
-        # the residual stream is updated in place; the caller keeps its input
-        return self._blocks(stage, x.clone(), start, end)[0]
+        """Blocks ``[start, end)`` of ``x``'s rows (the open adapter batch's rows, or its
+        ``subset``); the residual stream is updated in place, so the caller's input is copied."""
+        lora, seg = self._adapters(stage.grid)
+        return self._blocks(stage, x.clone(), start, end, lora, seg=seg)[0]
+
+    def _adapters(self, grid: tuple[int, int, int]):
+        """``(lora, seg)`` for a forward at ``grid``: the store adding low-rank deltas, or the merged
+        segments holding them (one of the two, or neither outside an adapter batch)."""
+        lora = self.lora if self.lora is not None and self.lora.active else None
+        if lora is None or not hasattr(lora, "segments"):
+            return lora, None
+        seg = lora.segments(self, grid[0] * grid[1] * grid[2])
+        return (None, seg) if seg is not None else (lora, None)
 
     @torch.no_grad()
     def modulated_input(self, stage: "FastStage", x: torch.Tensor) -> torch.Tensor:
@@ -215,7 +227,7 @@ class FastWanDiT:
 
     # -- the pieces both the forward and its stages run ---------------------------------
     def _stage(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor,
-               image: torch.Tensor | None) -> tuple["FastStage", torch.Tensor]:
+               image: torch.Tensor | None, seg=None) -> tuple["FastStage", torch.Tensor]:
         """The block inputs of one forward, and ``temb`` (the forward taps it)."""
         dit, cfg = self.base, self.cfg
         b, c = latents.shape[:2]
@@ -227,14 +239,16 @@ class FastWanDiT:
         temb, temb6, ctx = dit.condition_embedder(timestep, text)
         mod = self.mod_table + temb6.float().view(1, b, 6, d)  # [layers, B, 6, D]: shift, scale, gate, c_*
         final = dit.scale_shift_table.float() + temb.float().unsqueeze(1)  # [B, 2, D]: shift, scale
-        k_all, v_all = self._cross_kv(ctx)
+        k_all, v_all = self._cross_kv(ctx, seg)
         rope = RopeGrid(dit.rope_cos, dit.rope_sin, (ff, hh, ww), *self.rope_split)
         return FastStage(x, mod, final, k_all, v_all, rope, (ff, hh, ww), *self._image_kv(image)), temb
 
     def _blocks(self, stage: "FastStage", x: torch.Tensor, start: int, end: int, lora=None,
-                tap: Tap = None) -> tuple[torch.Tensor, torch.Tensor]:
+                tap: Tap = None, seg=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Blocks ``[start, end)`` on the residual stream ``x`` (updated in place): ``(x, hidden)``,
-        ``hidden`` the last block's fused norm (the next block's input, or the head's)."""
+        ``hidden`` the last block's fused norm (the next block's input, or the head's). ``lora``: an
+        AdapterStore adding per-row low-rank deltas; ``seg``: a SegmentPlan whose merged weights
+        hold them instead (its GEMMs per segment of rows)."""
         impl, eps, d = self.kernels, self.cfg.eps, self.cfg.inner_dim
         heads, hd = self.heads, self.head_dim
         b, n, _ = x.shape
@@ -243,14 +257,14 @@ class FastWanDiT:
         for i in range(start, end):
             blk, m = self.blocks[i], mod[i]
             # self-attention: fused QKV, QK-norm + RoPE, attention on strided views
-            qkv = F.linear(hidden, blk.qkv_w, blk.qkv_b)
+            qkv = self._lin(seg, f"blocks.{i}.attn1.qkv", hidden, blk.qkv_w, blk.qkv_b)
             if lora:
                 lora.delta_group_(f"blocks.{i}.attn1.qkv", self_attn_qkv(i), hidden, qkv)
             qk = qk_norm_rope(qkv, blk.qk_norm, parts=2, eps=eps, heads=heads, rope=stage.rope, impl=impl)
             o = attention(qk[..., :d].view(b, n, heads, hd), qk[..., d:].view(b, n, heads, hd),
                           qkv[..., 2 * d:].view(b, n, heads, hd), self.attention)
             # the LoRA delta of a layer feeding a residual + norm goes into that pass (delta_add_norm)
-            y = F.linear(o.reshape(b, n, d), blk.out_w, blk.out_b)
+            y = self._lin(seg, f"blocks.{i}.attn1.to_out.0", o.reshape(b, n, d), blk.out_w, blk.out_b)
             # gated residual + the cross-attention norm
             if lora and blk.norm2_w is not None:
                 hidden = lora.delta_add_norm(f"blocks.{i}.attn1.to_out.0", o.reshape(b, n, d), y, x, m[:, 2],
@@ -267,12 +281,12 @@ class FastWanDiT:
             if lora:
                 q = lora.linear(f"blocks.{i}.attn2.to_q", hidden, blk.q2_w, blk.q2_b)
             else:
-                q = F.linear(hidden, blk.q2_w, blk.q2_b)
+                q = self._lin(seg, f"blocks.{i}.attn2.to_q", hidden, blk.q2_w, blk.q2_b)
             q = qk_norm_rope(q, blk.q2_norm, parts=1, eps=eps, heads=heads, impl=impl)
             o = attention(q.view(b, n, heads, hd), stage.k_all[i], stage.v_all[i], self.cross_attention)
             if stage.ki_all is not None:
                 o = o + attention(q.view(b, n, heads, hd), stage.ki_all[i], stage.vi_all[i], self.cross_attention)
-            y = F.linear(o.reshape(b, n, d), blk.out2_w, blk.out2_b)
+            y = self._lin(seg, f"blocks.{i}.attn2.to_out.0", o.reshape(b, n, d), blk.out2_w, blk.out2_b)
             if lora:
                 hidden = lora.delta_add_norm(f"blocks.{i}.attn2.to_out.0", o.reshape(b, n, d), y, x, None, m[:, 4],
                                              m[:, 3], modulate=True, eps=eps, norm_impl=impl,
@@ -285,6 +299,10 @@ class FastWanDiT:
                 f1 = lora.linear(f"blocks.{i}.ffn.net.0.proj", hidden, blk.ff1_w, blk.ff1_b, gemm=self._gelu_linear,
                                  act="gelu_tanh")
                 y = F.linear(f1, blk.ff2_w, blk.ff2_b)
+            elif seg is not None:
+                f1 = seg.linear(f"blocks.{i}.ffn.net.0.proj", hidden, blk.ff1_w, blk.ff1_b,
+                                gelu="epilogue" if self.gelu_epilogue else "tanh")
+                y = seg.linear(f"blocks.{i}.ffn.net.2", f1, blk.ff2_w, blk.ff2_b)
             else:
                 y = F.linear(self._gelu_linear(hidden, blk.ff1_w, blk.ff1_b), blk.ff2_w, blk.ff2_b)
             scale, shift = (mod[i + 1, :, 1], mod[i + 1, :, 0]) if i + 1 < len(self.blocks) else (
@@ -307,10 +325,13 @@ class FastWanDiT:
             tap("output", out)
         return out
 
-    def _cross_kv(self, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _cross_kv(self, ctx: torch.Tensor, seg=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Every block's normed cross-attention K and its V: two [layers, B, T, H, head_dim] tensors."""
         b, t, d = ctx.shape
         layers = len(self.blocks)
+        if seg is not None:
+            kv = seg.linear("cross_kv", ctx, self.kv_w, self.kv_b).view(b, t, layers, 2, d)
+            return self._split_kv(kv, self.k_norm, ctx.dtype)
         kv = self._kv_projection(ctx).view(b, t, layers, 2, d)
         if self.lora is not None and self.lora.active:
             self.lora.delta_group_("cross_kv", cross_kv(layers), ctx, kv.view(b, t, layers * 2 * d))
@@ -341,6 +362,27 @@ class FastWanDiT:
 
     def _kv_projection(self, ctx: torch.Tensor) -> torch.Tensor:
         return F.linear(ctx, self.kv_w, self.kv_b)
+
+    @staticmethod
+    def _lin(seg, unit: str, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """An adapted GEMM: per merged segment under ``seg``, else ``F.linear``."""
+        return F.linear(x, w, b) if seg is None else seg.linear(unit, x, w, b)
+
+    def lora_units(self) -> dict[str, tuple[torch.Tensor, list[tuple[str, int]]]]:
+        """The adapted GEMMs as merged segments see them: unit -> (its weight ``[out, in]``, the
+        adapted layers in it with their first output row): each block's fused QKV, O, cross Q, cross
+        O, FFN in and out, and every block's cross K/V as one (built once: the weights are fixed)."""
+        if getattr(self, "_units", None) is None:
+            d, units = self.cfg.inner_dim, {}
+            for i, blk in enumerate(self.blocks):
+                units[f"blocks.{i}.attn1.qkv"] = (blk.qkv_w, [(m, j * d) for j, m in enumerate(self_attn_qkv(i))])
+                for name, w in (("attn1.to_out.0", blk.out_w), ("attn2.to_q", blk.q2_w),
+                                ("attn2.to_out.0", blk.out2_w), ("ffn.net.0.proj", blk.ff1_w),
+                                ("ffn.net.2", blk.ff2_w)):
+                    units[f"blocks.{i}.{name}"] = (w, [(f"blocks.{i}.{name}", 0)])
+            units["cross_kv"] = (self.kv_w, [(m, j * d) for j, m in enumerate(cross_kv(len(self.blocks)))])
+            self._units = units
+        return self._units
 
     def _gelu_linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if self.gelu_epilogue:

@@ -121,7 +121,8 @@ class DenoiserExecutor(_Base):
 
     def __init__(self, card: ModelCard, transport, device=None, precision=None, batching: bool = True,
                  fast: bool | None = None, experts: list[str] | None = None,
-                 lora_slots: int = 8, lora_max_rank: int = 64):
+                 lora_slots: int = 8, lora_max_rank: int = 64,
+                 lora_merge_cache_bytes: int | None = None):
         super().__init__(card, transport, device, precision)
         # A two-expert card's pool holds both experts unless the deployment gives it one
         # (``experts``): then a request's latent moves to the other expert's pool at the switch.
@@ -152,6 +153,9 @@ class DenoiserExecutor(_Base):
         shapes, linears, groups = parts.lora_layers(self.dit)
         self.adapters = AdapterStore(shapes, self.device, self.dtype, slots=lora_slots,
                                      max_rank=lora_max_rank, groups=groups)
+        if lora_merge_cache_bytes is not None:
+            self.adapters.merged_sets.budget = lora_merge_cache_bytes
+            self.adapters.merge_segments = self.adapters.merge_segments and lora_merge_cache_bytes > 0
         self.adapters.hook(self.dit, linears)
         if self.fast:
             self._forward.lora = self.adapters
@@ -744,7 +748,7 @@ class DenoiserExecutor(_Base):
                            tensors=reg.plugin.setdefault(f"{name}/{stream}", {}))
             groups.append(RowGroup(rows, view, step_icpt, block_icpt))
         padding = [RowGroup(list(range(len(index), x.shape[0])))] if x.shape[0] > len(index) else []
-        out = staged_forward(forward, x, t, text, groups + padding, fixed_rows=fixed_rows)
+        out = staged_forward(forward, x, t, text, groups + padding, fixed_rows=fixed_rows, lora=self.adapters)
         n_blocks = forward.num_blocks
         for g in groups:
             if g.view is not None:  # block evaluations, counted per row
