@@ -41,8 +41,8 @@ def forwards(monkeypatch):
     seen = []
     real = runner.staged_forward
 
-    def spy(model, latents, timestep, text, groups, fixed_rows=False):
-        out = real(model, latents, timestep, text, groups, fixed_rows=fixed_rows)
+    def spy(model, latents, timestep, text, groups, fixed_rows=False, lora=None):
+        out = real(model, latents, timestep, text, groups, fixed_rows=fixed_rows, lora=lora)
         seen.append([(g.reused_middle, g.blocks_run, len(g.rows)) for g in groups])
         return out
     monkeypatch.setattr(runner, "staged_forward", spy)
