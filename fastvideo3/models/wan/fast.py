@@ -195,7 +195,7 @@ class FastWanDiT:
     @torch.no_grad()
     def embed(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor,
               image: torch.Tensor | None = None) -> "FastStage":
-        lora, seg = self._adapters(latent_grid(self.cfg, latents))
+        _, seg = self._adapters(latent_grid(self.cfg, latents))
         return self._stage(latents, timestep, text, image, seg=seg)[0]
 
     @torch.no_grad()

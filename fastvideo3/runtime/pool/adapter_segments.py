@@ -15,7 +15,7 @@ residual + norm passes are the plain ones.
 row names) under a byte budget, least recently used first out, never one the current batch uses.
 :class:`SegmentPlan` is one forward's segments; its :meth:`~SegmentPlan.linear` is the layer's
 GEMM (``torch.addmm`` into the segment's rows of one output, the FFN's bias + GELU epilogue
-kept), on CUDA each segment on its own stream so the segments' tails overlap. A batch falls back
+kept), optionally on CUDA each segment on a stream of its own. A batch falls back
 to the low-rank path when a segment is shorter than ``min_segment_tokens`` (a short GEMM runs
 below the tensor cores' rate), when its sets do not fit the budget, or in the store's static
 (CUDA-graph) mode, where a captured forward must serve any assignment.
@@ -58,7 +58,6 @@ def runs(row_refs: list[list[tuple[str, str, float]]]) -> list[tuple[int, int, K
 class _Set:
     weights: dict[str, torch.Tensor]
     nbytes: int
-    last_used: float
     build_s: float
 
 
@@ -87,12 +86,11 @@ class MergedSets:
         makes the room first (:meth:`make_room`)."""
         hit = self.sets.get(key)
         if hit is not None:
-            hit.last_used = time.monotonic()
             self.sets.move_to_end(key)
             return hit.weights
         t0 = time.monotonic()
         weights = build(key)
-        self.sets[key] = _Set(weights, need, time.monotonic(), time.monotonic() - t0)
+        self.sets[key] = _Set(weights, need, time.monotonic() - t0)
         self.counters["builds"] += 1
         return weights
 

@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 import torch
 
 from fastvideo3.errors import FailedPrecondition, InvalidRequest, NotFound, ResourceExhausted
-from fastvideo3.runtime.pool.adapter_segments import (DEFAULT_MERGE_HEADROOM_BYTES, DEFAULT_MIN_SEGMENT_TOKENS, MAX_STREAMS, MergedSets,
-                                                      SegmentPlan, merge_units, runs, units_bytes)
+from fastvideo3.runtime.pool.adapter_segments import (DEFAULT_MERGE_HEADROOM_BYTES, DEFAULT_MIN_SEGMENT_TOKENS,
+                                                      MAX_STREAMS, MergedSets, SegmentPlan, merge_units, runs,
+                                                      units_bytes)
 
 DEFAULT_SLOTS = 8
 DEFAULT_MAX_RANK = 64
