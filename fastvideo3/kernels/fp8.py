@@ -97,6 +97,26 @@ def bias_gelu_quant(y: torch.Tensor, bias: torch.Tensor, *, impl: str = "torch")
     return _launch_rows(y, bias, gelu=True)
 
 
+def quantize_bounded(x: torch.Tensor, scale: torch.Tensor, *, impl: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 of ``x`` [B, ..., K] with one scale per sample known in advance (``scale`` [B], fp32, a
+    bound of ``|x| / 448`` that the caller guarantees, e.g. an attention output's from its values'
+    amax): an elementwise pass with no row reduction. Returns (e4m3 like ``x``, the scale as the
+    per-row [B, ..., 1] a GEMM reads). Values are clamped to +-448 (a bound met with rounding)."""
+    b = x.shape[0]
+    scale = scale.reshape(b).float()
+    rows_scale = scale.view(b, *([1] * (x.dim() - 1))).expand(*x.shape[:-1], 1).contiguous()
+    if impl == "torch" or x.device.type != "cuda":
+        q = (x.float() * (1.0 / rows_scale)).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)  # as the kernel rounds
+        return q, rows_scale
+    import triton
+    xc = x.contiguous()
+    q = torch.empty(x.shape, dtype=E4M3, device=x.device)
+    n = xc.numel()
+    block = 4096
+    _kernels()[3][(triton.cdiv(n, block),)](xc, (1.0 / scale).contiguous(), q, n, n // b, BLOCK=block, num_warps=8)
+    return q, rows_scale
+
+
 def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """fp32 values of an e4m3 tensor with a broadcastable scale."""
     return q.float() * scale
@@ -269,7 +289,17 @@ def _kernels():
         q = tl.clamp(x * inv, -448.0, 448.0)
         tl.store(out_ptr + src, q.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
 
-    return rows_kernel, qkv_kernel, head_amax_kernel
+    @triton.jit
+    def scaled_cast_kernel(x_ptr, inv_ptr, q_ptr, n, per_sample, BLOCK: tl.constexpr):
+        # e4m3 of x times its sample's inverse scale: an elementwise pass, no reduction
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        inv = tl.load(inv_ptr + offs // per_sample, mask=m, other=0.0)
+        q = tl.clamp(x * inv, -448.0, 448.0)
+        tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m)
+
+    return rows_kernel, qkv_kernel, head_amax_kernel, scaled_cast_kernel
 
 
 def row_tiles(k: int) -> tuple[int, int]:

@@ -118,6 +118,49 @@ def test_fused_norm_and_gelu_quantizers_match_reference():
     torch.testing.assert_close(dequantize(q, s), gelu, rtol=2.0**-4, atol=float(s.max()) * 2.0**-9)
 
 
+def test_fused_ffn_in_scales_bound_the_row_and_match_reference():
+    from fastvideo3.kernels.fp8_gemm import ffn_in_gelu_fp8, weight_stats
+    g = torch.Generator().manual_seed(6)
+    m, k, n = 40, 64, 96
+    x = torch.randn(m, k, generator=g) * torch.logspace(-3, 1, m)[:, None]
+    x[0] = 0  # an empty row takes GELU's floor, not 0/0
+    x[1] = 0
+    x[1, 3] = 50.0  # all of a row's energy in one column
+    w = torch.randn(n, k, generator=g) / 8
+    w[7] = w[7].abs() * 4  # one weight row aligned with positive inputs: a row whose bound is tight
+    x[2] = w[7].sign() * 3
+    bias = (torch.randn(n, generator=g) * 0.1).bfloat16()
+    xq, xs = quantize_rows(x)
+    wq, ws = quantize_weight(w)
+    w_norm, b_amax = weight_stats(wq, ws, bias)
+    assert w_norm >= float((wq.float() * ws[:, None]).norm(dim=1).max())
+    q, s = ffn_in_gelu_fp8(xq, xs, wq, ws, bias, w_norm, b_amax)
+    assert q.dtype == E4M3 and q.shape == (m, n) and s.shape == (m, 1)
+    # the scales are the bound written out here, and it holds for the exact hidden layer
+    want = (448.0 * math.sqrt(k) * xs.view(m) * w_norm + b_amax).clamp_min(0.17) / 448.0
+    torch.testing.assert_close(s.view(m), want)
+    u = (xq.float() * xs) @ (wq.float() * ws[:, None]).t() + bias.float()
+    h = 0.5 * u * (1 + torch.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u**3)))
+    assert (h.abs().amax(dim=1) <= s.view(m) * 448.0).all()
+    assert torch.isfinite(q.float()).all() and float(q.float().abs().max()) <= 448.0
+    assert float(q.float().abs().max()) > 16  # the tight row uses the range: not a scale far off
+    # codes: the reference e4m3 of h / s; values over a subnormal step within e4m3's relative step
+    torch.testing.assert_close(q.float(), ref_quantize(h / s), rtol=2.0**-3, atol=2.0**-9)
+    big = h.abs() > s * 2.0**-6  # e4m3 normals
+    assert ((dequantize(q, s) - h).abs()[big] <= 2.0**-4 * h.abs()[big] * (1 + 1e-5)).all()
+
+
+def test_bounded_cast_uses_the_given_per_sample_scale():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 5, 24, generator=g).bfloat16()
+    scale = torch.tensor([x[0].float().abs().max() / 448 * 4, x[1].float().abs().max() / 448 / 2])
+    q, s = fp8k.quantize_bounded(x, scale)
+    assert q.dtype == E4M3 and s.shape == (2, 5, 1)
+    torch.testing.assert_close(s, scale.view(2, 1, 1).expand(2, 5, 1))
+    assert torch.equal(q[0].float(), ref_quantize(x[0].float() * (1 / scale[0])))  # rows keep one scale
+    assert float(q[1].float().abs().max()) == 448.0  # a bound that does not hold clamps, never inf
+
+
 def test_qk_scale_bound_never_saturates():
     g = torch.Generator().manual_seed(5)
     heads, d = 4, 64
@@ -173,6 +216,15 @@ def test_fp8_dit_close_to_bf16_and_fast_path_agrees():
         rel = float((out - ref).norm() / ref.norm())
         assert 1e-4 < rel < tol  # quantized (not a silent bf16 run), within the declared tolerance
     assert float((fast_out - module_out).norm() / module_out.norm()) < tol / 2
+    # the FFN's hidden layer from the fused GEMM (bounded scales) or through bf16 and its own pass
+    # the FFN's hidden layer from the fused GEMM (bounded scales) or through bf16 and its own pass;
+    # the attention outputs cast with the bound max |V| or with their per-token amax
+    for flag in ("ffn_fused", "attn_out_bounded"):
+        assert getattr(fast, flag)
+        setattr(fast, flag, False)
+        other = fast(x, t, text).float()
+        setattr(fast, flag, True)
+        assert 0 < float((other - fast_out).norm() / fast_out.norm()) < tol / 2, flag
     # the shared-weight fast model leaves the module path intact
     torch.testing.assert_close(model(x, t, text).float(), module_out)
 

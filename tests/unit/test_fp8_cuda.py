@@ -232,3 +232,36 @@ def test_fp8_card_loads_on_fp8_gpu():
     assert isinstance(model.blocks[0].ffn.net[2], Fp8Linear)
     assert model.blocks[0].ffn.net[2].weight.dtype == torch.float8_e4m3fn
     assert "fp8_e4m3(weights=per-channel" in digest
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("shape", [(333, 1536, 8960), (77, 5120, 1000)])
+def test_fused_ffn_in_matches_twin(shape, fast):
+    import math
+    from fastvideo3.kernels.fp8_gemm import CONFIGS, ffn_in_gelu_fp8, weight_stats
+    m, k, n = shape
+    g = torch.Generator(device=DEV).manual_seed(n)
+    xq, xs = quantize_rows(torch.randn(2, m, k, generator=g, device=DEV).bfloat16(), impl="triton")
+    wq, ws = quantize_weight(torch.randn(n, k, generator=g, device=DEV) / math.sqrt(k))
+    bias = (0.1 * torch.randn(n, generator=g, device=DEV)).bfloat16()
+    stats = weight_stats(wq, ws, bias)
+    q2, s2 = ffn_in_gelu_fp8(xq, xs, wq, ws, bias, *stats, impl="torch")
+    for cfg in CONFIGS:
+        q1, s1 = ffn_in_gelu_fp8(xq, xs, wq, ws, bias, *stats, impl="triton", fast_accum=fast, config=cfg)
+        assert q1.shape == (2, m, n) and s1.shape == (2, m, 1)
+        torch.testing.assert_close(s1, s2, rtol=1e-5, atol=0)
+        # the GEMM's sums differ in order (and, with fast accumulation, in precision): one step apart
+        a, b = q1.float(), q2.float()
+        assert ((a - b).abs() <= 2 * E4M3_STEP * b.abs() + 4 * E4M3_TINY).all()
+        assert (a == b).float().mean() > 0.9
+
+
+def test_bounded_cast_matches_twin():
+    from fastvideo3.kernels.fp8 import quantize_bounded
+    g = torch.Generator(device=DEV).manual_seed(3)
+    x = torch.randn(2, 1000, 1536, generator=g, device=DEV).bfloat16()
+    scale = x.float().abs().amax(dim=(1, 2)) / 448 * torch.tensor([1.0, 30.0], device=DEV)
+    q1, s1 = quantize_bounded(x, scale, impl="triton")
+    q2, s2 = quantize_bounded(x, scale, impl="torch")
+    torch.testing.assert_close(s1, s2, rtol=0, atol=0)
+    assert torch.equal(q1.view(torch.uint8), q2.view(torch.uint8))

@@ -5,14 +5,19 @@ Per block (``impl="triton"``; the PyTorch twins compute the same on a CPU):
 
 * each modulated / affine norm (:func:`add_norm`) writes its output directly as e4m3 with one
   scale per token, so the QKV, cross-attention Q and FFN-in GEMMs read FP8 with no extra pass;
-* the FFN's bias + tanh-GELU and the FFN-out GEMM's per-token quantization are one kernel
-  (:func:`bias_gelu_quant`);
+* the FFN's first GEMM writes ``gelu_tanh(x W^T + b)`` as e4m3 from its epilogue, with per-token
+  scales bounded before the GEMM (:func:`~fastvideo3.kernels.fp8_gemm.ffn_in_gelu_fp8`), so the
+  hidden layer is never written in bf16 (``ffn_fused``; off, or with per-tensor scales: a bf16
+  GEMM output, then bias + GELU + the per-token cast in one pass, :func:`bias_gelu_quant`);
 * self-attention: QK RMSNorm + RoPE + the e4m3 cast of Q, K and V are one kernel
   (:func:`qkv_fp8`; Q/K scales static bounds by default, or measured / K-smoothed as the card's
   ``fp8.attention_scales`` says), then FlashAttention-3's FP8 forward with per-(sample, head) descales;
   without the fa3_fwd wheel (or for a head dim it lacks) attention runs in bf16 as before;
-* the two attention outputs are quantized per token (one small kernel each) before their
-  output GEMMs; cross-attention itself (512 text keys, ~1% of the step) stays bf16;
+* the two attention outputs are cast to e4m3 before their output GEMMs with one scale per sample
+  known before attention runs: an output row is a convex combination of V's rows, so ``|o| <=
+  max |V|`` (FP8 self-attention: V's per-head descales; cross-attention: its text values' amax,
+  once per forward), and the cast is elementwise (``attn_out_bounded``; off: per-token amax);
+  cross-attention itself (512 text keys, ~1% of the step) stays bf16;
 * GEMMs: ``torch._scaled_mm`` row-wise (per-token x per-channel scales, fp32 accumulation,
   bf16 out, bias in the epilogue).
 
@@ -28,10 +33,16 @@ import torch.nn.functional as F
 from fastvideo3.kernels import add_norm, attention, qk_norm_rope
 from fastvideo3.kernels.fp8 import (
     E4M3, attention_fp8, bias_gelu_quant, fp8_attention_available, fp8_linear, qk_scale_bound, qkv_fp8,
-    quantize_rows,
+    quantize_bounded, quantize_rows,
 )
+from fastvideo3.kernels.fp8_gemm import ffn_in_gelu_fp8, weight_stats
 from fastvideo3.models.wan.dit import Tap, WanDiT
 from fastvideo3.models.wan.fast import FastWanDiT
+
+
+#: an attention output can exceed max |V| only by the rounding of its probabilities (FP8 or bf16
+#: P summing to a little over 1); the bound is widened by this factor, and the cast clamps anyway
+_OUT_SLACK = 1.0625
 
 
 @dataclass
@@ -54,6 +65,7 @@ class _Fp8Block:
     norm2_b: torch.Tensor | None
     ff1: _QLinear
     ff2: _QLinear
+    ff1_stats: tuple[float, float]  # (max row norm of W, max |b|): the fused FFN-in's scale bound
 
 
 def _cat8(ts: list[torch.Tensor]) -> torch.Tensor:
@@ -95,6 +107,10 @@ class Fp8FastWanDiT(FastWanDiT):
         #: how Q and K of the FP8 self-attention are scaled (the card's ``fp8.attention_scales``)
         self.attention_scales = getattr(dit, "fp8_attention_scales", "bound")
         self.per_tensor = dit.blocks[0].attn1.to_q.activation_scaling == "tensor"
+        #: the FFN-in GEMM writes the GELU'd hidden layer as e4m3 itself (per-token scales only)
+        self.ffn_fused = not self.per_tensor
+        #: the attention outputs cast with the bound max |V| instead of a per-token amax pass
+        self.attn_out_bounded = not self.per_tensor
 
     def _build(self, dit: WanDiT, share: bool) -> None:
         d, heads = self.cfg.inner_dim, self.cfg.num_attention_heads
@@ -111,6 +127,7 @@ class Fp8FastWanDiT(FastWanDiT):
                 blk.norm2.weight.detach() if blk.norm2 is not None else None,
                 blk.norm2.bias.detach() if blk.norm2 is not None else None,
                 _one(blk.ffn.net[0].proj), _one(blk.ffn.net[2]),
+                weight_stats(blk.ffn.net[0].proj.weight, blk.ffn.net[0].proj.weight_scale, blk.ffn.net[0].proj.bias),
             ))
         self.kv = _fuse8([lin for blk in dit.blocks for lin in (blk.attn2.to_k, blk.attn2.to_v)], share)
         self.k_norm = torch.stack([blk.attn2.norm_k.weight.detach().float() for blk in dit.blocks])
@@ -134,6 +151,23 @@ class Fp8FastWanDiT(FastWanDiT):
     def _gemm(self, hq: tuple[torch.Tensor, torch.Tensor], lin: _QLinear, bias: bool = True) -> torch.Tensor:
         return fp8_linear(*hq, lin.w, lin.s, lin.b if bias else None, out_dtype=self.dtype, fast_accum=self.fast_accum)
 
+    def _attn_out(self, o: torch.Tensor, scale: torch.Tensor | None, lin: _QLinear) -> torch.Tensor:
+        """An attention output's GEMM: ``o`` cast with its per-sample bound ``scale`` [B], or
+        quantized per token where there is none."""
+        if scale is None:
+            return self._linear(o, lin)
+        return self._gemm(quantize_bounded(o, scale, impl=self.kernels), lin)
+
+    def _ffn_hidden(self, hq: tuple[torch.Tensor, torch.Tensor], blk: _Fp8Block) -> tuple[torch.Tensor, torch.Tensor]:
+        """The FFN's hidden layer ``gelu_tanh(h W1^T + b1)`` as e4m3 + per-token scales."""
+        if self.ffn_fused:
+            return ffn_in_gelu_fp8(*hq, blk.ff1.w, blk.ff1.s, blk.ff1.b, *blk.ff1_stats,
+                                   fast_accum=self.fast_accum, impl=self.kernels)
+        y1 = self._gemm(hq, blk.ff1, bias=False)  # GEMM (no bias) -> bias + GELU + e4m3 in one pass
+        if self.per_tensor:
+            return self._quant(F.gelu(y1.float() + blk.ff1.b.float(), approximate="tanh"))
+        return bias_gelu_quant(y1, blk.ff1.b, impl=self.kernels)
+
     def _kv_projection(self, ctx: torch.Tensor) -> torch.Tensor:
         return self._linear(ctx, self.kv)
 
@@ -154,6 +188,9 @@ class Fp8FastWanDiT(FastWanDiT):
 
         hq = self._norm_fp8(x, None, None, mod[0, :, 1], mod[0, :, 0], modulate=True)
         hidden = None
+        # cross-attention outputs are bounded by the text values' amax: [layers, B] scales
+        cross_scales = (v_all.abs().amax(dim=(2, 3, 4)).float() * _OUT_SLACK).clamp_min(1e-12) / 448.0 \
+            if self.attn_out_bounded else None
         for i, blk in enumerate(self.blocks):
             m = mod[i]
             qkv = self._gemm(hq, blk.qkv)
@@ -161,11 +198,13 @@ class Fp8FastWanDiT(FastWanDiT):
                 qkv8, scales = qkv_fp8(qkv, blk.qk_norm, blk.qk_scales, heads=heads, eps=eps, rope=rope, impl=impl,
                                        scales=self.attention_scales)
                 o = attention_fp8(qkv8, scales, heads)
+                o_scale = scales[2].amax(dim=1) * _OUT_SLACK if self.attn_out_bounded else None  # [B]
             else:
+                o_scale = None
                 qk = qk_norm_rope(qkv, blk.qk_norm, parts=2, eps=eps, heads=heads, rope=rope, impl=impl)
                 o = attention(qk[..., :d].view(b, n, heads, hd), qk[..., d:].view(b, n, heads, hd),
                               qkv[..., 2 * d:].view(b, n, heads, hd), self.attention)
-            y = self._linear(o.reshape(b, n, d), blk.out)
+            y = self._attn_out(o.reshape(b, n, d), o_scale, blk.out)
             if blk.norm2_w is not None:
                 hq = self._norm_fp8(x, y, m[:, 2], blk.norm2_w, blk.norm2_b, modulate=False)
             else:
@@ -173,15 +212,9 @@ class Fp8FastWanDiT(FastWanDiT):
                 hq = self._quant(x)
             q = qk_norm_rope(self._gemm(hq, blk.q2), blk.q2_norm, parts=1, eps=eps, heads=heads, impl=impl)
             o = attention(q.view(b, n, heads, hd), k_all[i], v_all[i], self.cross_attention)
-            y = self._linear(o.reshape(b, n, d), blk.out2)
+            y = self._attn_out(o.reshape(b, n, d), None if cross_scales is None else cross_scales[i], blk.out2)
             hq = self._norm_fp8(x, y, None, m[:, 4], m[:, 3], modulate=True)
-            # FFN: GEMM (no bias) -> bias + GELU + e4m3 in one pass -> GEMM
-            y1 = self._gemm(hq, blk.ff1, bias=False)
-            if self.per_tensor:
-                g = self._quant(F.gelu(y1.float() + blk.ff1.b.float(), approximate="tanh"))
-            else:
-                g = bias_gelu_quant(y1, blk.ff1.b, impl=impl)
-            y = self._gemm(g, blk.ff2)
+            y = self._gemm(self._ffn_hidden(hq, blk), blk.ff2)
             if i + 1 < len(self.blocks):
                 hq = self._norm_fp8(x, y, m[:, 5], mod[i + 1, :, 1], mod[i + 1, :, 0], modulate=True)
             else:  # the head reads bf16

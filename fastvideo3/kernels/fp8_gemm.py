@@ -1,0 +1,201 @@
+"""The FFN's first FP8 GEMM with its bias, tanh-GELU and the next GEMM's e4m3 cast in the epilogue.
+
+Unfused, the FFN's hidden layer costs a bf16 write of ``[M, 4D]`` by the GEMM and a read of it by
+the bias + GELU + per-token quantizer (:func:`~fastvideo3.kernels.fp8.bias_gelu_quant`): that pass
+is 5% of the 1.3B forward. Here one Triton GEMM computes ``gelu_tanh(x @ W.T + b)`` tile by tile
+and writes it as e4m3 straight away.
+
+A tile sees only its own columns, so the per-token scale of the output cannot be its row's amax.
+It is a bound instead, known before the GEMM: with ``x = xq * sa`` (e4m3 rows, ``|xq| <= 448``)
+and ``W``'s rows of norm at most ``w_norm``,
+
+    |x_m . w_n + b_n| <= 448 * sqrt(K) * sa_m * w_norm + max |b|       (Cauchy-Schwarz)
+
+and ``|gelu(z)| <= max(|z|, 0.17)``. So ``scale_m = bound_m / 448`` never saturates. It sits
+above the row's true amax by a factor of roughly ``amax / rms`` of ``x`` times ``sqrt(K) / 4``
+(tens, not thousands); e4m3 keeps its full 2^-4 relative step over 2^15 of range below 448, so
+only values under ~1/500 of the row's largest lose precision, and those add little to the next
+GEMM's sums. The next GEMM reads the scale like any per-token one.
+
+``impl="torch"`` computes the same contract (the same bound) in PyTorch: the CPU reference.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+
+from fastvideo3.kernels.fp8 import E4M3, E4M3_MAX
+from fastvideo3.kernels.lora_common import interpreting
+
+#: the smallest bound a row's scale takes: the magnitude of GELU's negative lobe (min ~ -0.17)
+GELU_FLOOR = 0.17
+#: launch configurations (block M, N, K, group M, warps, stages, persistent TMA kernel); the first
+#: is the default, measured fastest at Wan's FFN shapes (bench/fp8_gemm_probe.py)
+CONFIGS = ((128, 256, 128, 8, 8, 4, False), (128, 128, 128, 8, 4, 5, False), (128, 256, 64, 8, 8, 5, False),
+           (256, 128, 128, 8, 8, 4, False), (128, 256, 128, 8, 8, 3, True), (128, 256, 64, 8, 8, 4, True),
+           (128, 128, 128, 8, 8, 4, True), (128, 128, 128, 8, 4, 5, True))
+DEFAULT_CONFIG = CONFIGS[0]
+
+
+def row_bound_scales(x_scale: torch.Tensor, k: int, w_norm: float | torch.Tensor,
+                     bias_amax: float | torch.Tensor) -> torch.Tensor:
+    """The output scales [M] (fp32) of :func:`ffn_in_gelu_fp8`: ``max(448 sqrt(k) sa w_norm +
+    max|b|, 0.17) / 448`` for input scales ``x_scale`` [M] or [M, 1]."""
+    sa = x_scale.reshape(-1).float()
+    bound = E4M3_MAX * math.sqrt(k) * sa * w_norm + bias_amax
+    return bound.clamp_min(GELU_FLOOR) / E4M3_MAX
+
+
+def weight_stats(w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor) -> tuple[float, float]:
+    """(max row norm of the dequantized weight, max |bias|) for e4m3 ``w`` [N, K], scale [N]:
+    computed once at load, the inputs of :func:`row_bound_scales`. Rounded up by 2^-20 so the
+    bound still holds after the fp32 arithmetic."""
+    norms = (w.float() * w_scale.float()[:, None]).norm(dim=1)
+    return float(norms.max()) * (1 + 2 ** -20), float(bias.float().abs().max()) * (1 + 2 ** -20)
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def ffn_in_kernel(a_ptr, sa_ptr, w_ptr, sw_ptr, b_ptr, q_ptr, s_ptr, M, N, K, bound_k, bias_amax,
+                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                      FAST_TANH: tl.constexpr, IMPRECISE: tl.constexpr):
+        # grouped launch order: GROUP_M row blocks share their column blocks while they are in L2
+        pid = tl.program_id(0)
+        num_m, num_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
+        group = pid // (GROUP_M * num_n)
+        first_m = group * GROUP_M
+        size_m = tl.minimum(num_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % (GROUP_M * num_n)) % size_m
+        pid_n = (pid % (GROUP_M * num_n)) // size_m
+        rows = pid_m.to(tl.int64) * BM + tl.arange(0, BM)
+        cols = pid_n * BN + tl.arange(0, BN)
+        ks = tl.arange(0, BK)
+        rmask, cmask = rows < M, cols < N
+        a_ptrs = a_ptr + rows[:, None] * K + ks[None, :]
+        w_ptrs = w_ptr + cols[None, :].to(tl.int64) * K + ks[:, None]  # [BK, BN]: W's rows, K-major
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            kmask = (k0 + ks) < K
+            a = tl.load(a_ptrs, mask=rmask[:, None] & kmask[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=kmask[:, None] & cmask[None, :], other=0.0)
+            if IMPRECISE:
+                acc = tl.dot(a, w, acc)
+            else:  # partial sums promoted to fp32 every 32 products, as cuBLAS does without fast accumulation
+                acc = tl.dot(a, w, acc, max_num_imprecise_acc=32)
+            a_ptrs += BK
+            w_ptrs += BK
+        sa = tl.load(sa_ptr + rows, mask=rmask, other=0.0)
+        sw = tl.load(sw_ptr + cols, mask=cmask, other=0.0)
+        bias = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        z = acc * sa[:, None] * sw[None, :] + bias[None, :]
+        u = 0.7978845608028654 * (z + 0.044715 * z * z * z)
+        if FAST_TANH:
+            t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [u], dtype=tl.float32,
+                                          is_pure=True, pack=1)
+        else:
+            t = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
+        g = 0.5 * z * (1.0 + t)
+        bound = tl.maximum(bound_k * sa + bias_amax, 0.17)
+        q = tl.clamp(g * (448.0 / bound)[:, None], -448.0, 448.0)
+        m = rmask[:, None] & cmask[None, :]
+        tl.store(q_ptr + rows[:, None] * N + cols[None, :], q.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
+                 mask=m)
+        if pid_n == 0:
+            tl.store(s_ptr + rows, bound / 448.0, mask=rmask)
+
+    @triton.jit
+    def ffn_in_tma_kernel(a_desc, sa_ptr, w_desc, sw_ptr, b_ptr, q_desc, s_ptr, M, N, K, bound_k, bias_amax,
+                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                          FAST_TANH: tl.constexpr, IMPRECISE: tl.constexpr, NUM_SMS: tl.constexpr):
+        # the same contract, persistent: one program per multiprocessor walks the tiles (grouped
+        # order) with tensor-memory-accelerator loads and stores
+        num_m, num_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
+        k_tiles = tl.cdiv(K, BK)
+        for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_SMS, flatten=True):
+            group = tile // (GROUP_M * num_n)
+            first_m = group * GROUP_M
+            size_m = tl.minimum(num_m - first_m, GROUP_M)
+            pid_m = first_m + (tile % (GROUP_M * num_n)) % size_m
+            pid_n = (tile % (GROUP_M * num_n)) // size_m
+            off_m, off_n = pid_m * BM, pid_n * BN
+            acc = tl.zeros([BM, BN], dtype=tl.float32)
+            for kk in range(k_tiles):
+                a = a_desc.load([off_m, kk * BK])
+                w = w_desc.load([off_n, kk * BK])
+                if IMPRECISE:
+                    acc = tl.dot(a, w.T, acc)
+                else:
+                    acc = tl.dot(a, w.T, acc, max_num_imprecise_acc=32)
+            rows = off_m + tl.arange(0, BM)
+            cols = off_n + tl.arange(0, BN)
+            rmask, cmask = rows < M, cols < N
+            sa = tl.load(sa_ptr + rows, mask=rmask, other=0.0)
+            sw = tl.load(sw_ptr + cols, mask=cmask, other=0.0)
+            bias = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            z = acc * sa[:, None] * sw[None, :] + bias[None, :]
+            u = 0.7978845608028654 * (z + 0.044715 * z * z * z)
+            if FAST_TANH:
+                t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [u], dtype=tl.float32,
+                                              is_pure=True, pack=1)
+            else:
+                t = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
+            bound = tl.maximum(bound_k * sa + bias_amax, 0.17)
+            q = tl.clamp(0.5 * z * (1.0 + t) * (448.0 / bound)[:, None], -448.0, 448.0)
+            q_desc.store([off_m, off_n], q.to(tl.float8e4nv, fp_downcast_rounding="rtne"))
+            if pid_n == 0:
+                tl.store(s_ptr + rows, bound / 448.0, mask=rmask)
+
+    return ffn_in_kernel, ffn_in_tma_kernel
+
+
+def ffn_in_gelu_fp8(xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor,
+                    bias: torch.Tensor, w_norm: float, bias_amax: float, *, fast_accum: bool = False,
+                    impl: str = "torch", config: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``gelu_tanh((xq * x_scale) @ (wq * w_scale[:, None]).T + bias)`` as e4m3 ``[..., N]`` with
+    per-row scales ``[..., 1]`` from :func:`row_bound_scales` (``w_norm``, ``bias_amax`` from
+    :func:`weight_stats`). ``xq`` [..., K] e4m3, ``x_scale`` [..., 1]; ``wq`` [N, K] e4m3,
+    ``w_scale`` [N]; ``bias`` [N]. ``config`` picks one of :data:`CONFIGS` (the bench's probe)."""
+    lead, k = xq.shape[:-1], xq.shape[-1]
+    n = wq.shape[0]
+    a = xq.reshape(-1, k)
+    sa = x_scale.reshape(-1).float().contiguous()
+    m = a.shape[0]
+    if impl == "torch" or xq.device.type != "cuda":
+        s = row_bound_scales(sa, k, w_norm, bias_amax)
+        y = (a.float() * sa[:, None]) @ (wq.float() * w_scale.float()[:, None]).t() + bias.float()
+        g = F.gelu(y, approximate="tanh")
+        q = (g / s[:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+        return q.view(*lead, n), s.view(*lead, 1)
+    import triton
+    if not (a.is_contiguous() and wq.is_contiguous()):
+        raise ValueError("ffn_in_gelu_fp8: x and W must be contiguous")
+    bm, bn, bk, group, warps, stages, tma = config or DEFAULT_CONFIG
+    q = torch.empty(m, n, dtype=E4M3, device=xq.device)
+    s = torch.empty(m, dtype=torch.float32, device=xq.device)
+    flags = dict(BM=bm, BN=bn, BK=bk, GROUP_M=group, FAST_TANH=not interpreting(),
+                 IMPRECISE=fast_accum or interpreting(), num_warps=warps, num_stages=stages)
+    scalars = (m, n, k, E4M3_MAX * math.sqrt(k) * w_norm, bias_amax)
+    sw, b = w_scale.float().contiguous(), bias.contiguous()
+    plain, persistent = _kernel()
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        sms = _sm_count(xq.device)
+        tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+        persistent[(min(sms, tiles),)](
+            TensorDescriptor.from_tensor(a, [bm, bk]), sa, TensorDescriptor.from_tensor(wq, [bn, bk]), sw, b,
+            TensorDescriptor.from_tensor(q, [bm, bn]), s, *scalars, NUM_SMS=sms, **flags)
+    else:
+        plain[(triton.cdiv(m, bm) * triton.cdiv(n, bn),)](a, sa, wq, sw, b, q, s, *scalars, **flags)
+    return q.view(*lead, n), s.view(*lead, 1)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
