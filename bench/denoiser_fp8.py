@@ -257,6 +257,11 @@ def random_dit(config: dict, seed: int = 0):
     return model
 
 
+def _ffn_config() -> tuple:
+    from fastvideo3.kernels.fp8_gemm import _default_config
+    return _default_config()
+
+
 def _timed(fn, warm: int, iters: int) -> dict:
     from denoiser import timed_with_peak
     res = timed_with_peak(fn, warm, iters, 1.0)
@@ -323,7 +328,9 @@ def stage_model(name: str, quick: bool, scales: str = "bound", accumulation: str
     torch.cuda.synchronize()
     row["fp8"] = {"fp8_attention": fast8.fp8_attention, "fast_accum": fast8.fast_accum,
                   "attention_scales": fast8.attention_scales,
-                  "first_call_s": round(time.perf_counter() - t0, 2), "kernels": fast8.kernels}
+                  "first_call_s": round(time.perf_counter() - t0, 2), "kernels": fast8.kernels,
+                  "ffn_fused": fast8.ffn_fused, "attn_out_bounded": fast8.attn_out_bounded,
+                  "ffn_config": list(_ffn_config())}
     row["fp8"].update(_timed(lambda: fast8(x, t, text), warm, iters))
     row["fp8"]["vs_bf16"] = compare(got, ref)
     row["fp8"]["graph"] = _graph(f"{name}-fp8", fast8, x, t, text, got, warm, iters)

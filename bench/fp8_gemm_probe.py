@@ -45,7 +45,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-def case(model: str, tokens: int) -> dict:
+def case(model: str, tokens: int, accumulations=("fast", "fp32")) -> dict:
     from fastvideo3.kernels.fp8 import bias_gelu_quant, fp8_linear, quantize_rows, quantize_weight
     from fastvideo3.kernels.fp8_gemm import CONFIGS, ffn_in_gelu_fp8, weight_stats
     torch.manual_seed(0)
@@ -66,7 +66,7 @@ def case(model: str, tokens: int) -> dict:
     flops = 2.0 * tokens * k * n
     row: dict = {"model": model, "tokens": tokens, "k": k, "n": n,
                  "bound_over_amax_median": None, "accumulation": {}}
-    for accum in ("fast", "fp32"):
+    for accum in accumulations:
         fast = accum == "fast"
         res: dict = {}
 
@@ -106,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=32760)
     ap.add_argument("--models", nargs="+", default=list(SHAPES))
+    ap.add_argument("--accumulations", nargs="+", default=["fast", "fp32"], choices=["fast", "fp32"])
     ap.add_argument("--out", default="fp8_gemm_probe.json")
+    ap.add_argument("--best-config-file", help="write the fastest fused config's index here (for the next run)")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs CUDA", file=sys.stderr)
@@ -114,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "command": "python bench/fp8_gemm_probe.py " + " ".join(argv or sys.argv[1:]), "cases": []}
     for m in a.models:
-        result["cases"].append(case(m, a.tokens))
+        result["cases"].append(case(m, a.tokens, a.accumulations))
         Path(a.out).write_text(json.dumps(result, indent=1))
     summary = []
     for row in result["cases"]:
@@ -127,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
                             "fused_ffn_out_rel_err": timed[best]["ffn_out_rel_err"] if best else None,
                             "unfused_ffn_out_rel_err": timed.get("unfused", {}).get("ffn_out_rel_err")})
     result["summary"] = summary
+    if a.best_config_file and summary and summary[0]["fused_config"]:
+        name = summary[0]["fused_config"]
+        Path(a.best_config_file).write_text("0" if name == "fused" else name.removeprefix("fused_cfg"))
     Path(a.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(summary, indent=1))
     return 0

@@ -385,8 +385,8 @@ def test_identity_and_digest_record_the_scheme(monkeypatch):
     assert pool.precision == "fp8_e4m3" and pool.dtype == torch.bfloat16
     assert isinstance(pool.dit.blocks[0].attn2.to_k, Fp8Linear)
     assert pool.weights_digest.startswith("shipped:")
-    assert ("+fp8_e4m3(weights=per-channel,activations=per-token,layers=blocks.linear,attention=fp8,"
-            "accumulation=fp32)") in pool.weights_digest
+    assert ("+fp8_e4m3(weights=per-channel,activations=per-token/bounded-ffn-hidden+attention-out,"
+            "layers=blocks.linear,attention=fp8,accumulation=fp32)") in pool.weights_digest
     canon = pool.identity.canonical()
     assert "precision=fp8_e4m3" in canon and "fp8_e4m3(weights" in canon
     bf16 = DenoiserExecutor(get_card("wan-tiny"), transport=None, device="cpu", precision="fp32")

@@ -25,6 +25,9 @@ FP8_LINEARS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
 #: what the precision means, recorded with the weights digest (identity and provenance)
 FP8_SCHEME = ("fp8_e4m3(weights=per-channel,activations=per-{act},layers=blocks.linear,attention={attn},"
               "accumulation={acc})")
+#: what per-token activations mean on the fast path (named in the scheme): the FFN's hidden layer
+#: and the attention outputs take scales bounded before they are computed (fast_fp8.py)
+TOKEN_BOUNDED = "token/bounded-ffn-hidden+attention-out"
 
 
 class Fp8Linear(nn.Module):
@@ -116,9 +119,11 @@ def _record(model: nn.Module, attention: str, accumulation: str, attention_scale
 
 def scheme_name(activation_scaling: str, attention: str, accumulation: str, attention_scales: str = "bound") -> str:
     """:data:`FP8_SCHEME` filled in; FP8 attention with other than the default bound scales is
-    named with them (``attention=fp8/smooth_k``), so the digest tells the schemes apart."""
+    named with them (``attention=fp8/smooth_k``), and per-token activations as
+    :data:`TOKEN_BOUNDED`, so the digest tells the schemes apart."""
     attn = attention if attention != "fp8" or attention_scales == "bound" else f"fp8/{attention_scales}"
-    return FP8_SCHEME.format(act=activation_scaling, attn=attn, acc=accumulation)
+    act = TOKEN_BOUNDED if activation_scaling == "token" else activation_scaling
+    return FP8_SCHEME.format(act=act, attn=attn, acc=accumulation)
 
 
 def is_fp8(model: nn.Module) -> bool:
