@@ -25,6 +25,7 @@ The patch embedding, condition embedder and head stay bf16, as in :mod:`fastvide
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,8 @@ from fastvideo3.kernels.fp8_gemm import ffn_in_gelu_fp8, weight_stats
 from fastvideo3.models.wan.dit import Tap, WanDiT
 from fastvideo3.models.wan.fast import FastWanDiT
 
+
+_log = logging.getLogger(__name__)
 
 #: an attention output can exceed max |V| only by the rounding of its probabilities (FP8 or bf16
 #: P summing to a little over 1); the bound is widened by this factor, and the cast clamps anyway
@@ -161,8 +164,14 @@ class Fp8FastWanDiT(FastWanDiT):
     def _ffn_hidden(self, hq: tuple[torch.Tensor, torch.Tensor], blk: _Fp8Block) -> tuple[torch.Tensor, torch.Tensor]:
         """The FFN's hidden layer ``gelu_tanh(h W1^T + b1)`` as e4m3 + per-token scales."""
         if self.ffn_fused:
-            return ffn_in_gelu_fp8(*hq, blk.ff1.w, blk.ff1.s, blk.ff1.b, *blk.ff1_stats,
-                                   fast_accum=self.fast_accum, impl=self.kernels)
+            try:
+                return ffn_in_gelu_fp8(*hq, blk.ff1.w, blk.ff1.s, blk.ff1.b, *blk.ff1_stats,
+                                       fast_accum=self.fast_accum, impl=self.kernels)
+            except Exception as e:  # noqa: BLE001 - a kernel this GPU's Triton cannot build: the unfused path serves
+                if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                    raise
+                _log.warning("fused FFN-in GEMM unavailable here (%s: %s); using the unfused FFN", type(e).__name__, e)
+                self.ffn_fused = False
         y1 = self._gemm(hq, blk.ff1, bias=False)  # GEMM (no bias) -> bias + GELU + e4m3 in one pass
         if self.per_tensor:
             return self._quant(F.gelu(y1.float() + blk.ff1.b.float(), approximate="tanh"))
