@@ -349,25 +349,27 @@ def stage_model(name: str, quick: bool, scales: str = "bound", accumulation: str
         row[f"fp8_{other}_accumulation"] = _err(e)
     finally:
         fast8.fast_accum = accumulation == "fast"
-    # each fusion off in turn, in the same run: the FFN's hidden layer through a bf16 GEMM output and
-    # its own quantizing pass; the attention outputs quantized per token (amax pass) instead of cast
-    # with their bound; both off (the forward as it was before either)
-    for label, flags in (("ffn_unfused", ("ffn_fused",)), ("attn_out_amax", ("attn_out_bounded",)),
-                         ("unfused", ("ffn_fused", "attn_out_bounded"))):
-        if not all(getattr(fast8, f) for f in flags):
-            continue
-        try:
-            for f in flags:
-                setattr(fast8, f, False)
-            o = fast8(x, t, text)
-            row[f"fp8_{label}"] = {"vs_bf16": compare(o, ref), **_timed(lambda: fast8(x, t, text), warm, iters)}
-            row[f"fp8_{label}"]["graph"] = _graph(f"{name}-fp8-{label}", fast8, x, t, text, o, warm, iters)
-            del o
-        except Exception as e:  # noqa: BLE001
-            row[f"fp8_{label}"] = _err(e)
-        finally:
-            for f in flags:
-                setattr(fast8, f, True)
+    # the bounded scales (FASTVIDEO3_FP8_BOUNDED) flipped from how this run's main figure ran, in turn
+    # and together: the FFN-in GEMM with bias + GELU + e4m3 in its epilogue (ffn_fused); the attention
+    # outputs cast with the bound max|V| (attn_out_bounded); both
+    if not fast8.per_tensor:
+        for label, flags in (("ffn_fused", ("ffn_fused",)), ("attn_out_bounded", ("attn_out_bounded",)),
+                             ("bounded_both", ("ffn_fused", "attn_out_bounded"))):
+            was = {f: getattr(fast8, f) for f in flags}
+            key = f"fp8_{'no_' if all(was.values()) else ''}{label}"
+            try:
+                for f in flags:
+                    setattr(fast8, f, not was[f])
+                o = fast8(x, t, text)
+                row[key] = {"flags": {f: getattr(fast8, f) for f in flags}, "vs_bf16": compare(o, ref),
+                            **_timed(lambda: fast8(x, t, text), warm, iters)}
+                row[key]["graph"] = _graph(f"{name}-{key}", fast8, x, t, text, o, warm, iters)
+                del o
+            except Exception as e:  # noqa: BLE001
+                row[key] = _err(e)
+            finally:
+                for f in flags:
+                    setattr(fast8, f, was[f])
     if fast8.fp8_attention and name == "1.3b":  # the other Q/K schemes (14B: in the micro-check only)
         from fastvideo3.kernels.fp8 import ATTENTION_SCALES
         for alt in (s_ for s_ in ATTENTION_SCALES if s_ != scales):

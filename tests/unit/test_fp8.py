@@ -219,14 +219,27 @@ def test_fp8_dit_close_to_bf16_and_fast_path_agrees():
     # the FFN's hidden layer from the fused GEMM (bounded scales) or through bf16 and its own pass
     # the FFN's hidden layer from the fused GEMM (bounded scales) or through bf16 and its own pass;
     # the attention outputs cast with the bound max |V| or with their per-token amax
+    assert not fast.ffn_fused and not fast.attn_out_bounded  # opt-in
     for flag in ("ffn_fused", "attn_out_bounded"):
-        assert getattr(fast, flag)
-        setattr(fast, flag, False)
-        other = fast(x, t, text).float()
         setattr(fast, flag, True)
+        other = fast(x, t, text).float()
+        setattr(fast, flag, False)
         assert 0 < float((other - fast_out).norm() / fast_out.norm()) < tol / 2, flag
     # the shared-weight fast model leaves the module path intact
     torch.testing.assert_close(model(x, t, text).float(), module_out)
+
+
+def test_bounded_scales_are_opt_in_and_named_in_the_scheme(monkeypatch):
+    from fastvideo3.models.wan.fast import FastWanDiT
+    from fastvideo3.models.wan.fp8 import BOUNDED_ENV, quantize_dit_, scheme_name
+    assert "activations=per-token," in scheme_name("token", "fp8", "fp32")
+    monkeypatch.setenv(BOUNDED_ENV, "1")
+    assert "activations=per-token/bounded-ffn-hidden+attention-out," in scheme_name("token", "fp8", "fp32")
+    assert "activations=per-tensor," in scheme_name("tensor", "fp8", "fp32")
+    model = tiny_card_dit_bf16()
+    quantize_dit_(model)
+    fast = FastWanDiT(model)
+    assert fast.ffn_fused and fast.attn_out_bounded
 
 
 def test_card_fp8_options_reach_the_fast_path():
@@ -385,7 +398,7 @@ def test_identity_and_digest_record_the_scheme(monkeypatch):
     assert pool.precision == "fp8_e4m3" and pool.dtype == torch.bfloat16
     assert isinstance(pool.dit.blocks[0].attn2.to_k, Fp8Linear)
     assert pool.weights_digest.startswith("shipped:")
-    assert ("+fp8_e4m3(weights=per-channel,activations=per-token/bounded-ffn-hidden+attention-out,"
+    assert ("+fp8_e4m3(weights=per-channel,activations=per-token,"
             "layers=blocks.linear,attention=fp8,accumulation=fp32)") in pool.weights_digest
     canon = pool.identity.canonical()
     assert "precision=fp8_e4m3" in canon and "fp8_e4m3(weights" in canon

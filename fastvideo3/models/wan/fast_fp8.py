@@ -7,7 +7,8 @@ Per block (``impl="triton"``; the PyTorch twins compute the same on a CPU):
   scale per token, so the QKV, cross-attention Q and FFN-in GEMMs read FP8 with no extra pass;
 * the FFN's first GEMM writes ``gelu_tanh(x W^T + b)`` as e4m3 from its epilogue, with per-token
   scales bounded before the GEMM (:func:`~fastvideo3.kernels.fp8_gemm.ffn_in_gelu_fp8`), so the
-  hidden layer is never written in bf16 (``ffn_fused``; off, or with per-tensor scales: a bf16
+  hidden layer is never written in bf16 (``ffn_fused``, opt-in: ``FASTVIDEO3_FP8_BOUNDED=1``;
+  off, or with per-tensor scales: a bf16
   GEMM output, then bias + GELU + the per-token cast in one pass, :func:`bias_gelu_quant`);
 * self-attention: QK RMSNorm + RoPE + the e4m3 cast of Q, K and V are one kernel
   (:func:`qkv_fp8`; Q/K scales static bounds by default, or measured / K-smoothed as the card's
@@ -16,7 +17,8 @@ Per block (``impl="triton"``; the PyTorch twins compute the same on a CPU):
 * the two attention outputs are cast to e4m3 before their output GEMMs with one scale per sample
   known before attention runs: an output row is a convex combination of V's rows, so ``|o| <=
   max |V|`` (FP8 self-attention: V's per-head descales; cross-attention: its text values' amax,
-  once per forward), and the cast is elementwise (``attn_out_bounded``; off: per-token amax);
+  once per forward), and the cast is elementwise (``attn_out_bounded``, opt-in with the same
+  variable; off: per-token amax);
   cross-attention itself (512 text keys, ~1% of the step) stays bf16;
 * GEMMs: ``torch._scaled_mm`` row-wise (per-token x per-channel scales, fp32 accumulation,
   bf16 out, bias in the epilogue).
@@ -38,6 +40,7 @@ from fastvideo3.kernels.fp8 import (
 )
 from fastvideo3.kernels.fp8_gemm import ffn_in_gelu_fp8, weight_stats
 from fastvideo3.models.wan.dit import Tap, WanDiT
+from fastvideo3.models.wan.fp8 import bounded_scales_enabled
 from fastvideo3.models.wan.fast import FastWanDiT
 
 
@@ -111,9 +114,9 @@ class Fp8FastWanDiT(FastWanDiT):
         self.attention_scales = getattr(dit, "fp8_attention_scales", "bound")
         self.per_tensor = dit.blocks[0].attn1.to_q.activation_scaling == "tensor"
         #: the FFN-in GEMM writes the GELU'd hidden layer as e4m3 itself (per-token scales only)
-        self.ffn_fused = not self.per_tensor
+        self.ffn_fused = not self.per_tensor and bounded_scales_enabled()
         #: the attention outputs cast with the bound max |V| instead of a per-token amax pass
-        self.attn_out_bounded = not self.per_tensor
+        self.attn_out_bounded = not self.per_tensor and bounded_scales_enabled()
 
     def _build(self, dit: WanDiT, share: bool) -> None:
         d, heads = self.cfg.inner_dim, self.cfg.num_attention_heads
