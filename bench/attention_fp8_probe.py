@@ -28,24 +28,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fp8_kernels_probe import per_call_ms  # noqa: E402
+
 
 E4M3_MAX = 448.0
 REF_ROWS = 2048
-
-
-def per_call_ms(fn, calls: int = 10, runs: int = 3) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return sorted(times)[len(times) // 2]
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

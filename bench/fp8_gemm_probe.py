@@ -22,23 +22,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fp8_kernels_probe import per_call_ms as _per_call_ms  # noqa: E402
+
+
+def per_call_ms(fn) -> float:
+    return _per_call_ms(fn, calls=10, runs=3)
+
 
 SHAPES = {"1.3b": (1536, 8960), "14b": (5120, 13824)}
-
-
-def per_call_ms(fn, calls: int = 10, runs: int = 3) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return sorted(times)[len(times) // 2]
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
