@@ -330,6 +330,7 @@ def stage_model(name: str, quick: bool, scales: str = "bound", accumulation: str
                   "attention_scales": fast8.attention_scales,
                   "first_call_s": round(time.perf_counter() - t0, 2), "kernels": fast8.kernels,
                   "ffn_fused": fast8.ffn_fused, "attn_out_bounded": fast8.attn_out_bounded,
+                  "qkv_split": fast8.qkv_split, "qkv_launch": list(fast8.qkv_launch),
                   "ffn_config": list(_ffn_config())}
     row["fp8"].update(_timed(lambda: fast8(x, t, text), warm, iters))
     row["fp8"]["vs_bf16"] = compare(got, ref)
@@ -349,27 +350,36 @@ def stage_model(name: str, quick: bool, scales: str = "bound", accumulation: str
         row[f"fp8_{other}_accumulation"] = _err(e)
     finally:
         fast8.fast_accum = accumulation == "fast"
+
+    def variant(key: str, attrs: dict) -> None:  # the main figure with ``attrs`` set, timed as a graph too
+        was = {f: getattr(fast8, f) for f in attrs}
+        try:
+            for f, v in attrs.items():
+                setattr(fast8, f, v)
+            o = fast8(x, t, text)
+            row[key] = {"flags": dict(attrs), "vs_bf16": compare(o, ref),
+                        **_timed(lambda: fast8(x, t, text), warm, iters)}
+            row[key]["graph"] = _graph(f"{name}-{key}", fast8, x, t, text, o, warm, iters)
+            del o
+        except Exception as e:  # noqa: BLE001 - a variant's failure must not lose the row
+            row[key] = _err(e)
+        finally:
+            for f, v in was.items():
+                setattr(fast8, f, v)
+
+    if fast8.fp8_attention:  # Q, K, V written each contiguous for FA3; the QKV pass at 2 rows, 4 warps
+        split = not fast8.qkv_split
+        variant(f"fp8_qkv_{'' if split else 'no_'}split", {"qkv_split": split})
+        variant("fp8_qkv_rows2_w4", {"qkv_launch": (2, 4)})
+        variant(f"fp8_qkv_{'' if split else 'no_'}split_rows2_w4", {"qkv_split": split, "qkv_launch": (2, 4)})
     # the bounded scales (FASTVIDEO3_FP8_BOUNDED) flipped from how this run's main figure ran, in turn
     # and together: the FFN-in GEMM with bias + GELU + e4m3 in its epilogue (ffn_fused); the attention
     # outputs cast with the bound max|V| (attn_out_bounded); both
     if not fast8.per_tensor:
         for label, flags in (("ffn_fused", ("ffn_fused",)), ("attn_out_bounded", ("attn_out_bounded",)),
                              ("bounded_both", ("ffn_fused", "attn_out_bounded"))):
-            was = {f: getattr(fast8, f) for f in flags}
-            key = f"fp8_{'no_' if all(was.values()) else ''}{label}"
-            try:
-                for f in flags:
-                    setattr(fast8, f, not was[f])
-                o = fast8(x, t, text)
-                row[key] = {"flags": {f: getattr(fast8, f) for f in flags}, "vs_bf16": compare(o, ref),
-                            **_timed(lambda: fast8(x, t, text), warm, iters)}
-                row[key]["graph"] = _graph(f"{name}-{key}", fast8, x, t, text, o, warm, iters)
-                del o
-            except Exception as e:  # noqa: BLE001
-                row[key] = _err(e)
-            finally:
-                for f in flags:
-                    setattr(fast8, f, was[f])
+            on = all(getattr(fast8, f) for f in flags)
+            variant(f"fp8_{'no_' if on else ''}{label}", {f: not getattr(fast8, f) for f in flags})
     if fast8.fp8_attention and name == "1.3b":  # the other Q/K schemes (14B: in the micro-check only)
         from fastvideo3.kernels.fp8 import ATTENTION_SCALES
         for alt in (s_ for s_ in ATTENTION_SCALES if s_ != scales):

@@ -14,7 +14,8 @@ cases here time those kernels alone, so a launch change is judged before the who
   path (``two_read``, rows over ``ROW_REGISTER_WIDTH`` = 4,096);
 * ``add_norm_*``: the residual + LayerNorm + modulation + e4m3 pass at 1, 2, 4 rows a program;
 * ``qkv_fp8_bound_*`` (with V's per-head amax), ``head_amax_v``, ``q2_norm``: the self-attention
-  prologue at 1, 2, 4, 8 rows a program, and cross-attention Q's norm;
+  prologue at 1, 2, 4, 8 rows a program (``split``: Q, K, V written each contiguous), and
+  cross-attention Q's norm;
 * ``cross_*``: cross-attention through SDPA (the default), FlashAttention-3 in bf16, and in FP8.
 
 Times are CUDA-event milliseconds of 20 back-to-back calls divided by 20 (the median of 5 such
@@ -163,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                    lambda: fp8k.qkv_fp8(qkv, norm, bounds, heads=heads, eps=1e-6, rope=rope, impl="triton",
                                         rows=rows, warps=warps), m * 3 * d * 3, ref)
         ref = out if ref is None else ref
+    case("qkv_fp8_bound_split", lambda: fp8k.qkv_fp8(qkv, norm, bounds, heads=heads, eps=1e-6, rope=rope,
+                                                      impl="triton", split=True), m * 3 * d * 3)
     q2 = torch.randn(1, m, d, device=dev, dtype=bf)
     case("q2_norm", lambda: qk_norm_rope(q2, norm[:1].contiguous(), parts=1, eps=1e-6, heads=heads, impl="triton"),
          m * d * 4)

@@ -246,15 +246,16 @@ def _kernels():
     def qkv_kernel(
         in_ptr, out_ptr, w_ptr, inv_ptr, mean_ptr,
         cos_ptr, sin_ptr, table_stride,
-        M, row_stride, rows_per_sample, batch, grid_h, grid_w, D, eps,
+        M, row_stride, out_row_stride, out_part_stride, rows_per_sample, batch, grid_h, grid_w, D, eps,
         HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, T_DIM: tl.constexpr, H_DIM: tl.constexpr,
         HALF: tl.constexpr, SMOOTH: tl.constexpr, ROWS: tl.constexpr,
     ):
         # one program per (ROWS token rows, part): Q and K get RMSNorm across heads + 3-D RoPE (K
         # then minus its per-sample token mean when SMOOTH), V passes through; each is multiplied
-        # by its per-(sample, head) inverse scale and stored as e4m3 into the [.., 3D] output at
-        # the same column offset (rows row_stride apart). A row is read as [pairs, 2], so each
-        # rotation pair is split out in registers and joined back before one contiguous store.
+        # by its per-(sample, head) inverse scale and stored as e4m3 at out_ptr + part *
+        # out_part_stride + row * out_row_stride (the [.., 3D] layout, or Q, K, V each
+        # contiguous). A row is read as [pairs, 2], so each rotation pair is split out in
+        # registers and joined back before one contiguous store.
         rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
         part = tl.program_id(1)
         rmask = rows < M
@@ -287,7 +288,8 @@ def _kernels():
         inv = tl.load(inv_ptr + (part * batch + sample[:, None, None]) * HEADS + head[None, :, :],
                       mask=mask, other=0.0)
         q = tl.clamp(x * inv, -448.0, 448.0)
-        tl.store(out_ptr + src, q.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+        dst = part * out_part_stride + rows[:, None, None] * out_row_stride + offs[None, :, :]
+        tl.store(out_ptr + dst, q.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
 
     @triton.jit
     def scaled_cast_kernel(x_ptr, inv_ptr, q_ptr, n, per_sample, BLOCK: tl.constexpr):
@@ -397,7 +399,7 @@ def qk_stats(qk: torch.Tensor, heads: int, smooth_k: bool, impl: str = "torch"
 
 def qkv_fp8(qkv: torch.Tensor, norm: torch.Tensor, qk_scales: torch.Tensor, *, heads: int, eps: float,
             rope, impl: str = "torch", scales: str = "bound", rows: int | None = None,
-            warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            warps: int | None = None, split: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused self-attention projection ``qkv`` [B, L, 3D] (bf16) -> e4m3 [B, L, 3D] holding
     RMSNorm+RoPE'd Q and K and plain V, and their descales [3, B, heads] (fp32). ``scales`` picks
     Q's and K's (:data:`ATTENTION_SCALES`): ``bound`` uses ``qk_scales`` [2, heads]
@@ -405,7 +407,8 @@ def qkv_fp8(qkv: torch.Tensor, norm: torch.Tensor, qk_scales: torch.Tensor, *, h
     latter storing ``K - mean(K)`` (attention's output is unchanged by it). V uses its measured
     per-(sample, head) amax. ``norm`` [2, D] are the Q and K RMSNorm weights; ``rope`` a
     :class:`RopeGrid`. Q, K and V are each read once by the quantizing pass; ``amax`` and
-    ``smooth_k`` add one norm+RoPE pass for their statistics."""
+    ``smooth_k`` add one norm+RoPE pass for their statistics. ``split``: the output is [3, B, L, D]
+    instead, Q, K and V each contiguous."""
     if scales not in ATTENTION_SCALES:
         raise ValueError(f"attention scales must be one of {ATTENTION_SCALES}, got {scales!r}")
     b, n, width = qkv.shape
@@ -431,13 +434,16 @@ def qkv_fp8(qkv: torch.Tensor, norm: torch.Tensor, qk_scales: torch.Tensor, *, h
         full = torch.cat([qk, qkv[..., 2 * d:].float()], dim=-1).view(b, n, 3, heads, hd)
         inv = (1.0 / all_scales).permute(1, 0, 2).reshape(b, 1, 3, heads, 1)
         q = (full * inv).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).view(b, n, 3 * d)
+        if split:
+            q = q.view(torch.uint8).view(b, n, 3, d).permute(2, 0, 1, 3).contiguous().view(E4M3)
         return q, all_scales
     return _launch_qkv(qkv, norm, 1.0 / all_scales, mean, rope, heads=heads, eps=eps, rows=rows,
-                       warps=warps), all_scales
+                       warps=warps, split=split), all_scales
 
 
 def _launch_qkv(qkv: torch.Tensor, norm: torch.Tensor, inv: torch.Tensor, mean: torch.Tensor | None, rope, *,
-                heads: int, eps: float, rows: int | None = None, warps: int | None = None) -> torch.Tensor:
+                heads: int, eps: float, rows: int | None = None, warps: int | None = None,
+                split: bool = False) -> torch.Tensor:
     """The quantizing pass of :func:`qkv_fp8` (Triton): ``inv`` [3, B, H] inverse scales, ``mean``
     [B, D] K's token mean to subtract (or None); ``rows`` token rows a program (default
     :data:`QKV_ROWS`), ``warps`` its warps (both for the bench's probes)."""
@@ -446,13 +452,14 @@ def _launch_qkv(qkv: torch.Tensor, norm: torch.Tensor, inv: torch.Tensor, mean: 
         raise ValueError("qkv_fp8: qkv and norm must be contiguous")
     b, n, width = qkv.shape
     d = width // 3
-    out = torch.empty(b, n, 3 * d, dtype=E4M3, device=qkv.device)
+    out = torch.empty((3, b, n, d) if split else (b, n, 3 * d), dtype=E4M3, device=qkv.device)
     inv = inv.float().contiguous()
     block = triton.next_power_of_2(d)
     rows = rows or QKV_ROWS
     _kernels()[1][(triton.cdiv(b * n, rows), 3)](
         qkv, out, norm, inv, mean.float().contiguous() if mean is not None else inv,
-        rope.cos, rope.sin, rope.cos.stride(0), b * n, 3 * d, n, b, rope.grid[1], rope.grid[2], d, eps,
+        rope.cos, rope.sin, rope.cos.stride(0), b * n, 3 * d, d if split else 3 * d, b * n * d if split else d,
+        n, b, rope.grid[1], rope.grid[2], d, eps,
         HEADS=heads, HEAD_DIM=d // heads, T_DIM=rope.t_dim, H_DIM=rope.h_dim, HALF=block // 2,
         SMOOTH=mean is not None, ROWS=rows, num_warps=warps or max(4, min(16, rows * block // 512)),
     )
@@ -466,14 +473,19 @@ def fp8_attention_available(device: torch.device | str, head_dim: int) -> bool:
 
 
 def attention_fp8(qkv_q: torch.Tensor, scales: torch.Tensor, heads: int) -> torch.Tensor:
-    """Softmax attention on the e4m3 output of :func:`qkv_fp8` ([B, L, 3D] + [3, B, H]) through
+    """Softmax attention on the e4m3 output of :func:`qkv_fp8` ([B, L, 3D] or [3, B, L, D], and
+    [3, B, H] descales) through
     FlashAttention-3's FP8 forward; returns bf16 [B, L, H, head_dim]."""
     from fastvideo3.kernels.attention import _fa3
     fn = _fa3()
     if fn is None:
         raise RuntimeError("FP8 attention needs the fa3_fwd wheel (FlashAttention-3 forward)")
-    b, n, width = qkv_q.shape
-    d = width // 3
-    q, k, v = (qkv_q[..., i * d:(i + 1) * d].view(b, n, heads, d // heads) for i in range(3))
+    if qkv_q.dim() == 4:  # [3, B, L, D]: Q, K and V each contiguous (qkv_fp8(split=True))
+        _, b, n, d = qkv_q.shape
+        q, k, v = (qkv_q[i].view(b, n, heads, d // heads) for i in range(3))
+    else:
+        b, n, width = qkv_q.shape
+        d = width // 3
+        q, k, v = (qkv_q[..., i * d:(i + 1) * d].view(b, n, heads, d // heads) for i in range(3))
     out = fn(q, k, v, q_descale=scales[0], k_descale=scales[1], v_descale=scales[2])
     return out[0] if isinstance(out, tuple) else out

@@ -141,6 +141,18 @@ def test_k_smoothing_shrinks_the_error_when_k_shares_an_offset():
     assert max(err.values()) < 0.1, err
 
 
+@pytest.mark.parametrize("scheme", ATTENTION_SCALES)
+def test_split_output_holds_q_k_v_each_contiguous(scheme):
+    qkv, norm = _inputs(k_offset=2.0)
+    bounds = torch.stack([qk_scale_bound(norm[0], HEADS), qk_scale_bound(norm[1], HEADS)])
+    fused, s1 = qkv_fp8(qkv, norm, bounds, heads=HEADS, eps=1e-6, rope=_rope(), scales=scheme)
+    split, s2 = qkv_fp8(qkv, norm, bounds, heads=HEADS, eps=1e-6, rope=_rope(), scales=scheme, split=True)
+    assert split.shape == (3, 2, N, D) and split.is_contiguous() and split.dtype == E4M3
+    torch.testing.assert_close(s1, s2)
+    for i, part in enumerate(_split(fused)):
+        assert torch.equal(split[i].float().view(2, N, HEADS, HD), part)
+
+
 def test_unknown_scheme_is_refused():
     qkv, norm = _inputs()
     with pytest.raises(ValueError, match="attention scales"):
@@ -152,7 +164,7 @@ def test_scheme_reaches_the_fast_path_and_the_digest():
     from fastvideo3.models.wan.fp8 import quantize_dit_, scheme_name
     assert Fp8Spec().attention_scales == "bound"
     assert scheme_name("token", "fp8", "fp32") == (
-        "fp8_e4m3(weights=per-channel,activations=per-token,"
+        "fp8_e4m3(weights=per-channel,activations=per-token/bounded-ffn-hidden+attention-out,"
         "layers=blocks.linear,attention=fp8,accumulation=fp32)")
     assert "attention=fp8/smooth_k," in scheme_name("token", "fp8", "fp32", "smooth_k")
     assert "attention=bf16," in scheme_name("token", "bf16", "fp32", "smooth_k")  # no FP8 attention: no scales

@@ -82,6 +82,23 @@ def test_qkv_fp8_matches_twin():
     assert (a == b).float().mean() > 0.95
 
 
+def test_qkv_fp8_split_writes_the_fused_layout_apart():
+    heads, hd, grid = 12, 128, (3, 6, 10)
+    d, n = heads * hd, 180
+    g = torch.Generator(device=DEV).manual_seed(9)
+    qkv = torch.randn(2, n, 3 * d, generator=g, device=DEV).bfloat16()
+    norm = (torch.rand(2, d, generator=g, device=DEV) + 0.5)
+    cos, sin = rope_tables(hd, 64)
+    rope = RopeGrid(cos.to(DEV), sin.to(DEV), grid, hd - 2 * (2 * (hd // 6)), 2 * (hd // 6))
+    bounds = torch.stack([qk_scale_bound(norm[0], heads), qk_scale_bound(norm[1], heads)])
+    fused, _ = qkv_fp8(qkv, norm, bounds, heads=heads, eps=1e-6, rope=rope, impl="triton")
+    for rows in (1, 2):
+        split, _ = qkv_fp8(qkv, norm, bounds, heads=heads, eps=1e-6, rope=rope, impl="triton", split=True, rows=rows)
+        assert split.shape == (3, 2, n, d)
+        back = split.view(torch.uint8).permute(1, 2, 0, 3).reshape(2, n, 3 * d).view(fused.dtype).float()
+        assert ((back - fused.float()).abs() <= E4M3_STEP * fused.float().abs() + E4M3_TINY).all()
+
+
 @pytest.mark.parametrize("rows", [1, 2, 4, 8])
 def test_multi_row_programs_write_what_one_row_programs_do(rows):
     # the same values but for the order of a row's fp32 sums (a warp count of its own), which can

@@ -7,9 +7,9 @@ Per block (``impl="triton"``; the PyTorch twins compute the same on a CPU):
   scale per token, so the QKV, cross-attention Q and FFN-in GEMMs read FP8 with no extra pass;
 * the FFN's first GEMM writes ``gelu_tanh(x W^T + b)`` as e4m3 from its epilogue, with per-token
   scales bounded before the GEMM (:func:`~fastvideo3.kernels.fp8_gemm.ffn_in_gelu_fp8`), so the
-  hidden layer is never written in bf16 (``ffn_fused``, opt-in: ``FASTVIDEO3_FP8_BOUNDED=1``;
-  off, or with per-tensor scales: a bf16
-  GEMM output, then bias + GELU + the per-token cast in one pass, :func:`bias_gelu_quant`);
+  hidden layer is never written in bf16 (``ffn_fused``; ``FASTVIDEO3_FP8_BOUNDED=0`` turns it off,
+  and with per-tensor scales it is off: a bf16 GEMM output, then bias + GELU + the per-token cast
+  in one pass, :func:`bias_gelu_quant`);
 * self-attention: QK RMSNorm + RoPE + the e4m3 cast of Q, K and V are one kernel
   (:func:`qkv_fp8`; Q/K scales static bounds by default, or measured / K-smoothed as the card's
   ``fp8.attention_scales`` says), then FlashAttention-3's FP8 forward with per-(sample, head) descales;
@@ -17,8 +17,8 @@ Per block (``impl="triton"``; the PyTorch twins compute the same on a CPU):
 * the two attention outputs are cast to e4m3 before their output GEMMs with one scale per sample
   known before attention runs: an output row is a convex combination of V's rows, so ``|o| <=
   max |V|`` (FP8 self-attention: V's per-head descales; cross-attention: its text values' amax,
-  once per forward), and the cast is elementwise (``attn_out_bounded``, opt-in with the same
-  variable; off: per-token amax);
+  once per forward), and the cast is elementwise (``attn_out_bounded``, off with the same
+  variable: per-token amax);
   cross-attention itself (512 text keys, ~1% of the step) stays bf16;
 * GEMMs: ``torch._scaled_mm`` row-wise (per-token x per-channel scales, fp32 accumulation,
   bf16 out, bias in the epilogue).
@@ -117,6 +117,10 @@ class Fp8FastWanDiT(FastWanDiT):
         self.ffn_fused = not self.per_tensor and bounded_scales_enabled()
         #: the attention outputs cast with the bound max |V| instead of a per-token amax pass
         self.attn_out_bounded = not self.per_tensor and bounded_scales_enabled()
+        #: whether the QKV pass writes Q, K and V each contiguous for FA3 (else strided views of
+        #: one [B, L, 3D] buffer), and its launch (token rows a program, warps; None: the default)
+        self.qkv_split = False
+        self.qkv_launch: tuple[int | None, int | None] = (None, None)
 
     def _build(self, dit: WanDiT, share: bool) -> None:
         d, heads = self.cfg.inner_dim, self.cfg.num_attention_heads
@@ -208,7 +212,8 @@ class Fp8FastWanDiT(FastWanDiT):
             qkv = self._gemm(hq, blk.qkv)
             if self.fp8_attention:
                 qkv8, scales = qkv_fp8(qkv, blk.qk_norm, blk.qk_scales, heads=heads, eps=eps, rope=rope, impl=impl,
-                                       scales=self.attention_scales)
+                                       scales=self.attention_scales, split=self.qkv_split,
+                                       rows=self.qkv_launch[0], warps=self.qkv_launch[1])
                 o = attention_fp8(qkv8, scales, heads)
                 o_scale = scales[2].amax(dim=1) * _OUT_SLACK if self.attn_out_bounded else None  # [B]
             else:

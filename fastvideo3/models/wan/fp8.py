@@ -29,14 +29,15 @@ FP8_SCHEME = ("fp8_e4m3(weights=per-channel,activations=per-{act},layers=blocks.
               "accumulation={acc})")
 #: what per-token activations mean on the fast path with bounded scales (named in the scheme): the
 #: FFN's hidden layer and the attention outputs take scales bounded before they are computed
-#: (fast_fp8.py). Opt-in (BOUNDED_ENV=1) until timed and checked on a GPU.
+#: (fast_fp8.py). The default; BOUNDED_ENV=0 turns them off (per-token amax passes instead).
 TOKEN_BOUNDED = "token/bounded-ffn-hidden+attention-out"
 BOUNDED_ENV = "FASTVIDEO3_FP8_BOUNDED"
 
 
 def bounded_scales_enabled() -> bool:
-    """Whether the fast path fuses the FFN-in GEMM and casts attention outputs with bounds."""
-    return os.environ.get(BOUNDED_ENV) == "1"
+    """Whether the fast path fuses the FFN-in GEMM and casts attention outputs with bounds (unless
+    ``FASTVIDEO3_FP8_BOUNDED=0``)."""
+    return os.environ.get(BOUNDED_ENV, "1") != "0"
 
 
 class Fp8Linear(nn.Module):
