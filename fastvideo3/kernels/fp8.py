@@ -41,7 +41,10 @@ FP8_MIN_CAPABILITY = (8, 9)
 #: 16384 (one read for every Wan row) is selectable for the bench (--row-register-width).
 ROW_REGISTER_WIDTH = 4096
 #: token rows per program of the Triton QKV norm + RoPE + e4m3 pass
-QKV_ROWS = 1
+QKV_ROWS = 2
+#: its warps at QKV_ROWS (None: by the row width); 2 rows over 4 warps timed fastest on an H200 (323 ms a 1.3B
+#: forward against 327 for 1 row over 4, bench/results/denoiser_fp8_h200.json)
+QKV_WARPS: int | None = 4
 
 
 # ------------------------------------------------------------------------------------- device
@@ -455,6 +458,8 @@ def _launch_qkv(qkv: torch.Tensor, norm: torch.Tensor, inv: torch.Tensor, mean: 
     out = torch.empty((3, b, n, d) if split else (b, n, 3 * d), dtype=E4M3, device=qkv.device)
     inv = inv.float().contiguous()
     block = triton.next_power_of_2(d)
+    if rows is None and warps is None:
+        rows, warps = QKV_ROWS, QKV_WARPS
     rows = rows or QKV_ROWS
     _kernels()[1][(triton.cdiv(b * n, rows), 3)](
         qkv, out, norm, inv, mean.float().contiguous() if mean is not None else inv,

@@ -218,25 +218,33 @@ def test_fp8_dit_close_to_bf16_and_fast_path_agrees():
     assert float((fast_out - module_out).norm() / module_out.norm()) < tol / 2
     # the FFN's hidden layer from the fused GEMM (bounded scales) or through bf16 and its own pass;
     # the attention outputs cast with the bound max |V| or with their per-token amax
-    assert fast.ffn_fused and fast.attn_out_bounded  # the default
+    assert fast.ffn_fused and not fast.attn_out_bounded  # the defaults
     for flag in ("ffn_fused", "attn_out_bounded"):
-        setattr(fast, flag, False)
+        setattr(fast, flag, not getattr(fast, flag))
         other = fast(x, t, text).float()
-        setattr(fast, flag, True)
+        setattr(fast, flag, not getattr(fast, flag))
         assert 0 < float((other - fast_out).norm() / fast_out.norm()) < tol / 2, flag
     # the shared-weight fast model leaves the module path intact
     torch.testing.assert_close(model(x, t, text).float(), module_out)
 
 
-def test_bounded_scales_are_the_default_can_be_turned_off_and_are_named_in_the_scheme(monkeypatch):
+def test_bounded_scales_are_switchable_and_named_in_the_scheme(monkeypatch):
     from fastvideo3.models.wan.fast import FastWanDiT
-    from fastvideo3.models.wan.fp8 import BOUNDED_ENV, quantize_dit_, scheme_name
+    from fastvideo3.models.wan.fp8 import BOUNDED_ATTENTION_OUT_ENV, BOUNDED_ENV, quantize_dit_, scheme_name
     monkeypatch.delenv(BOUNDED_ENV, raising=False)
-    assert "activations=per-token/bounded-ffn-hidden+attention-out," in scheme_name("token", "fp8", "fp32")
+    monkeypatch.delenv(BOUNDED_ATTENTION_OUT_ENV, raising=False)
+    # the defaults: the fused FFN-in on, the bounded attention-output cast off
+    assert "activations=per-token/bounded-ffn-hidden," in scheme_name("token", "fp8", "fp32")
     assert "activations=per-tensor," in scheme_name("tensor", "fp8", "fp32")
     model = quantize_dit_(tiny_card_dit_bf16())
-    assert FastWanDiT(model).ffn_fused and FastWanDiT(model).attn_out_bounded
+    fast = FastWanDiT(model)
+    assert fast.ffn_fused and not fast.attn_out_bounded
+    monkeypatch.setenv(BOUNDED_ATTENTION_OUT_ENV, "1")
+    assert "activations=per-token/bounded-ffn-hidden+attention-out," in scheme_name("token", "fp8", "fp32")
+    assert FastWanDiT(model).attn_out_bounded
     monkeypatch.setenv(BOUNDED_ENV, "0")
+    assert "activations=per-token/bounded-attention-out," in scheme_name("token", "fp8", "fp32")
+    monkeypatch.delenv(BOUNDED_ATTENTION_OUT_ENV)
     assert "activations=per-token," in scheme_name("token", "fp8", "fp32")
     fast = FastWanDiT(model)
     assert not fast.ffn_fused and not fast.attn_out_bounded
@@ -400,7 +408,7 @@ def test_identity_and_digest_record_the_scheme(monkeypatch):
     assert pool.precision == "fp8_e4m3" and pool.dtype == torch.bfloat16
     assert isinstance(pool.dit.blocks[0].attn2.to_k, Fp8Linear)
     assert pool.weights_digest.startswith("shipped:")
-    assert ("+fp8_e4m3(weights=per-channel,activations=per-token/bounded-ffn-hidden+attention-out,"
+    assert ("+fp8_e4m3(weights=per-channel,activations=per-token/bounded-ffn-hidden,"
             "layers=blocks.linear,attention=fp8,accumulation=fp32)") in pool.weights_digest
     canon = pool.identity.canonical()
     assert "precision=fp8_e4m3" in canon and "fp8_e4m3(weights" in canon

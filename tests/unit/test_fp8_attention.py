@@ -164,7 +164,7 @@ def test_scheme_reaches_the_fast_path_and_the_digest():
     from fastvideo3.models.wan.fp8 import quantize_dit_, scheme_name
     assert Fp8Spec().attention_scales == "bound"
     assert scheme_name("token", "fp8", "fp32") == (
-        "fp8_e4m3(weights=per-channel,activations=per-token/bounded-ffn-hidden+attention-out,"
+        "fp8_e4m3(weights=per-channel,activations=per-token/bounded-ffn-hidden,"
         "layers=blocks.linear,attention=fp8,accumulation=fp32)")
     assert "attention=fp8/smooth_k," in scheme_name("token", "fp8", "fp32", "smooth_k")
     assert "attention=bf16," in scheme_name("token", "bf16", "fp32", "smooth_k")  # no FP8 attention: no scales

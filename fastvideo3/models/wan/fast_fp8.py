@@ -14,11 +14,12 @@ Per block (``impl="triton"``; the PyTorch twins compute the same on a CPU):
   (:func:`qkv_fp8`; Q/K scales static bounds by default, or measured / K-smoothed as the card's
   ``fp8.attention_scales`` says), then FlashAttention-3's FP8 forward with per-(sample, head) descales;
   without the fa3_fwd wheel (or for a head dim it lacks) attention runs in bf16 as before;
-* the two attention outputs are cast to e4m3 before their output GEMMs with one scale per sample
+* optionally, the two attention outputs are cast to e4m3 before their output GEMMs with one scale per sample
   known before attention runs: an output row is a convex combination of V's rows, so ``|o| <=
   max |V|`` (FP8 self-attention: V's per-head descales; cross-attention: its text values' amax,
-  once per forward), and the cast is elementwise (``attn_out_bounded``, off with the same
-  variable: per-token amax);
+  once per forward), and the cast is elementwise (``attn_out_bounded``, opt-in:
+  ``FASTVIDEO3_FP8_BOUNDED_ATTENTION_OUT=1``; off: per-token amax, the default, as the bounded
+  cast timed no faster);
   cross-attention itself (512 text keys, ~1% of the step) stays bf16;
 * GEMMs: ``torch._scaled_mm`` row-wise (per-token x per-channel scales, fp32 accumulation,
   bf16 out, bias in the epilogue).
@@ -40,7 +41,7 @@ from fastvideo3.kernels.fp8 import (
 )
 from fastvideo3.kernels.fp8_gemm import ffn_in_gelu_fp8, weight_stats
 from fastvideo3.models.wan.dit import Tap, WanDiT
-from fastvideo3.models.wan.fp8 import bounded_scales_enabled
+from fastvideo3.models.wan.fp8 import bounded_attention_out_enabled, bounded_scales_enabled
 from fastvideo3.models.wan.fast import FastWanDiT
 
 
@@ -116,7 +117,7 @@ class Fp8FastWanDiT(FastWanDiT):
         #: the FFN-in GEMM writes the GELU'd hidden layer as e4m3 itself (per-token scales only)
         self.ffn_fused = not self.per_tensor and bounded_scales_enabled()
         #: the attention outputs cast with the bound max |V| instead of a per-token amax pass
-        self.attn_out_bounded = not self.per_tensor and bounded_scales_enabled()
+        self.attn_out_bounded = not self.per_tensor and bounded_attention_out_enabled()
         #: whether the QKV pass writes Q, K and V each contiguous for FA3 (else strided views of
         #: one [B, L, 3D] buffer), and its launch (token rows a program, warps; None: the default)
         self.qkv_split = False
