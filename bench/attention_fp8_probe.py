@@ -110,17 +110,45 @@ def cudnn_fp8(q8, k8, v8, info: dict):
     return run, built
 
 
-def case(heads: int, tokens: int, reps: dict) -> dict:
-    from fastvideo3.kernels.attention import _fa3
+def make_inputs(heads: int, tokens: int, d: int = 128, dev: str = "cuda"):
+    """bf16 q, k, v [1, L, H, d]: Q and K RMS-normed with per-head gains in [0.5, 2], V Gaussian."""
     torch.manual_seed(0)
-    d = 128
-    dev = "cuda"
     gain = torch.linspace(0.5, 2.0, heads, device=dev).view(1, 1, heads, 1)
     q = torch.randn(1, tokens, heads, d, device=dev)
     k = torch.randn(1, tokens, heads, d, device=dev)
     q = (q / q.pow(2).mean(-1, keepdim=True).sqrt() * gain).bfloat16()
     k = (k / k.pow(2).mean(-1, keepdim=True).sqrt() * gain.flip(2)).bfloat16()
     v = torch.randn(1, tokens, heads, d, device=dev).bfloat16()
+    return q, k, v
+
+
+def per_head_fp8(q, k, v):
+    """e4m3 q, k, v with per-head scales from the measured amax, and their descales ([1, H] each)."""
+    heads = q.shape[2]
+    amax_h = torch.stack([x.abs().amax(dim=(0, 1, 3)).float() for x in (q, k, v)])  # [3, H]
+    s_head = amax_h / E4M3_MAX
+    q8, k8, v8 = ((x.float() / s_head[i].view(1, 1, heads, 1)).to(torch.float8_e4m3fn)
+                  for i, x in enumerate((q, k, v)))
+    return (q8, k8, v8), [s_head[i].view(1, heads).contiguous() for i in range(3)], amax_h
+
+
+def cli(description: str, default_out: str, argv: list[str] | None):
+    """The probes' shared arguments (--tokens, --heads, --out), or None without CUDA."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=32760)
+    ap.add_argument("--heads", type=int, nargs="+", default=[12, 40])
+    ap.add_argument("--out", default=default_out)
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs CUDA", file=sys.stderr)
+        return None
+    return a
+
+
+def case(heads: int, tokens: int, reps: dict) -> dict:
+    from fastvideo3.kernels.attention import _fa3
+    d, dev = 128, "cuda"
+    q, k, v = make_inputs(heads, tokens, d, dev)
     ref = reference(q, k, v)
     flops = 4.0 * tokens * tokens * d * heads
     row: dict = {"heads": heads, "tokens": tokens, "head_dim": d}
@@ -147,14 +175,9 @@ def case(heads: int, tokens: int, reps: dict) -> dict:
     add("sdpa_cudnn_bf16", sdpa_cudnn)
 
     # per-head scales (FA3) and per-tensor scales (cuDNN) from the measured amax
-    amax_h = torch.stack([x.abs().amax(dim=(0, 1, 3)).float() for x in (q, k, v)])  # [3, H]
-    s_head = (amax_h / E4M3_MAX).view(3, 1, heads)
-    q8h, k8h, v8h = ((x.float() / s_head[i].view(1, 1, heads, 1)).to(torch.float8_e4m3fn)
-                     for i, x in enumerate((q, k, v)))
+    (q8h, k8h, v8h), dh, amax_h = per_head_fp8(q, k, v)
     if fa3 is not None:
-        add("fa3_fp8_per_head", lambda: unwrap(fa3(q8h, k8h, v8h, q_descale=s_head[0].expand(1, heads).contiguous(),
-                                                   k_descale=s_head[1].expand(1, heads).contiguous(),
-                                                   v_descale=s_head[2].expand(1, heads).contiguous())))
+        add("fa3_fp8_per_head", lambda: unwrap(fa3(q8h, k8h, v8h, q_descale=dh[0], k_descale=dh[1], v_descale=dh[2])))
     s_t = amax_h.amax(dim=1) / E4M3_MAX  # [3]
     q8, k8, v8 = ((x.float() / s_t[i]).to(torch.float8_e4m3fn) for i, x in enumerate((q, k, v)))
     if fa3 is not None:
@@ -179,13 +202,8 @@ def case(heads: int, tokens: int, reps: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", type=int, default=32760)
-    ap.add_argument("--heads", type=int, nargs="+", default=[12, 40])
-    ap.add_argument("--out", default="attention_fp8_probe.json")
-    a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("needs CUDA", file=sys.stderr)
+    a = cli(__doc__, "attention_fp8_probe.json", argv)
+    if a is None:
         return 2
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "cudnn_torch": torch.backends.cudnn.version(),

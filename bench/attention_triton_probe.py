@@ -31,7 +31,6 @@ TFLOP/s counts 4 * L^2 * 128 * H.
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
@@ -43,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from attention_fp8_probe import E4M3_MAX, reference, rel_err  # noqa: E402
+from attention_fp8_probe import cli, make_inputs, per_head_fp8, reference, rel_err  # noqa: E402
 from fp8_kernels_probe import per_call_ms  # noqa: E402
 
 #: (block M, block N, warps, stages, exp mode): the fastest of each mode in a first H100 run of
@@ -203,23 +202,13 @@ def attention_fp8_triton(q: torch.Tensor, k: torch.Tensor, vt: torch.Tensor, q_d
 
 def case(heads: int, tokens: int, reps: dict, configs) -> dict:
     from fastvideo3.kernels.attention import _fa3
-    torch.manual_seed(0)
-    d, dev = 128, "cuda"
-    gain = torch.linspace(0.5, 2.0, heads, device=dev).view(1, 1, heads, 1)
-    q = torch.randn(1, tokens, heads, d, device=dev)
-    k = torch.randn(1, tokens, heads, d, device=dev)
-    q = (q / q.pow(2).mean(-1, keepdim=True).sqrt() * gain).bfloat16()
-    k = (k / k.pow(2).mean(-1, keepdim=True).sqrt() * gain.flip(2)).bfloat16()
-    v = torch.randn(1, tokens, heads, d, device=dev).bfloat16()
+    d = 128
+    q, k, v = make_inputs(heads, tokens, d)
     ref = reference(q, k, v)
     flops = 4.0 * tokens * tokens * d * heads
     row: dict = {"heads": heads, "tokens": tokens, "head_dim": d}
 
-    amax_h = torch.stack([x.abs().amax(dim=(0, 1, 3)).float() for x in (q, k, v)])  # [3, H]
-    s_head = (amax_h / E4M3_MAX).view(3, 1, heads)
-    q8, k8, v8 = ((x.float() / s_head[i].view(1, 1, heads, 1)).to(torch.float8_e4m3fn)
-                  for i, x in enumerate((q, k, v)))
-    ds = [s_head[i].expand(1, heads).contiguous() for i in range(3)]
+    (q8, k8, v8), ds, _ = per_head_fp8(q, k, v)
     vt = transpose_v(v8)
     row["transpose_v_ms"] = round(per_call_ms(lambda: transpose_v(v8, vt), **reps), 4)
 
@@ -252,13 +241,8 @@ def case(heads: int, tokens: int, reps: dict, configs) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", type=int, default=32760)
-    ap.add_argument("--heads", type=int, nargs="+", default=[12, 40])
-    ap.add_argument("--out", default="attention_triton_probe.json")
-    a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("needs CUDA", file=sys.stderr)
+    a = cli(__doc__, "attention_triton_probe.json", argv)
+    if a is None:
         return 2
     import triton
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,

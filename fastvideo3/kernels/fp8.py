@@ -42,8 +42,8 @@ FP8_MIN_CAPABILITY = (8, 9)
 ROW_REGISTER_WIDTH = 4096
 #: token rows per program of the Triton QKV norm + RoPE + e4m3 pass
 QKV_ROWS = 2
-#: its warps at QKV_ROWS (None: by the row width); 2 rows over 4 warps timed fastest on an H200 (323 ms a 1.3B
-#: forward against 327 for 1 row over 4, bench/results/denoiser_fp8_h200.json)
+#: its warps at QKV_ROWS (None: by the row width); 2 rows over 4 warps timed fastest on an H200
+#: (323 ms a 1.3B forward against 327 for 1 row over 4, bench/results/denoiser_fp8_qkv_h200.json)
 QKV_WARPS: int | None = 4
 
 

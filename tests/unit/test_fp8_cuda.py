@@ -65,15 +65,20 @@ def test_rows_and_gelu_quant_match_twins(width):
     close_fp8(*bias_gelu_quant(x, bias, impl="triton"), *bias_gelu_quant(x, bias, impl="torch"))
 
 
-def test_qkv_fp8_matches_twin():
-    heads, hd, grid = 12, 128, (3, 6, 10)
-    d, n = heads * hd, 180
-    g = torch.Generator(device=DEV).manual_seed(7)
+def _qkv_case(seed: int, heads: int = 12, hd: int = 128, grid=(3, 6, 10)):
+    """A fused QKV projection [2, L, 3D] (bf16), its Q/K norm weights, RoPE grid and bound scales."""
+    d, n = heads * hd, grid[0] * grid[1] * grid[2]
+    g = torch.Generator(device=DEV).manual_seed(seed)
     qkv = torch.randn(2, n, 3 * d, generator=g, device=DEV).bfloat16()
     norm = (torch.rand(2, d, generator=g, device=DEV) + 0.5)
     cos, sin = rope_tables(hd, 64)
     rope = RopeGrid(cos.to(DEV), sin.to(DEV), grid, hd - 2 * (2 * (hd // 6)), 2 * (hd // 6))
     bounds = torch.stack([qk_scale_bound(norm[0], heads), qk_scale_bound(norm[1], heads)])
+    return qkv, norm, rope, bounds, heads
+
+
+def test_qkv_fp8_matches_twin():
+    qkv, norm, rope, bounds, heads = _qkv_case(7)
     q1, s1 = qkv_fp8(qkv, norm, bounds, heads=heads, eps=1e-6, rope=rope, impl="triton")
     q2, s2 = qkv_fp8(qkv, norm, bounds, heads=heads, eps=1e-6, rope=rope, impl="torch")
     torch.testing.assert_close(s1, s2)
@@ -83,14 +88,9 @@ def test_qkv_fp8_matches_twin():
 
 
 def test_qkv_fp8_split_writes_the_fused_layout_apart():
-    heads, hd, grid = 12, 128, (3, 6, 10)
-    d, n = heads * hd, 180
-    g = torch.Generator(device=DEV).manual_seed(9)
-    qkv = torch.randn(2, n, 3 * d, generator=g, device=DEV).bfloat16()
-    norm = (torch.rand(2, d, generator=g, device=DEV) + 0.5)
-    cos, sin = rope_tables(hd, 64)
-    rope = RopeGrid(cos.to(DEV), sin.to(DEV), grid, hd - 2 * (2 * (hd // 6)), 2 * (hd // 6))
-    bounds = torch.stack([qk_scale_bound(norm[0], heads), qk_scale_bound(norm[1], heads)])
+    qkv, norm, rope, bounds, heads = _qkv_case(9)
+    _, n, width = qkv.shape
+    d = width // 3
     fused, _ = qkv_fp8(qkv, norm, bounds, heads=heads, eps=1e-6, rope=rope, impl="triton")
     for rows in (1, 2):
         split, _ = qkv_fp8(qkv, norm, bounds, heads=heads, eps=1e-6, rope=rope, impl="triton", split=True, rows=rows)

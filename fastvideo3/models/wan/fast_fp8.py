@@ -14,8 +14,8 @@ Per block (``impl="triton"``; the PyTorch twins compute the same on a CPU):
   (:func:`qkv_fp8`; Q/K scales static bounds by default, or measured / K-smoothed as the card's
   ``fp8.attention_scales`` says), then FlashAttention-3's FP8 forward with per-(sample, head) descales;
   without the fa3_fwd wheel (or for a head dim it lacks) attention runs in bf16 as before;
-* optionally, the two attention outputs are cast to e4m3 before their output GEMMs with one scale per sample
-  known before attention runs: an output row is a convex combination of V's rows, so ``|o| <=
+* optionally, the two attention outputs are cast to e4m3 before their output GEMMs with one
+  scale per sample known before attention runs: an output row is a convex combination of V's rows, so ``|o| <=
   max |V|`` (FP8 self-attention: V's per-head descales; cross-attention: its text values' amax,
   once per forward), and the cast is elementwise (``attn_out_bounded``, opt-in:
   ``FASTVIDEO3_FP8_BOUNDED_ATTENTION_OUT=1``; off: per-token amax, the default, as the bounded

@@ -27,12 +27,10 @@ FP8_LINEARS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
 #: what the precision means, recorded with the weights digest (identity and provenance)
 FP8_SCHEME = ("fp8_e4m3(weights=per-channel,activations=per-{act},layers=blocks.linear,attention={attn},"
               "accumulation={acc})")
-#: what per-token activations mean on the fast path with bounded scales (named in the scheme): the
-#: FFN's hidden layer takes scales bounded before it is computed (fast_fp8.py), by default
-#: (BOUNDED_ENV=0 turns it off: a per-token amax pass instead); the attention outputs too where
+#: per-token activations on the fast path may take scales bounded before they are computed
+#: (fast_fp8.py), named in the scheme as ``token/bounded-<what>``: the FFN's hidden layer by default
+#: (BOUNDED_ENV=0 turns it off: a per-token amax pass instead), the attention outputs where
 #: BOUNDED_ATTENTION_OUT_ENV=1 (off by default: it timed no faster on an H100 or an H200)
-TOKEN_BOUNDED = "token/bounded-ffn-hidden"
-BOUNDED_ATTENTION_OUT = "+attention-out"
 BOUNDED_ENV = "FASTVIDEO3_FP8_BOUNDED"
 BOUNDED_ATTENTION_OUT_ENV = "FASTVIDEO3_FP8_BOUNDED_ATTENTION_OUT"
 
@@ -137,16 +135,15 @@ def _record(model: nn.Module, attention: str, accumulation: str, attention_scale
 
 def scheme_name(activation_scaling: str, attention: str, accumulation: str, attention_scales: str = "bound") -> str:
     """:data:`FP8_SCHEME` filled in; FP8 attention with other than the default bound scales is
-    named with them (``attention=fp8/smooth_k``), and per-token activations as
-    :data:`TOKEN_BOUNDED` where :func:`bounded_scales_enabled` (with :data:`BOUNDED_ATTENTION_OUT`
-    where :func:`bounded_attention_out_enabled`), so the digest tells the schemes apart."""
+    named with them (``attention=fp8/smooth_k``), and per-token activations with what takes
+    bounded scales (``token/bounded-ffn-hidden+attention-out``), so the digest tells the schemes apart."""
     attn = attention if attention != "fp8" or attention_scales == "bound" else f"fp8/{attention_scales}"
     act = activation_scaling
     if activation_scaling == "token":
-        bounded = [TOKEN_BOUNDED] if bounded_scales_enabled() else []
-        if bounded_attention_out_enabled():
-            bounded.append(BOUNDED_ATTENTION_OUT if bounded else "token/bounded-attention-out")
-        act = "".join(bounded) or act
+        bounded = [what for what, on in (("ffn-hidden", bounded_scales_enabled()),
+                                         ("attention-out", bounded_attention_out_enabled())) if on]
+        if bounded:
+            act = "token/bounded-" + "+".join(bounded)
     return FP8_SCHEME.format(act=act, attn=attn, acc=accumulation)
 
 
