@@ -118,11 +118,11 @@ def micro_attention_schemes(models=("1.3b", "14b")) -> dict:
                         c8, _ = time_ms(lambda: fn(*sep, q_descale=sc[0], k_descale=sc[1], v_descale=sc[2]), 1, 5)
                         row[scheme]["attention_contiguous_qkv_ms"] = round(c8, 3)
                         del sep
-                    del q8, got
+                    q8 = got = None  # freed (not del: the timing lambdas above close over q8)
                 except Exception as e:  # noqa: BLE001 - recorded; the other schemes stand
                     row[scheme] = _err(e)
             out[f"{name}_h{heads}_{kind}"] = row
-            del qkv, qk, ref
+            qkv = qk = ref = None  # freed before the next input
     return out
 
 
@@ -195,7 +195,7 @@ def stage_micro(save=None) -> dict:
                             "row_register_width": one_read, "quantize_rows_ms_width4096": round(msq2, 3),
                             "bias_gelu_quant_ms_width4096": round(msg2, 3),
                             "quantize_gbps": round(x.numel() * 3 / msq / 1e6, 1), "rel_err": rel})
-        del x, w, xq, wq
+        x = w = xq = wq = None  # freed before the next shape
     if attention_available("fa3", "cuda"):
         fn = _fa3()
         for heads in (12, 40):
@@ -257,6 +257,11 @@ def random_dit(config: dict, seed: int = 0):
     return model
 
 
+def _qkv_kernel() -> str:
+    from fastvideo3.kernels.fp8 import QKV_KERNEL
+    return QKV_KERNEL
+
+
 def _ffn_config() -> tuple:
     from fastvideo3.kernels.fp8_gemm import _default_config
     return _default_config()
@@ -314,7 +319,7 @@ def stage_model(name: str, quick: bool, scales: str = "bound", accumulation: str
     torch.cuda.synchronize()
     row["bf16"].update(_timed(lambda: fast(x, t, text), warm, iters))
     row["bf16"]["graph"] = _graph(f"{name}-bf16", fast, x, t, text, ref, warm, iters)
-    del fast
+    fast = None  # the bf16 fast path freed before the FP8 one is built
     gc.collect()
     torch.cuda.empty_cache()
     t0 = time.perf_counter()
@@ -331,6 +336,7 @@ def stage_model(name: str, quick: bool, scales: str = "bound", accumulation: str
                   "first_call_s": round(time.perf_counter() - t0, 2), "kernels": fast8.kernels,
                   "ffn_fused": fast8.ffn_fused, "attn_out_bounded": fast8.attn_out_bounded,
                   "qkv_split": fast8.qkv_split, "qkv_launch": list(fast8.qkv_launch),
+                  "qkv_kernel": fast8.qkv_kernel or _qkv_kernel(), "v_bounded": fast8.v_bounded,
                   "ffn_config": list(_ffn_config())}
     row["fp8"].update(_timed(lambda: fast8(x, t, text), warm, iters))
     row["fp8"]["vs_bf16"] = compare(got, ref)
@@ -367,18 +373,26 @@ def stage_model(name: str, quick: bool, scales: str = "bound", accumulation: str
             for f, v in was.items():
                 setattr(fast8, f, v)
 
-    if fast8.fp8_attention:  # Q, K, V written each contiguous for FA3; the QKV pass at 1 row a program
-        split = not fast8.qkv_split
-        variant(f"fp8_qkv_{'' if split else 'no_'}split", {"qkv_split": split})
-        variant("fp8_qkv_rows1", {"qkv_launch": (1, None)})
-    # the bounded scales (FASTVIDEO3_FP8_BOUNDED) flipped from how this run's main figure ran, in turn
-    # and together: the FFN-in GEMM with bias + GELU + e4m3 in its epilogue (ffn_fused); the attention
-    # outputs cast with the bound max|V| (attn_out_bounded); both
+    # the kernel alternatives not yet the default, in turn and together (the Q/K/V split and the QKV
+    # launch were timed in bench/results/denoiser_fp8_qkv_h200.json): the QKV pass read flat; V's
+    # scales bounded instead of measured; the fused FFN-in through TMA (or back to the pointer
+    # kernel when this run's config is a TMA one)
+    from fastvideo3.kernels.fp8_gemm import CONFIGS as FFN_CONFIGS
+    news: dict = {}
+    if fast8.fp8_attention:
+        news["qkv_flat"] = {"qkv_kernel": "flat"}
+        news["v_bounded"] = {"v_bounded": True}
+    if fast8.ffn_fused:
+        tma = _ffn_config()[6] != "pointer"
+        other_cfg = FFN_CONFIGS[0] if tma else next(c for c in FFN_CONFIGS if c[6] == "tma")
+        news["ffn_pointer" if tma else "ffn_tma"] = {"ffn_config": other_cfg}
+    for label, attrs in news.items():
+        variant(f"fp8_{label}", attrs)
+    if len(news) > 1:
+        variant("fp8_new_all", {f: v for attrs in news.values() for f, v in attrs.items()})
+    # the fused FFN-in GEMM (FASTVIDEO3_FP8_BOUNDED) flipped from how this run's main figure ran
     if not fast8.per_tensor:
-        for label, flags in (("ffn_fused", ("ffn_fused",)), ("attn_out_bounded", ("attn_out_bounded",)),
-                             ("bounded_both", ("ffn_fused", "attn_out_bounded"))):
-            on = all(getattr(fast8, f) for f in flags)
-            variant(f"fp8_{'no_' if on else ''}{label}", {f: not getattr(fast8, f) for f in flags})
+        variant(f"fp8_{'no_' if fast8.ffn_fused else ''}ffn_fused", {"ffn_fused": not fast8.ffn_fused})
     if fast8.fp8_attention and name == "1.3b":  # the other Q/K schemes (14B: in the micro-check only)
         from fastvideo3.kernels.fp8 import ATTENTION_SCALES
         for alt in (s_ for s_ in ATTENTION_SCALES if s_ != scales):

@@ -85,7 +85,7 @@ def case(model: str, tokens: int, accumulations=("fast", "fp32")) -> dict:
         res["gemm_alone_ms"] = round(per_call_ms(lambda: fp8_linear(xq, xs, wq, ws, None, fast_accum=fast)), 4)
         yb = torch.randn(tokens, n, device=dev, dtype=torch.bfloat16)
         res["gelu_quant_alone_ms"] = round(per_call_ms(lambda: bias_gelu_quant(yb, bias, impl="triton")), 4)
-        del yb
+        yb = None  # freed (the timing lambda above closes over it)
         for i, cfg in enumerate(CONFIGS):
             add("fused" if i == 0 else f"fused_cfg{i}",
                 lambda cfg=cfg: ffn_in_gelu_fp8(xq, xs, wq, ws, bias, *stats, fast_accum=fast, impl="triton",

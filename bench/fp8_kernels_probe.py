@@ -14,8 +14,9 @@ cases here time those kernels alone, so a launch change is judged before the who
   path (``two_read``, rows over ``ROW_REGISTER_WIDTH`` = 4,096);
 * ``add_norm_*``: the residual + LayerNorm + modulation + e4m3 pass at 1, 2, 4 rows a program;
 * ``qkv_fp8_bound_*`` (with V's per-head amax), ``head_amax_v``, ``q2_norm``: the self-attention
-  prologue at 1, 2, 4, 8 rows a program (``split``: Q, K, V written each contiguous), and
-  cross-attention Q's norm;
+  prologue at 1, 2, 4, 8 rows a program (``split``: Q, K, V written each contiguous; ``flat``: the
+  row read flat, each rotation partner read again; ``v_given``: V's scales given, as the fast
+  path's ``v_bounded`` gives them, so no amax pass), and cross-attention Q's norm;
 * ``cross_*``: cross-attention through SDPA (the default), FlashAttention-3 in bf16, and in FP8.
 
 Times are CUDA-event milliseconds of 20 back-to-back calls divided by 20 (the median of 5 such
@@ -62,7 +63,7 @@ def summarize(cases: dict) -> dict:
         if "ms" not in row or name == "x_copy":
             continue
         kernel = name.split("_rows")[0].split("_pad")[0].split("_tiles")[0].split("_two_read")[0]
-        kernel = "cross" if name.startswith("cross_") else kernel
+        kernel = "cross" if name.startswith("cross_") else kernel.removesuffix("_flat")  # flat: a QKV variant
         if kernel not in best or row["ms"] < best[kernel]["ms"]:
             best[kernel] = {"variant": name, "ms": row["ms"]}
     return best
@@ -166,6 +167,13 @@ def main(argv: list[str] | None = None) -> int:
         ref = out if ref is None else ref
     case("qkv_fp8_bound_split", lambda: fp8k.qkv_fp8(qkv, norm, bounds, heads=heads, eps=1e-6, rope=rope,
                                                       impl="triton", split=True), m * 3 * d * 3)
+    for rows, warps in ((1, None), (2, 4), (2, 8), (4, 8)):  # the row read flat (QKV_KERNEL "flat")
+        case(f"qkv_fp8_bound_flat_rows{rows}_w{warps or 'auto'}",
+             lambda: fp8k.qkv_fp8(qkv, norm, bounds, heads=heads, eps=1e-6, rope=rope, impl="triton",
+                                  rows=rows, warps=warps, kernel="flat"), m * 3 * d * 3, ref)
+    v_bound = fp8k.head_amax(qkv[..., 2 * d:], heads, impl="triton") * 40.0 / 448  # V's scales given
+    case("qkv_fp8_bound_v_given", lambda: fp8k.qkv_fp8(qkv, norm, bounds, heads=heads, eps=1e-6, rope=rope,
+                                                        impl="triton", v_scales=v_bound), m * 3 * d * 3)
     q2 = torch.randn(1, m, d, device=dev, dtype=bf)
     case("q2_norm", lambda: qk_norm_rope(q2, norm[:1].contiguous(), parts=1, eps=1e-6, heads=heads, impl="triton"),
          m * d * 4)

@@ -45,6 +45,10 @@ QKV_ROWS = 2
 #: its warps at QKV_ROWS (None: by the row width); 2 rows over 4 warps timed fastest on an H200
 #: (323 ms a 1.3B forward against 327 for 1 row over 4, bench/results/denoiser_fp8_qkv_h200.json)
 QKV_WARPS: int | None = 4
+#: the QKV pass's kernel: ``"pairs"`` (a row read as [pairs, 2], rotation pairs split out in
+#: registers) or ``"flat"`` (the row read flat, each element's rotation partner read again from L1)
+QKV_KERNEL = "pairs"
+QKV_KERNELS = ("pairs", "flat")
 
 
 # ------------------------------------------------------------------------------------- device
@@ -295,6 +299,52 @@ def _kernels():
         tl.store(out_ptr + dst, q.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
 
     @triton.jit
+    def qkv_flat_kernel(
+        in_ptr, out_ptr, w_ptr, inv_ptr, mean_ptr,
+        cos_ptr, sin_ptr, table_stride,
+        M, row_stride, out_row_stride, out_part_stride, rows_per_sample, batch, grid_h, grid_w, D, eps,
+        HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, T_DIM: tl.constexpr, H_DIM: tl.constexpr,
+        BLOCK: tl.constexpr, SMOOTH: tl.constexpr, ROWS: tl.constexpr,
+    ):
+        # qkv_kernel's contract with the row read flat, [ROWS, BLOCK]: each element's rotation
+        # partner (column ^ 1) is read a second time (from L1) instead of splitting pairs out in
+        # registers, and the cos/sin tables (each frequency repeated twice) are read at every column
+        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        part = tl.program_id(1)
+        rmask = rows < M
+        sample = rows // rows_per_sample
+        cols = tl.arange(0, BLOCK)
+        cmask = cols < D
+        mask = rmask[:, None] & cmask[None, :]
+        src = in_ptr + rows[:, None] * row_stride + part * D
+        x = tl.load(src + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if part < 2:
+            partner = cols ^ 1
+            xp = tl.load(src + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + part * D + cols, mask=cmask, other=0.0).to(tl.float32)
+            wp = tl.load(w_ptr + part * D + partner, mask=cmask, other=0.0).to(tl.float32)
+            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
+            tok = rows % rows_per_sample
+            f = (tok // (grid_h * grid_w))[:, None]
+            hh = ((tok // grid_w) % grid_h)[:, None]
+            ww = (tok % grid_w)[:, None]
+            dh = (cols % HEAD_DIM)[None, :]
+            pos = tl.where(dh < T_DIM, f, tl.where(dh < T_DIM + H_DIM, hh, ww))  # [R, C]
+            c = tl.load(cos_ptr + pos * table_stride + dh, mask=mask, other=0.0).to(tl.float32)
+            s = tl.load(sin_ptr + pos * table_stride + dh, mask=mask, other=0.0).to(tl.float32)
+            # (e, o) -> (e c - o s, e s + o c): the even column takes its partner with a minus
+            sign = tl.where(cols % 2 == 0, -1.0, 1.0)[None, :]
+            x = (x * w[None, :] * c + sign * (xp * wp[None, :]) * s) * rstd[:, None]
+        if SMOOTH:
+            if part == 1:
+                x = x - tl.load(mean_ptr + sample[:, None] * D + cols[None, :], mask=mask, other=0.0)
+        head = cols // HEAD_DIM
+        inv = tl.load(inv_ptr + (part * batch + sample[:, None]) * HEADS + head[None, :], mask=mask, other=0.0)
+        q = tl.clamp(x * inv, -448.0, 448.0)
+        dst = part * out_part_stride + rows[:, None] * out_row_stride + cols[None, :]
+        tl.store(out_ptr + dst, q.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+
+    @triton.jit
     def scaled_cast_kernel(x_ptr, inv_ptr, q_ptr, n, per_sample, BLOCK: tl.constexpr):
         # e4m3 of x times its sample's inverse scale: an elementwise pass, no reduction
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -304,7 +354,7 @@ def _kernels():
         q = tl.clamp(x * inv, -448.0, 448.0)
         tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m)
 
-    return rows_kernel, qkv_kernel, head_amax_kernel, scaled_cast_kernel
+    return rows_kernel, qkv_kernel, head_amax_kernel, scaled_cast_kernel, qkv_flat_kernel
 
 
 def row_tiles(k: int) -> tuple[int, int]:
@@ -402,7 +452,8 @@ def qk_stats(qk: torch.Tensor, heads: int, smooth_k: bool, impl: str = "torch"
 
 def qkv_fp8(qkv: torch.Tensor, norm: torch.Tensor, qk_scales: torch.Tensor, *, heads: int, eps: float,
             rope, impl: str = "torch", scales: str = "bound", rows: int | None = None,
-            warps: int | None = None, split: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+            warps: int | None = None, split: bool = False, kernel: str | None = None,
+            v_scales: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused self-attention projection ``qkv`` [B, L, 3D] (bf16) -> e4m3 [B, L, 3D] holding
     RMSNorm+RoPE'd Q and K and plain V, and their descales [3, B, heads] (fp32). ``scales`` picks
     Q's and K's (:data:`ATTENTION_SCALES`): ``bound`` uses ``qk_scales`` [2, heads]
@@ -411,14 +462,24 @@ def qkv_fp8(qkv: torch.Tensor, norm: torch.Tensor, qk_scales: torch.Tensor, *, h
     per-(sample, head) amax. ``norm`` [2, D] are the Q and K RMSNorm weights; ``rope`` a
     :class:`RopeGrid`. Q, K and V are each read once by the quantizing pass; ``amax`` and
     ``smooth_k`` add one norm+RoPE pass for their statistics. ``split``: the output is [3, B, L, D]
-    instead, Q, K and V each contiguous."""
+    instead, Q, K and V each contiguous. ``kernel``: one of :data:`QKV_KERNELS` (default
+    :data:`QKV_KERNEL`), the Triton pass's formulation (the same values). ``v_scales`` [B, heads]:
+    V's scales given by the caller, a bound of ``amax / 448`` per (sample, head) (then V is not
+    measured; values over the bound are clamped to +-448)."""
     if scales not in ATTENTION_SCALES:
         raise ValueError(f"attention scales must be one of {ATTENTION_SCALES}, got {scales!r}")
+    if kernel is not None and kernel not in QKV_KERNELS:
+        raise ValueError(f"qkv_fp8: kernel must be one of {QKV_KERNELS}, got {kernel!r}")
     b, n, width = qkv.shape
     d = width // 3
     hd = d // heads
-    v_amax = head_amax(qkv[..., 2 * d:], heads, impl)  # [B, H]
-    v_scale = (v_amax.clamp_min(AMAX_FLOOR) / E4M3_MAX).view(1, b, heads)
+    if v_scales is None:
+        v_amax = head_amax(qkv[..., 2 * d:], heads, impl)  # [B, H]
+        v_scale = (v_amax.clamp_min(AMAX_FLOOR) / E4M3_MAX).view(1, b, heads)
+    elif tuple(v_scales.shape) != (b, heads):
+        raise ValueError(f"qkv_fp8: v_scales must be [{b}, {heads}], got {list(v_scales.shape)}")
+    else:
+        v_scale = v_scales.float().view(1, b, heads)
     mean, qk = None, None
     if scales == "bound":
         qk_s = qk_scales.float().view(2, 1, heads).expand(2, b, heads)
@@ -441,12 +502,12 @@ def qkv_fp8(qkv: torch.Tensor, norm: torch.Tensor, qk_scales: torch.Tensor, *, h
             q = q.view(torch.uint8).view(b, n, 3, d).permute(2, 0, 1, 3).contiguous().view(E4M3)
         return q, all_scales
     return _launch_qkv(qkv, norm, 1.0 / all_scales, mean, rope, heads=heads, eps=eps, rows=rows,
-                       warps=warps, split=split), all_scales
+                       warps=warps, split=split, kernel=kernel), all_scales
 
 
 def _launch_qkv(qkv: torch.Tensor, norm: torch.Tensor, inv: torch.Tensor, mean: torch.Tensor | None, rope, *,
                 heads: int, eps: float, rows: int | None = None, warps: int | None = None,
-                split: bool = False) -> torch.Tensor:
+                split: bool = False, kernel: str | None = None) -> torch.Tensor:
     """The quantizing pass of :func:`qkv_fp8` (Triton): ``inv`` [3, B, H] inverse scales, ``mean``
     [B, D] K's token mean to subtract (or None); ``rows`` token rows a program (default
     :data:`QKV_ROWS`), ``warps`` its warps (both for the bench's probes)."""
@@ -461,13 +522,19 @@ def _launch_qkv(qkv: torch.Tensor, norm: torch.Tensor, inv: torch.Tensor, mean: 
     if rows is None and warps is None:
         rows, warps = QKV_ROWS, QKV_WARPS
     rows = rows or QKV_ROWS
-    _kernels()[1][(triton.cdiv(b * n, rows), 3)](
-        qkv, out, norm, inv, mean.float().contiguous() if mean is not None else inv,
-        rope.cos, rope.sin, rope.cos.stride(0), b * n, 3 * d, d if split else 3 * d, b * n * d if split else d,
-        n, b, rope.grid[1], rope.grid[2], d, eps,
-        HEADS=heads, HEAD_DIM=d // heads, T_DIM=rope.t_dim, H_DIM=rope.h_dim, HALF=block // 2,
-        SMOOTH=mean is not None, ROWS=rows, num_warps=warps or max(4, min(16, rows * block // 512)),
-    )
+    kernel = kernel or QKV_KERNEL
+    if kernel not in QKV_KERNELS:
+        raise ValueError(f"qkv_fp8: kernel must be one of {QKV_KERNELS}, got {kernel!r}")
+    args = (qkv, out, norm, inv, mean.float().contiguous() if mean is not None else inv,
+            rope.cos, rope.sin, rope.cos.stride(0), b * n, 3 * d, d if split else 3 * d, b * n * d if split else d,
+            n, b, rope.grid[1], rope.grid[2], d, eps)
+    consts = dict(HEADS=heads, HEAD_DIM=d // heads, T_DIM=rope.t_dim, H_DIM=rope.h_dim, SMOOTH=mean is not None,
+                  ROWS=rows, num_warps=warps or max(4, min(16, rows * block // 512)))
+    grid = (triton.cdiv(b * n, rows), 3)
+    if kernel == "flat":
+        _kernels()[4][grid](*args, BLOCK=block, **consts)
+    else:
+        _kernels()[1][grid](*args, HALF=block // 2, **consts)
     return out
 
 

@@ -196,3 +196,34 @@ def test_card_scheme_reaches_the_loaded_dit_and_its_digest(monkeypatch):
     assert "attention=fp8/smooth_k," in digest
     _, default_digest = components.load_dit(get_card("wan-tiny-fp8"), "cpu")
     assert "attention=fp8," in default_digest and default_digest != digest
+
+
+def test_bounded_v_scales_hold_and_reach_the_codes():
+    """V's scales bounded from the QKV GEMM's inputs (the fast path's ``v_bounded``): no V value
+    exceeds 448 times its head's scale, even for a row built to meet Cauchy-Schwarz, and
+    ``qkv_fp8`` casts V with them instead of measuring it."""
+    from types import SimpleNamespace
+    from fastvideo3.kernels.fp8 import fp8_linear, quantize_rows, quantize_weight
+    from fastvideo3.models.wan.fast_fp8 import _v_bound
+    g = torch.Generator().manual_seed(5)
+    k = 64
+    wq, ws = quantize_weight(torch.randn(D, k, generator=g) / math.sqrt(k))
+    lin = SimpleNamespace(weight=wq, weight_scale=ws, bias=(0.3 * torch.randn(D, generator=g)).bfloat16())
+    bound = _v_bound(lin, HEADS)
+    assert bound.shape == (2, HEADS)
+    x = torch.randn(2, N, k, generator=g) * (0.1 + 3 * torch.rand(2, N, 1, generator=g))
+    x[1, 7] = torch.sign(wq[3].float()) * 5  # every |xq| at 448, along W_v's row 3
+    xq, xs = quantize_rows(x.bfloat16())
+    v = fp8_linear(xq, xs, wq, ws, lin.bias)  # [2, N, D] bf16
+    scales = (xs.view(2, N).amax(dim=1)[:, None] * bound[0] + bound[1]) / 448  # [B, H]
+    ratio = v.float().abs().view(2, N, HEADS, HD).amax(dim=(1, 3)) / (448 * scales)
+    assert (ratio <= 1).all() and ratio.max() > 0.2, ratio  # held, and not absurdly loose
+    qkv = torch.cat([torch.randn(2, N, 2 * D, generator=g).bfloat16(), v], dim=-1)
+    norm = torch.rand(2, D, generator=g) + 0.5
+    qk_b = torch.stack([qk_scale_bound(norm[0], HEADS), qk_scale_bound(norm[1], HEADS)])
+    q8, s = qkv_fp8(qkv, norm, qk_b, heads=HEADS, eps=1e-6, rope=_rope(), v_scales=scales)
+    torch.testing.assert_close(s[2], scales)
+    want = ref_e4m3(v.double().view(2, N, HEADS, HD) / scales.double()[:, None, :, None])
+    assert torch.equal(_split(q8)[2], want)
+    with pytest.raises(ValueError, match=r"v_scales must be \[2, 4\]"):
+        qkv_fp8(qkv, norm, qk_b, heads=HEADS, eps=1e-6, rope=_rope(), v_scales=scales[:1])

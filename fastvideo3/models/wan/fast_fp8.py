@@ -29,6 +29,7 @@ The patch embedding, condition embedder and head stay bf16, as in :mod:`fastvide
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +37,7 @@ import torch.nn.functional as F
 
 from fastvideo3.kernels import add_norm, attention, qk_norm_rope
 from fastvideo3.kernels.fp8 import (
-    E4M3, attention_fp8, bias_gelu_quant, fp8_attention_available, fp8_linear, qk_scale_bound, qkv_fp8,
+    E4M3, E4M3_MAX, attention_fp8, bias_gelu_quant, fp8_attention_available, fp8_linear, qk_scale_bound, qkv_fp8,
     quantize_bounded, quantize_rows,
 )
 from fastvideo3.kernels.fp8_gemm import ffn_in_gelu_fp8, weight_stats
@@ -73,6 +74,7 @@ class _Fp8Block:
     ff1: _QLinear
     ff2: _QLinear
     ff1_stats: tuple[float, float]  # (max row norm of W, max |b|): the fused FFN-in's scale bound
+    v_bound: torch.Tensor  # [2, heads]: 448 sqrt(K) x (max row norm of W_v), max |b_v|, per head
 
 
 def _cat8(ts: list[torch.Tensor]) -> torch.Tensor:
@@ -95,6 +97,18 @@ def _fuse8(linears, share: bool) -> _QLinear:
 
 def _one(lin) -> _QLinear:
     return _QLinear(lin.weight, lin.weight_scale, lin.bias.detach())
+
+
+def _v_bound(lin, heads: int) -> torch.Tensor:
+    """Per head of the V projection ``lin`` (e4m3 [D, K], per-channel scales): ``[448 sqrt(K) max
+    |w_n|, max |b_n|]`` over the head's rows n, fp32 [2, heads]. With e4m3 rows ``|xq| <= 448``
+    of scale ``sa``, ``|v_n| <= sa * 448 sqrt(K) |w_n| + |b_n|`` (Cauchy-Schwarz): the bound V's
+    per-head scale takes without measuring V. Rounded up by 2^-7 (bf16's rounding of the GEMM
+    output; the cast clamps anyway)."""
+    k = lin.weight.shape[1]
+    w = (lin.weight.float() * lin.weight_scale.float()[:, None]).norm(dim=1).view(heads, -1).amax(dim=1)
+    b = lin.bias.detach().float().abs().view(heads, -1).amax(dim=1)
+    return torch.stack([E4M3_MAX * math.sqrt(k) * w, b]) * (1 + 2 ** -7)
 
 
 class Fp8FastWanDiT(FastWanDiT):
@@ -122,6 +136,13 @@ class Fp8FastWanDiT(FastWanDiT):
         #: one [B, L, 3D] buffer), and its launch (token rows a program, warps; None: the default)
         self.qkv_split = False
         self.qkv_launch: tuple[int | None, int | None] = (None, None)
+        #: the QKV pass's kernel (None: :data:`~fastvideo3.kernels.fp8.QKV_KERNEL`) and the fused
+        #: FFN-in's launch config (None: its default; see :data:`~fastvideo3.kernels.fp8_gemm.CONFIGS`)
+        self.qkv_kernel: str | None = None
+        self.ffn_config: tuple | None = None
+        #: V's per-head scales bounded from the QKV GEMM's input scales and W_v (:func:`_v_bound`)
+        #: instead of measured by a pass over V (off: not yet timed on a GPU)
+        self.v_bounded = False
 
     def _build(self, dit: WanDiT, share: bool) -> None:
         d, heads = self.cfg.inner_dim, self.cfg.num_attention_heads
@@ -139,6 +160,7 @@ class Fp8FastWanDiT(FastWanDiT):
                 blk.norm2.bias.detach() if blk.norm2 is not None else None,
                 _one(blk.ffn.net[0].proj), _one(blk.ffn.net[2]),
                 weight_stats(blk.ffn.net[0].proj.weight, blk.ffn.net[0].proj.weight_scale, blk.ffn.net[0].proj.bias),
+                _v_bound(a1.to_v, heads),
             ))
         self.kv = _fuse8([lin for blk in dit.blocks for lin in (blk.attn2.to_k, blk.attn2.to_v)], share)
         self.k_norm = torch.stack([blk.attn2.norm_k.weight.detach().float() for blk in dit.blocks])
@@ -174,7 +196,7 @@ class Fp8FastWanDiT(FastWanDiT):
         if self.ffn_fused:
             try:
                 return ffn_in_gelu_fp8(*hq, blk.ff1.w, blk.ff1.s, blk.ff1.b, *blk.ff1_stats,
-                                       fast_accum=self.fast_accum, impl=self.kernels)
+                                       fast_accum=self.fast_accum, impl=self.kernels, config=self.ffn_config)
             except Exception as e:  # noqa: BLE001 - a kernel this GPU's Triton cannot build: the unfused path serves
                 if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                     raise
@@ -212,9 +234,14 @@ class Fp8FastWanDiT(FastWanDiT):
             m = mod[i]
             qkv = self._gemm(hq, blk.qkv)
             if self.fp8_attention:
+                v_scales = None
+                if self.v_bounded:  # [B, H]: from the largest input scale of each sample
+                    sa = hq[1].view(b, -1).amax(dim=1)
+                    v_scales = (sa[:, None] * blk.v_bound[0] + blk.v_bound[1]).clamp_min(1e-12) / E4M3_MAX
                 qkv8, scales = qkv_fp8(qkv, blk.qk_norm, blk.qk_scales, heads=heads, eps=eps, rope=rope, impl=impl,
                                        scales=self.attention_scales, split=self.qkv_split,
-                                       rows=self.qkv_launch[0], warps=self.qkv_launch[1])
+                                       rows=self.qkv_launch[0], warps=self.qkv_launch[1], kernel=self.qkv_kernel,
+                                       v_scales=v_scales)
                 o = attention_fp8(qkv8, scales, heads)
                 o_scale = scales[2].amax(dim=1) * _OUT_SLACK if self.attn_out_bounded else None  # [B]
             else:
