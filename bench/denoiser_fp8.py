@@ -28,6 +28,7 @@ into OUT.json, so what finished is always kept:
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import math
 import time
@@ -39,6 +40,9 @@ GiB = 2**30
 FRAMES, HEIGHT, WIDTH, TEXT_LEN = 81, 480, 832, 512
 GOALS_MS = {"1.3b": 300.0, "14b": 1800.0}
 REL_ERR_GOAL = 5e-2
+#: the rows a program of the looped add_norm walks in the forward's variant (the kernel probe
+#: times 8, 32 and 128 alone)
+ADD_NORM_LOOP_TRY = 32
 
 
 def _load(path: Path) -> dict:
@@ -357,11 +361,17 @@ def stage_model(name: str, quick: bool, scales: str = "bound", accumulation: str
     finally:
         fast8.fast_accum = accumulation == "fast"
 
+    def owner(f: str):  # "module.NAME": a module's setting; else an attribute of the fast path
+        if "." not in f:
+            return fast8, f
+        mod, attr = f.rsplit(".", 1)
+        return importlib.import_module(mod), attr
+
     def variant(key: str, attrs: dict) -> None:  # the main figure with ``attrs`` set, timed as a graph too
-        was = {f: getattr(fast8, f) for f in attrs}
+        was = {f: getattr(*owner(f)) for f in attrs}
         try:
             for f, v in attrs.items():
-                setattr(fast8, f, v)
+                setattr(*owner(f), v)
             o = fast8(x, t, text)
             row[key] = {"flags": dict(attrs), "vs_bf16": compare(o, ref),
                         **_timed(lambda: fast8(x, t, text), warm, iters)}
@@ -371,14 +381,18 @@ def stage_model(name: str, quick: bool, scales: str = "bound", accumulation: str
             row[key] = _err(e)
         finally:
             for f, v in was.items():
-                setattr(fast8, f, v)
+                setattr(*owner(f), v)
 
     # the kernel alternatives not yet the default, in turn and together (the Q/K/V split and the QKV
-    # launch were timed in bench/results/denoiser_fp8_qkv_h200.json): the QKV pass read flat; V's
+    # launch were timed in bench/results/denoiser_fp8_qkv_h200.json): add_norm looped (a program
+    # walking ADD_NORM_LOOP_TRY rows, its modulation read once); the QKV pass read flat; V's
     # scales bounded instead of measured; the fused FFN-in through TMA (or back to the pointer
     # kernel when this run's config is a TMA one)
     from fastvideo3.kernels.fp8_gemm import CONFIGS as FFN_CONFIGS
     news: dict = {}
+    from fastvideo3.kernels import fused
+    if not fused.ADD_NORM_LOOP:
+        news["add_norm_loop"] = {"fastvideo3.kernels.fused.ADD_NORM_LOOP": ADD_NORM_LOOP_TRY}
     if fast8.fp8_attention:
         news["qkv_flat"] = {"qkv_kernel": "flat"}
         news["v_bounded"] = {"v_bounded": True}

@@ -12,7 +12,8 @@ cases here time those kernels alone, so a launch change is judged before the who
 * ``rows_*``: the row quantizer with the row padded to one power of two (``pad``) or held in two
   power-of-two tiles (``tiles``: 8,960 = 8,192 + 1,024), at several warp counts, and the two-read
   path (``two_read``, rows over ``ROW_REGISTER_WIDTH`` = 4,096);
-* ``add_norm_*``: the residual + LayerNorm + modulation + e4m3 pass at 1, 2, 4 rows a program;
+* ``add_norm_*``: the residual + LayerNorm + modulation + e4m3 pass at 1, 2, 4 rows a program,
+  and looped (``loop*``: a program walks that many rows, its sample's modulation read once);
 * ``qkv_fp8_bound_*`` (with V's per-head amax), ``head_amax_v``, ``q2_norm``: the self-attention
   prologue at 1, 2, 4, 8 rows a program (``split``: Q, K, V written each contiguous; ``flat``: the
   row read flat, each rotation partner read again; ``v_given``: V's scales given, as the fast
@@ -62,7 +63,7 @@ def summarize(cases: dict) -> dict:
     for name, row in cases.items():
         if "ms" not in row or name == "x_copy":
             continue
-        kernel = name.split("_rows")[0].split("_pad")[0].split("_tiles")[0].split("_two_read")[0]
+        kernel = name.split("_rows")[0].split("_loop")[0].split("_pad")[0].split("_tiles")[0].split("_two_read")[0]
         kernel = "cross" if name.startswith("cross_") else kernel.removesuffix("_flat")  # flat: a QKV variant
         if kernel not in best or row["ms"] < best[kernel]["ms"]:
             best[kernel] = {"variant": name, "ms": row["ms"]}
@@ -134,17 +135,19 @@ def main(argv: list[str] | None = None) -> int:
     nbytes = m * d * (2 + 2 + 2 + 1)
     x = x0.clone()
 
-    def run_norm(rows, warps=None):
+    def run_norm(rows, warps=None, loop=0):
         x.copy_(x0)  # the same input each call (the pass updates x in place); the copy is timed apart
         return add_norm(x, y, gate, sc, sh, modulate=True, eps=1e-6, impl="triton", fp8=True, rows=rows,
-                        warps_override=warps)
+                        warps_override=warps, loop=loop)
 
     copy_ms = per_call_ms(lambda: x.copy_(x0))
     cases["x_copy"] = {"ms": round(copy_ms, 4), "note": "subtracted from every add_norm case"}
     ref = None
-    for rows, warps in ((1, None), (2, None), (4, None), (8, None), (2, 4), (4, 8), (4, 4), (8, 8)):
-        name = f"add_norm_rows{rows}_w{warps or 'auto'}"
-        out = case(name, lambda: run_norm(rows, warps), nbytes, ref)
+    launches = [(1, None, 0), (2, None, 0), (4, None, 0), (8, None, 0), (2, 4, 0), (4, 8, 0), (4, 4, 0), (8, 8, 0)]
+    launches += [(1, w, loop) for loop in (8, 32, 128) for w in (None, 4)]  # looped: modulation read once
+    for rows, warps, loop in launches:
+        name = f"add_norm_rows{rows}_w{warps or 'auto'}" if not loop else f"add_norm_loop{loop}_w{warps or 'auto'}"
+        out = case(name, lambda: run_norm(rows, warps, loop), nbytes, ref)
         if name in cases and "ms" in cases[name]:
             cases[name]["ms"] = round(cases[name]["ms"] - copy_ms, 4)
             cases[name]["gbps"] = round(nbytes / cases[name]["ms"] / 1e6, 1)

@@ -63,26 +63,20 @@ def _kernels():
     import triton.language as tl
     _rms_norm_rope()
 
+    global add_norm_rows  # a helper of two kernels: a global, where Triton's interpreter looks
+
     @triton.jit
-    def add_norm_kernel(
-        x_ptr, y_ptr, gate_ptr, a_ptr, b_ptr, h_ptr, hs_ptr,
-        M, rows_per_sample, D, eps,
-        gate_stride, a_stride, b_stride,
-        HAS_Y: tl.constexpr, HAS_GATE: tl.constexpr, MODULATE: tl.constexpr, QUANT: tl.constexpr,
-        BLOCK: tl.constexpr, ROWS: tl.constexpr,
-    ):
-        # ROWS token rows per program, each BLOCK (the row padded to a power of two) wide
-        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-        rmask = rows < M
-        sample = (rows // rows_per_sample)[:, None]
-        cols = tl.arange(0, BLOCK)[None, :]
+    def add_norm_rows(x_ptr, y_ptr, h_ptr, hs_ptr, rows, rmask, cols, gate, a, b, D, eps,
+                      HAS_Y: tl.constexpr, HAS_GATE: tl.constexpr, QUANT: tl.constexpr):
+        # rows [R] of width D (cols [1, BLOCK]); gate, a (1 already added when modulating) and b
+        # loaded by the caller, [R or 1, BLOCK] fp32
         mask = rmask[:, None] & (cols < D)
         offs = rows[:, None] * D + cols
         x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         if HAS_Y:
             y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             if HAS_GATE:
-                y = y * tl.load(gate_ptr + sample * gate_stride + cols, mask=mask, other=0.0).to(tl.float32)
+                y = y * gate
             # the residual is rounded to its storage dtype before the norm reads it, as in the reference
             xr = (x + y).to(x_ptr.dtype.element_ty)
             tl.store(x_ptr + offs, xr, mask=mask)
@@ -90,10 +84,6 @@ def _kernels():
         mean = tl.sum(x, axis=1) / D
         diff = tl.where(mask, x - mean[:, None], 0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(diff * diff, axis=1) / D + eps)
-        a = tl.load(a_ptr + sample * a_stride + cols, mask=mask, other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + sample * b_stride + cols, mask=mask, other=0.0).to(tl.float32)
-        if MODULATE:
-            a = a + 1.0
         h = diff * rstd[:, None] * a + b
         if QUANT:  # e4m3 out with this row's scale (the next GEMM's per-token activation scale)
             amax = tl.maximum(tl.max(tl.abs(tl.where(mask, h, 0.0)), axis=1), 1e-12)
@@ -102,6 +92,56 @@ def _kernels():
             tl.store(h_ptr + offs, hq.to(h_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
         else:
             tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def add_norm_kernel(
+        x_ptr, y_ptr, gate_ptr, a_ptr, b_ptr, h_ptr, hs_ptr,
+        M, rows_per_sample, D, eps,
+        gate_stride, a_stride, b_stride,
+        HAS_Y: tl.constexpr, HAS_GATE: tl.constexpr, MODULATE: tl.constexpr, QUANT: tl.constexpr,
+        BLOCK: tl.constexpr, ROWS: tl.constexpr,
+    ):
+        # ROWS token rows per program, each BLOCK (the row padded to a power of two) wide; each
+        # row's modulation read for it
+        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        rmask = rows < M
+        sample = (rows // rows_per_sample)[:, None]
+        cols = tl.arange(0, BLOCK)[None, :]
+        mask = rmask[:, None] & (cols < D)
+        gate = 0.0
+        if HAS_GATE:
+            gate = tl.load(gate_ptr + sample * gate_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        a = tl.load(a_ptr + sample * a_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + sample * b_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        if MODULATE:
+            a = a + 1.0
+        add_norm_rows(x_ptr, y_ptr, h_ptr, hs_ptr, rows, rmask, cols, gate, a, b, D, eps, HAS_Y, HAS_GATE, QUANT)
+
+    @triton.jit
+    def add_norm_loop_kernel(
+        x_ptr, y_ptr, gate_ptr, a_ptr, b_ptr, h_ptr, hs_ptr,
+        rows_per_sample, D, eps,
+        gate_stride, a_stride, b_stride,
+        HAS_Y: tl.constexpr, HAS_GATE: tl.constexpr, MODULATE: tl.constexpr, QUANT: tl.constexpr,
+        BLOCK: tl.constexpr, LOOP: tl.constexpr,
+    ):
+        # grid (sample, block of LOOP rows): the sample's modulation read once, then its rows one
+        # at a time (the same values as add_norm_kernel)
+        sample = tl.program_id(0).to(tl.int64)
+        first = tl.program_id(1).to(tl.int64) * LOOP
+        cols = tl.arange(0, BLOCK)[None, :]
+        cmask = cols < D
+        gate = 0.0
+        if HAS_GATE:
+            gate = tl.load(gate_ptr + sample * gate_stride + cols, mask=cmask, other=0.0).to(tl.float32)
+        a = tl.load(a_ptr + sample * a_stride + cols, mask=cmask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + sample * b_stride + cols, mask=cmask, other=0.0).to(tl.float32)
+        if MODULATE:
+            a = a + 1.0
+        for r in range(LOOP):
+            tok = first + r + tl.arange(0, 1)
+            add_norm_rows(x_ptr, y_ptr, h_ptr, hs_ptr, sample * rows_per_sample + tok, tok < rows_per_sample, cols,
+                          gate, a, b, D, eps, HAS_Y, HAS_GATE, QUANT)
 
     @triton.jit
     def qk_norm_rope_kernel(
@@ -124,11 +164,15 @@ def _kernels():
                           cos_ptr, sin_ptr, table_stride, ROPE, HEAD_DIM, T_DIM, H_DIM)
         tl.store(out_ptr + row * out_stride + part * D + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
-    return add_norm_kernel, qk_norm_rope_kernel
+    return add_norm_kernel, qk_norm_rope_kernel, add_norm_loop_kernel
 
 
 #: token rows per program of the Triton add_norm
 ADD_NORM_ROWS = 1
+#: rows a program of the looped add_norm walks (0: the per-row kernel). The looped kernel reads the
+#: sample's modulation (three fp32 rows, 18 KB at 1,536 columns) once a program instead of once a
+#: row; not yet timed on a GPU (bench/fp8_kernels_probe.py has it), so off
+ADD_NORM_LOOP = 0
 
 
 def _launch_shape(d: int, per_warp: int) -> tuple[int, int]:
@@ -151,7 +195,8 @@ def _per_sample(t: torch.Tensor, batch: int, d: int, name: str) -> tuple[torch.T
 
 def add_norm(x: torch.Tensor, y: torch.Tensor | None, gate: torch.Tensor | None,
              a: torch.Tensor, b: torch.Tensor, *, modulate: bool, eps: float,
-             impl: str = "torch", fp8: bool = False, rows: int | None = None, warps_override: int | None = None):
+             impl: str = "torch", fp8: bool = False, rows: int | None = None, warps_override: int | None = None,
+             loop: int | None = None):
     """Fused residual update and LayerNorm; returns the normed activations.
 
     ``x`` [B, L, D] contiguous is the residual stream. If ``y`` [B, L, D] is given, ``x`` is
@@ -163,7 +208,8 @@ def add_norm(x: torch.Tensor, y: torch.Tensor | None, gate: torch.Tensor | None,
     per row, and ``(e4m3 [B, L, D], fp32 scale [B, L, 1])`` is returned (the input of an FP8
     GEMM; see :mod:`fastvideo3.kernels.fp8`). ``rows`` (a power of two, default
     :data:`ADD_NORM_ROWS`) token rows go to one Triton program; ``warps_override`` sets its warps
-    (both for the bench's probes).
+    (both for the bench's probes). ``loop`` (default :data:`ADD_NORM_LOOP`; 0 for none): a program
+    walks that many rows of one sample instead, its modulation read once (the same values).
     """
     if x.dim() != 3 or not x.is_contiguous():
         raise ValueError("add_norm: x must be a contiguous [B, L, D] tensor")
@@ -180,13 +226,17 @@ def add_norm(x: torch.Tensor, y: torch.Tensor | None, gate: torch.Tensor | None,
     import triton
     block, warps = _launch_shape(d, 256)
     rows = rows or ADD_NORM_ROWS
+    loop = ADD_NORM_LOOP if loop is None else loop
     m = bsz * length
-    _kernels()[0][(triton.cdiv(m, rows),)](
-        x, y if y is not None else x, gate_t, a_t, b_t, h, hs,
-        m, length, d, eps, gate_stride, a_stride, b_stride,
-        HAS_Y=y is not None, HAS_GATE=gate is not None, MODULATE=modulate, QUANT=fp8, BLOCK=block,
-        ROWS=rows, num_warps=warps_override or min(16, warps * rows),
-    )
+    flags = dict(HAS_Y=y is not None, HAS_GATE=gate is not None, MODULATE=modulate, QUANT=fp8, BLOCK=block)
+    if loop:
+        _kernels()[2][(bsz, triton.cdiv(length, loop))](
+            x, y if y is not None else x, gate_t, a_t, b_t, h, hs, length, d, eps, gate_stride, a_stride, b_stride,
+            LOOP=loop, num_warps=warps_override or warps, **flags)
+    else:
+        _kernels()[0][(triton.cdiv(m, rows),)](
+            x, y if y is not None else x, gate_t, a_t, b_t, h, hs, m, length, d, eps, gate_stride, a_stride, b_stride,
+            ROWS=rows, num_warps=warps_override or min(16, warps * rows), **flags)
     return (h, hs) if fp8 else h
 
 

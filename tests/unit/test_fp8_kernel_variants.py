@@ -119,3 +119,35 @@ def test_qkv_fp8_rejects_an_unknown_kernel():
     qkv, norm, rope, bounds, heads = _qkv_case(1, 2, 64)
     with pytest.raises(ValueError, match="kernel must be one of"):
         qkv_fp8(qkv, norm, bounds, heads=heads, eps=1e-6, rope=rope, kernel="tiles")
+
+
+@pytest.mark.parametrize("fp8", [True, False])
+@pytest.mark.parametrize("modulate,has_y,has_gate", [(True, True, True), (False, True, False), (True, False, False)])
+def test_looped_add_norm_equals_the_per_row_kernel(fp8, modulate, has_y, has_gate):
+    from fastvideo3.kernels import add_norm
+    g = torch.Generator(device=DEV).manual_seed(int(fp8) + 2 * modulate + 4 * has_y)
+    b, n, d = 2, 37, 96  # 37 rows: not a multiple of the loop; 96 columns: a padded row
+    x = torch.randn(b, n, d, generator=g, device=DEV).bfloat16()
+    y = torch.randn(b, n, d, generator=g, device=DEV).bfloat16() if has_y else None
+    gate = torch.randn(b, d, generator=g, device=DEV) if has_gate else None
+    a = torch.randn(b, d, generator=g, device=DEV) if modulate else torch.randn(d, generator=g, device=DEV)
+    shift = torch.randn_like(a)
+    outs = []
+    for loop in (0, 8):
+        xi = x.clone()
+        out = add_norm(xi, y, gate, a, shift, modulate=modulate, eps=1e-6, impl="triton", fp8=fp8, loop=loop)
+        outs.append((xi, out))
+    (x0, h0), (x1, h1) = outs
+    assert torch.equal(x0, x1)
+    if fp8:
+        assert torch.equal(h0[1], h1[1])
+        _same(h1[0], h0[0])
+    else:
+        assert torch.equal(h0, h1)
+    if INTERPRET and has_y:  # the interpreter truncates fp32 -> bf16 (the residual): no twin check
+        return
+    twin = add_norm(x.clone(), y, gate, a, shift, modulate=modulate, eps=1e-6, impl="torch", fp8=fp8)
+    if fp8:
+        torch.testing.assert_close(h1[1], twin[1], rtol=1e-5, atol=0)
+    else:
+        torch.testing.assert_close(h1.float(), twin.float(), rtol=1e-2, atol=1e-2)
