@@ -329,14 +329,14 @@ def test_the_bench_card_is_seeded_with_the_buckets_asked_for(monkeypatch):
 
 
 def test_padding_stops_where_the_padded_forward_outgrows_the_token_limit(graphs, monkeypatch):
-    from fastvideo3.runtime.pool import dit_executor
+    from fastvideo3.runtime.pool import dit_graphs
     card, ex = graphs
     shape = latent_shape(card, FRAMES, SIZE, SIZE)
-    tokens = dit_executor._tokens_per_row(shape[1:], ex.dit.cfg.patch_size)
+    tokens = dit_graphs._tokens_per_row(shape[1:], ex.dit.cfg.patch_size)
     sig = "x".join(map(str, shape)) + f".t{card.max_text_tokens}"
     # a limit below 2 padded rows: 3 rows pad into neither r4 nor r2 (and no exact cover of 3 rows
     # exists), 2 rows fill r2 exactly
-    monkeypatch.setattr(dit_executor, "PAD_TOKEN_LIMIT", tokens)
+    monkeypatch.setattr(dit_graphs, "PAD_TOKEN_LIMIT", tokens)
     before = dict(ex.counters)
     three = _units(ex, card, [21, 22, 23])
     _, attrs = _traced(ex, three)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,13 +24,14 @@ import torch
 
 from fastvideo3.card.family import family_module
 from fastvideo3.card.spec import ModelCard
-from fastvideo3.errors import FailedPrecondition, FastVideoError, InvalidRequest, NumericFault, Unavailable
+from fastvideo3.errors import FastVideoError, InvalidRequest, NumericFault, Unavailable
 from fastvideo3.loop import cfg as cfg_policy
 from fastvideo3.loop.denoise import HANDOFF_PREFIX
 from fastvideo3.loop.protocol import StepResult
 from fastvideo3.loop.samplers import SamplerHistory, sampler_step
-from fastvideo3.request.schema import ID_CHARS
 from fastvideo3.runtime.pool.adapters import adapter_refs
+from fastvideo3.runtime.pool.dit_adapters import AdapterVerbs
+from fastvideo3.runtime.pool.dit_graphs import GRAPH_OFF, ForwardPath, GraphBuckets, _merge_paths
 from fastvideo3.runtime.pool.executors import _Base, _fail, load_dit
 from fastvideo3.runtime.scheduling.invariant import bucket_of, cut, pad_rows
 from fastvideo3.runtime.scheduling.workunit import WorkUnit
@@ -50,54 +50,6 @@ def _tail_mode(value: str) -> bool:
         raise ValueError(f"{TAIL_ENV} must be 'after' or 'lock', got {value!r}")
     return value == "after"
 
-#: the warm phase's modes (``--graph-buckets``): capture nothing, or the card's buckets
-GRAPH_OFF, GRAPH_CARD = "off", "card"
-GRAPH_MODES = (GRAPH_OFF, GRAPH_CARD)
-
-
-
-#: A batch is padded up to a larger graph bucket only while the padded forward holds at most this
-#: many tokens: graphs pay where launch overheads do (on an H200 at 17x256x256, 1,280 tokens a
-#: row, a replay is 3.3x faster than eager at 1 row, 1.5x at 4 and no faster from 8), while at
-#: 81x480x832 (32,760 tokens a row) a replay is no faster and padded rows are pure cost (3 rows
-#: in a 4-row bucket: 1,976 ms against 1,456 ms eager). A batch that fills its bucket exactly
-#: replays at any size.
-PAD_TOKEN_LIMIT = 8_192
-
-
-def _tokens_per_row(latent_fhw, patch_size, patch_size_t: int = 1) -> int:
-    """Tokens of one row: ``patch_size`` a (t, h, w) triple (Wan) or one spatial size with its
-    temporal size apart (HunyuanVideo 1.5's ``patch_size`` and ``patch_size_t``)."""
-    f, h, w = (int(d) for d in latent_fhw)
-    pt, ph, pw = patch_size if isinstance(patch_size, (tuple, list)) else (patch_size_t, patch_size, patch_size)
-    return (f // pt) * (h // ph) * (w // pw)
-
-@dataclass(frozen=True)
-class ForwardPath:
-    """How one DiT forward ran: the graph bucket it replayed (or ``eager`` and why) and the
-    padding rows the bucket added."""
-
-    bucket: str
-    padding_rows: int = 0
-    eager_reason: str | None = None
-
-    @classmethod
-    def eager(cls, reason: str) -> "ForwardPath":
-        return cls(N.GRAPH_EAGER, 0, reason)
-
-    def span_attrs(self) -> dict:
-        return {N.A_GRAPH_BUCKET: self.bucket, N.A_GRAPH_PADDING_ROWS: self.padding_rows,
-                N.A_GRAPH_EAGER_REASON: self.eager_reason}
-
-
-def _merge_paths(paths: list[ForwardPath]) -> ForwardPath:
-    """One step's path over its forwards (classic CFG runs two): eager if any ran eagerly."""
-    eager = [p for p in paths if p.bucket == N.GRAPH_EAGER]
-    if eager:
-        return eager[0]
-    keys = sorted({p.bucket for p in paths})
-    return ForwardPath(",".join(keys), sum(p.padding_rows for p in paths))
-
 
 @dataclass
 class Region:
@@ -114,8 +66,10 @@ class Region:
     ready: Any = None
 
 
-class DenoiserExecutor(_Base):
-    """Runs diffusion steps; batches compatible units across requests into one DiT forward."""
+class DenoiserExecutor(GraphBuckets, AdapterVerbs, _Base):
+    """Runs diffusion steps; batches compatible units across requests into one DiT forward. Its
+    graph buckets are :class:`~fastvideo3.runtime.pool.dit_graphs.GraphBuckets`, its adapter verbs
+    :class:`~fastvideo3.runtime.pool.dit_adapters.AdapterVerbs`."""
 
     role = Role.DENOISER
 
@@ -250,62 +204,6 @@ class DenoiserExecutor(_Base):
         self.adapters.release(request_id)
         super().release(request_id)
 
-    # -- adapters (fastvideo3.runtime.pool.adapters) -----------------------------------------------
-    def _read_adapter(self, adapter_id: str, path: str | None, tensors: dict | None):
-        from fastvideo3.models.wan.lora import load_lora_file, parse_lora
-        if not isinstance(adapter_id, str) or not 1 <= len(adapter_id) <= 128 or not set(adapter_id) <= ID_CHARS:
-            raise InvalidRequest("must be 1-128 characters of [A-Za-z0-9-_.:]", field="adapter_id",
-                                 limit="1..128 chars")
-        if type(self._forward).__name__ == "Fp8FastWanDiT":
-            raise FailedPrecondition("the FP8 fast path takes no LoRA adapters", field="adapter_id")
-        if len(getattr(self, "experts", ())) > 1:  # the delta hooks sit on one expert's layers
-            raise FailedPrecondition("a two-expert pool takes no LoRA adapters yet", field="adapter_id")
-        if getattr(self, "mesh", None) is not None:  # every rank would need it, loaded in step
-            raise FailedPrecondition("a multi-rank (parallel) replica takes no LoRA adapters yet", field="adapter_id")
-        if getattr(self, "adapters", None) is not None and not self.adapters.shapes:  # the DiT adapts no layers
-            raise FailedPrecondition(f"card {self.card.model_id}'s DiT takes no LoRA adapters", field="adapter_id")
-        if tensors is not None:
-            return parse_lora(tensors, self.dit.cfg, adapter_id, self.adapters.max_rank)
-        if not path:
-            raise InvalidRequest("an adapter needs a file", field="adapter_path")
-        return load_lora_file(path, self.dit.cfg, adapter_id, self.adapters.max_rank)
-
-    def load_adapter(self, adapter_id: str, path: str | None = None, tensors: dict | None = None) -> dict:
-        """Load (or reload) an adapter while serving; returns its id, version, rank and bytes. Reading
-        and checking the file happens outside the step lock; only the registration takes it."""
-        adapter = self._read_adapter(adapter_id, path, tensors)
-        return self.adapters.load(adapter, source=str(path or "memory"))
-
-    def unload_adapter(self, adapter_id: str, wait_s: float = 0.0) -> list[str]:
-        """Remove every version of an adapter, waiting up to ``wait_s`` for requests using it."""
-        return self.adapters.unload(adapter_id, wait_s)
-
-    def merge_adapter(self, adapter_id: str, scale: float, path: str | None = None,
-                      tensors: dict | None = None) -> dict:
-        """Dedicate this pool to one adapter merged into its weights (no per-row delta). Start-up
-        only: refused once adapters are loaded or requests are resident."""
-        from fastvideo3.models.wan.lora import merge_into_
-        from fastvideo3.runtime.pool.adapters import _Entry
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not -8.0 <= float(scale) <= 8.0:
-            raise InvalidRequest(f"{scale!r}", field="scale", limit="[-8, 8]")
-        adapter = self._read_adapter(adapter_id, path, tensors)
-        with self._lock:
-            if self.regions or self.adapters.entries or self.adapters.merged:
-                raise FailedPrecondition("merge an adapter before any other adapter or request", field="merge_adapter")
-            merge_into_(self.dit, adapter, float(scale))
-            store = self.adapters
-            store.entries[(adapter_id, adapter.version)] = _Entry(adapter, str(path or "memory"))
-            store.current[adapter_id] = adapter.version
-            store.merged = (adapter_id, adapter.version, float(scale))
-            # what ran is now other weights: the digest, and with it the runtime identity, says so
-            self.weights_digest = f"{self.base_weights_digest}+lora:{adapter_id}@{adapter.version}*{float(scale):g}"
-            self.runtime.release()
-            from fastvideo3.models.wan.runtime_export import card_buckets
-            # graphs captured before hold no merged weights' identity: the warm phase captures anew
-            self.runtime, self._prepared, self.graph_buckets = self._build_runtime(card_buckets(self.card)), {}, []
-            self.graph_capture = GRAPH_OFF
-        return {"id": adapter_id, "version": adapter.version, "scale": float(scale), "mode": "merged"}
-
     # -- the expert switch across pools ------------------------------------------------------
     def _hand_off(self, unit: WorkUnit, reg: Region, res: StepResult) -> None:
         """After the last step of this pool's expert, when the next expert lives elsewhere: publish
@@ -392,163 +290,9 @@ class DenoiserExecutor(_Base):
                                "regions": [r.name for r in rt.regions]}
         return d
 
-    # -- warm phase: the model runtime and its buckets ------------------------------------
-    def _build_runtime(self, buckets):
-        from fastvideo3.models.wan.runtime_export import build_dit_runtime
-        return build_dit_runtime(self._forward, weights_digest=self.weights_digest, precision=self.precision,
-                                 dtype=self.dtype, text_dim=self.dit.cfg.text_dim, buckets=buckets,
-                                 device=self.device, manifest={"card": self.card.model_id})
-
-    def prepare_graphs(self, rows_and_latent_shapes, text_len: int | None = None) -> list[dict]:
-        """Declare the shape buckets ``(rows, (C, F, H, W))`` (rows = samples x CFG branches in one
-        forward) and capture them through the model runtime (see :meth:`capture_graphs`)."""
-        from fastvideo3.models.wan.runtime_export import DitBucket
-        text_len = text_len or self.card.max_text_tokens
-        return self.capture_graphs(tuple(DitBucket(int(r), tuple(int(d) for d in shape), text_len)
-                                         for r, shape in rows_and_latent_shapes))
-
-    def capture_graphs(self, buckets=None) -> list[dict]:
-        """Warm phase: capture ``buckets`` (default: the card's ``graph_buckets``) through the
-        runtime's ``prepare`` verb -- CUDA graphs on a GPU, eager recordings on a CPU -- and return
-        what each cost: ``{"batch", "signature", "capture_s", "memory_bytes"}`` (memory: the device
-        memory the capture keeps, i.e. the graph pool's growth; 0 on a CPU). A step replays a
-        prepared bucket and runs any other shape eagerly, never capturing. Buckets the runtime does
-        not declare re-plan it (a new fingerprint), so that is refused while requests are resident.
-        A bucket that does not fit in device memory is skipped (logged; it runs eagerly). The
-        reference (non-fast) path keeps no graphs."""
-        from fastvideo3.models.wan.runtime_export import card_buckets
-        if not self.fast:
-            self.graph_capture = "none: the reference DiT path keeps no graphs"
-            return []
-        buckets = tuple(buckets or card_buckets(self.card))
-        if buckets and not getattr(self._forward, "capturable", True):
-            self.graph_capture = ("none: this DiT forward cannot be captured in a CUDA graph "
-                                  "(it reads per-row text lengths on the host); it runs eagerly")
-            return []
-        with self._lock:
-            declared = set(self.runtime.ports["latents"].bucket_shapes)
-            if not {b.key for b in buckets} <= declared:
-                if self.regions:
-                    raise FailedPrecondition("new shape buckets change the runtime fingerprint; "
-                                             "declare them before requests are resident", field="buckets")
-                new = self._build_runtime(buckets)
-                self.runtime.release()
-                self.runtime, self._prepared, self.graph_buckets = new, {}, []
-            for b in buckets:
-                if b.key not in self._prepared:
-                    self._capture(b)
-            self.graph_capture = GRAPH_CARD
-        return [dict(g) for g in self.graph_buckets]
-
-    def warm_graphs(self, mode: str = GRAPH_CARD) -> list[dict]:
-        """The pool's warm phase: ``card`` captures the card's buckets when the DiT runs on CUDA
-        (on a CPU a step is cheap next to a capture, and eager recordings would only change which
-        rows share a GEMM); ``off`` captures nothing. Returns Describe's ``graph_buckets``."""
-        if mode not in GRAPH_MODES:
-            raise InvalidRequest(f"unknown graph bucket mode {mode!r}", field="graph_buckets",
-                                 limit=", ".join(GRAPH_MODES))
-        if mode == GRAPH_OFF:
-            self.graph_capture = GRAPH_OFF
-            return []
-        if not self.device.startswith("cuda"):
-            self.graph_capture = "none: graphs are captured on CUDA only"
-            return []
-        return self.capture_graphs()
-
-    def _capture(self, bucket) -> None:
-        cuda = self.device.startswith("cuda")
-        if cuda:  # cached blocks are released around the capture: the delta is what the graph keeps
-            torch.cuda.synchronize(self.device)
-            torch.cuda.empty_cache()
-            before = torch.cuda.memory_reserved(self.device)
-        t0 = time.perf_counter()
-        try:
-            self.runtime.prepare(bucket.key)
-            if cuda:
-                torch.cuda.synchronize(self.device)
-        except torch.OutOfMemoryError as e:
-            torch.cuda.empty_cache()
-            log.warning("graph bucket %s skipped (runs eagerly): %s", bucket.key, str(e).splitlines()[0])
-            return
-        capture_s = time.perf_counter() - t0
-        memory = 0
-        if cuda:
-            torch.cuda.empty_cache()
-            memory = max(0, torch.cuda.memory_reserved(self.device) - before)
-        self._prepared[bucket.key] = bucket
-        record = {"batch": bucket.rows, "signature": bucket.signature,
-                  "capture_s": round(capture_s, 6), "memory_bytes": int(memory)}
-        if cuda:  # timed replays: the DiT's own cost at this bucket, beside which a step's overhead shows
-            record["replay_ms"] = round(self._time_replay(bucket), 3)
-        self.graph_buckets.append(record)
-        log.info("graph bucket %s captured in %.2f s (%.1f MiB)", bucket.key, capture_s, memory / 2**20)
-
-    def _time_replay(self, bucket) -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        self.runtime.prepare(bucket.key)  # selects the captured bucket
-        self.runtime.fire("dit")  # the first replay uploads the graph: untimed
-        times = []
-        for _ in range(3):  # the median of three, on the inputs the capture left in place
-            start.record()
-            self.runtime.fire("dit")
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return sorted(times)[1]
-
     def _dit(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor, expert: str | None = None,
              image: torch.Tensor | None = None) -> torch.Tensor:
         return self._forward_rows(x, t, text, expert, image)[0]
-
-    def _forward_rows(self, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor, expert: str | None = None,
-                      image: torch.Tensor | None = None) -> tuple[torch.Tensor, "ForwardPath"]:
-        """The DiT forward of ``x``'s rows, and the path it took: replays of the prepared buckets of
-        its shape that cover its rows at the least cost (:func:`~fastvideo3.models.wan.runtime_export.cover_rows`:
-        12 rows as an 8-row and a 4-row replay rather than one 16-row replay with 4 rows of padding;
-        a padded bucket takes copies of its first row and only the real rows come back), else eagerly."""
-        from fastvideo3.models.wan.runtime_export import cover_rows, shape_signature
-        if image is not None:  # image-to-video: eager (the runtime export's ports carry no image yet)
-            return self._forwards[expert or self.experts[0]](x, t, text, image=image), ForwardPath.eager("image")
-        if expert is not None and expert != self.experts[0]:
-            return self._forwards[expert](x, t, text), ForwardPath.eager("expert")  # the export covers the first
-        if self.adapters.active:  # captured graphs hold no adapter deltas
-            return self._forward(x, t, text), ForwardPath.eager("adapters")
-        n = x.shape[0]
-        cover = None
-        if self._prepared and text.shape[2] == self.dit.cfg.text_dim:
-            cfg = self.dit.cfg
-            tokens = _tokens_per_row(x.shape[2:], cfg.patch_size, getattr(cfg, "patch_size_t", 1))
-            cover = cover_rows(self._prepared.values(), n, x.shape[1:], text.shape[1],
-                               may_pad=lambda b: b.rows * tokens <= PAD_TOKEN_LIMIT)
-            sig = shape_signature(x.shape[1:], text.shape[1])
-            if cover is None and any(b.signature == sig for b in self._prepared.values()):
-                # buckets of its shape exist: every cover needs a padding past the token limit
-                return self._forward(x, t, text), ForwardPath.eager("padding_cost")
-        if cover is None:
-            return self._forward(x, t, text), ForwardPath.eager("no_bucket" if self._prepared else "no_graphs")
-        rt = self.runtime
-        out, start, keys, padding = None, 0, [], 0
-        for bucket, take in cover:
-            xs, ts, texts = x[start:start + take], t[start:start + take], text[start:start + take]
-            pad = bucket.rows - take
-            if pad:
-                xs, ts, texts, _, _ = pad_rows(xs, ts, texts, [], bucket.rows)
-            rt.prepare(bucket.key)  # selects the prepared bucket; captures nothing
-            rt.set_input("latents", xs)
-            rt.set_input("timestep", ts)
-            rt.set_input("text", texts)
-            rt.fire("dit")
-            # the output window is rewritten by the next replay: keep a copy of the real rows
-            got = rt.get_output("noise_pred")[:take]
-            if len(cover) == 1:
-                return got.clone(), ForwardPath(bucket.key, pad)
-            if out is None:
-                out = torch.empty((n, *got.shape[1:]), dtype=got.dtype, device=got.device)
-            out[start:start + take].copy_(got)
-            start, padding = start + take, padding + pad
-            keys.append(bucket.key)
-        self.counters["cover_forwards"] += len(cover)
-        return out, ForwardPath("+".join(keys), padding)
 
     # -- the step body -----------------------------------------------------------------
     def _execute(self, batch):
