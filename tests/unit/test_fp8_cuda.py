@@ -271,7 +271,7 @@ def test_fused_ffn_in_matches_twin(shape, fast):
     bias = (0.1 * torch.randn(n, generator=g, device=DEV)).bfloat16()
     stats = weight_stats(wq, ws, bias)
     q2, s2 = ffn_in_gelu_fp8(xq, xs, wq, ws, bias, *stats, impl="torch")
-    for cfg in CONFIGS:
+    for cfg in (c for c in CONFIGS if c[6] == "pointer"):  # the TMA kernels: test_fp8_kernel_variants.py
         q1, s1 = ffn_in_gelu_fp8(xq, xs, wq, ws, bias, *stats, impl="triton", fast_accum=fast, config=cfg)
         assert q1.shape == (2, m, n) and s1.shape == (2, m, 1)
         torch.testing.assert_close(s1, s2, rtol=1e-5, atol=0)
