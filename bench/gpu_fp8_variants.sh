@@ -40,9 +40,15 @@ best=$(cat "$OUT/best_ffn_config" 2>/dev/null || echo 0)
 echo "fastest FFN-in config: $best"
 FASTVIDEO3_FP8_FFN_CONFIG=$best step 170 forward python3 bench/denoiser.py --precision fp8 --stage 1.3b \
   --attention-scales bound --fp8-accumulation fast --out "$OUT/denoiser_fp8_variants.json"
-python3 - "$OUT/denoiser_fp8_variants.json" <<'PY' || true
+python3 - "$OUT/denoiser_fp8_variants.json" "$best" "$OUT/gpu.txt" <<'PY' || true
 import json, sys
-row = json.load(open(sys.argv[1]))["model_1.3b"]
+data = json.load(open(sys.argv[1]))  # the row's command names this script, the config, the card
+data["command"] = ("bash bench/gpu_fp8_variants.sh  (its forward step: FASTVIDEO3_FP8_FFN_CONFIG=<fastest of the "
+                   "probe> python bench/denoiser.py --precision fp8 --stage 1.3b --attention-scales bound "
+                   "--fp8-accumulation fast)")
+data["ffn_config_env"], data["gpu"] = int(sys.argv[2]), open(sys.argv[3]).read().strip()
+open(sys.argv[1], "w").write(json.dumps(data, indent=1) + "\n")
+row = data["model_1.3b"]
 for key, val in row.items():
     if key in ("bf16", "fp8") or (key.startswith("fp8_") and isinstance(val, dict) and "flags" in val):
         err = val.get("vs_bf16", {}).get("rel_fro")
