@@ -33,9 +33,9 @@ from fastvideo3.kernels.lora_common import interpreting
 
 #: the smallest bound a row's scale takes: the magnitude of GELU's negative lobe (min ~ -0.17)
 GELU_FLOOR = 0.17
-#: launch configurations (block M, N, K, group M, warps, stages, kernel); the first is the default,
-#: the fastest at the 1.3B FFN's shape on an H100 (0.876 ms at 32,760 x 1,536 -> 8,960 against 1.151
-#: for cuBLAS + the quantizing pass, bench/results/fp8_gemm_probe_h100.json; cuBLAS's GEMM alone took
+#: launch configurations (block M, N, K, group M, warps, stages, kernel); the fastest pointer one
+#: took 0.876 ms at the 1.3B FFN's shape on an H100 (32,760 x 1,536 -> 8,960) against 1.151
+#: for cuBLAS + the quantizing pass (bench/results/fp8_gemm_probe_h100.json; cuBLAS's GEMM alone took
 #: 0.654). ``kernel``: ``"pointer"`` (masked pointer loads), ``"tma"`` (tensor-memory-accelerator
 #: loads and store, one tile a program) or ``"tma_persistent"`` (one program per multiprocessor
 #: walking the tiles; its loops are not flattened: Triton 3.6 failed to compile the flattened one in
@@ -47,7 +47,8 @@ CONFIGS = ((128, 256, 64, 8, 8, 5, "pointer"), (128, 256, 128, 8, 8, 4, "pointer
            (128, 256, 64, 8, 8, 4, "tma_persistent"), (128, 256, 128, 8, 8, 3, "tma_persistent"))
 KERNELS = ("pointer", "tma", "tma_persistent")
 #: the persistent TMA kernel at 128x256x128, 3 stages: the fastest of CONFIGS on an H100 at the 1.3B
-#: FFN-in shape (0.787 ms against 0.971 for CONFIGS[0], bench/results/fp8_gemm_probe_variants_h100.json)
+#: FFN-in shape (0.787 ms against 0.876-0.971 for the pointer configs,
+#: bench/results/fp8_gemm_probe_variants_h100.json)
 DEFAULT_CONFIG = CONFIGS[8]
 #: an index into CONFIGS that overrides the default (a bench choosing the fastest on its card)
 CONFIG_ENV = "FASTVIDEO3_FP8_FFN_CONFIG"
